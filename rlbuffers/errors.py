@@ -1,0 +1,53 @@
+"""One exception tree for rlbuffers.
+
+Every error subclasses :class:`RLBuffersError` and the builtin it behaves like, so callers can
+catch either (``except rlbuffers.FieldError`` or ``except ValueError``).
+"""
+
+from __future__ import annotations
+
+
+class RLBuffersError(Exception):
+    """Base class of every error raised by rlbuffers."""
+
+
+class FieldError(RLBuffersError, ValueError):
+    """A transition field is unknown, missing, or has the wrong shape or dtype."""
+
+
+class BufferEmptyError(RLBuffersError, IndexError):
+    """Sampling or indexing a buffer that holds too few transitions."""
+
+
+class NotABufferError(RLBuffersError, FileNotFoundError):
+    """A path holds no rlbuffers buffer (no manifest, or not a Zarr group)."""
+
+
+class FormatVersionError(RLBuffersError, ValueError):
+    """A buffer was written by a newer format version than this rlbuffers reads."""
+
+
+class ReadOnlyError(RLBuffersError, PermissionError):
+    """A write was attempted on a buffer opened with ``mode="r"``."""
+
+
+class CorruptChunkError(RLBuffersError, OSError):
+    """A stored chunk failed its crc32c checksum or could not be decoded."""
+
+    def __init__(self, field: str, chunk: int, reason: str) -> None:
+        super().__init__(f"field {field!r}: chunk {chunk} is corrupt ({reason})")
+        self.field = field
+        self.chunk = chunk
+        self.reason = reason
+
+
+class BufferClosedError(RLBuffersError, ValueError):
+    """An operation on a buffer after ``close()``."""
+
+
+class BufferExistsError(RLBuffersError, FileExistsError):
+    """``ReplayBuffer.create`` on a non-empty path without ``overwrite=True``."""
+
+
+class NotPrioritizedError(RLBuffersError, TypeError):
+    """``update_priorities`` on a buffer whose sampler is not prioritized."""

@@ -1,0 +1,139 @@
+"""``inspect_path``: a plain-data report on a stored buffer (what ``rlbuffers inspect`` shows).
+
+Reads only committed data (the manifest and the chunks it points at), one chunk at a time, so
+it is safe and bounded in memory while a writer is running.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlbuffers.errors import CorruptChunkError, NotABufferError
+from rlbuffers.spec import FieldSpec
+from rlbuffers.storage.manifest import read_manifest
+from rlbuffers.storage.persistent import PersistentTier
+
+PRIORITY = "_priority"
+
+
+class _Stats:
+    """Streaming count / mean / std / min / max (Chan et al. parallel variance update)."""
+
+    def __init__(self) -> None:
+        self.n, self.mean, self.m2 = 0, 0.0, 0.0
+        self.lo, self.hi = np.inf, -np.inf
+
+    def add(self, x: np.ndarray) -> None:
+        x = np.asarray(x, dtype=np.float64).ravel()
+        if not len(x):
+            return
+        n, mean = len(x), float(x.mean())
+        delta, tot = mean - self.mean, self.n + n
+        self.m2 += float(((x - mean) ** 2).sum()) + delta**2 * self.n * n / tot
+        self.mean += delta * n / tot
+        self.n = tot
+        self.lo, self.hi = min(self.lo, float(x.min())), max(self.hi, float(x.max()))
+
+    def report(self) -> dict[str, float] | None:
+        if not self.n:
+            return None
+        std = (self.m2 / self.n) ** 0.5
+        return {"count": self.n, "mean": self.mean, "std": std, "min": self.lo, "max": self.hi}
+
+
+def _filled_chunks(m: dict[str, Any]) -> list[tuple[int, int]]:
+    """(chunk, valid rows in it) for every chunk holding committed transitions."""
+    filled = min(m["total_added"], m["capacity"])
+    k = m["chunk_transitions"]
+    return [(c, min(k, filled - c * k)) for c in range(-(-filled // k))]
+
+
+def _column_stats(tier: PersistentTier, name: str, m: dict[str, Any]) -> tuple[_Stats, int]:
+    """Stats of a scalar column (or total raw bytes of a ragged one) over committed slots."""
+    stats, raw = _Stats(), 0
+    for c, n in _filled_chunks(m):
+        data = tier.read_chunk(name, c)[:n]
+        if tier.specs[name].ragged:
+            raw += sum(int(a.nbytes) for a in data)
+        else:
+            stats.add(data)
+    return stats, raw
+
+
+def inspect_path(path: str | os.PathLike[str], *, verify: bool = False) -> dict[str, Any]:
+    """Describe the buffer committed at ``path``.
+
+    Returns:
+        a JSON-serialisable dict with ``path``, ``format_version``, ``generation``,
+        ``committed_at`` (ISO 8601, UTC), ``capacity``, ``size``, ``total_added``, ``episodes``,
+        ``chunk_transitions``, ``fields`` (name -> ``shape``, ``dtype``, ``codec``,
+        ``stored_bytes``, ``raw_bytes``, ``ratio``, ``chunks``), ``stored_bytes``, ``sampler``
+        (its settings, plus priority stats if prioritized), ``reward`` (stats, if a ``reward``
+        field exists), ``metadata``, and with ``verify`` a ``corrupt`` list of
+        ``{field, chunk, reason}``.
+
+    Raises:
+        NotABufferError / FormatVersionError: as for ``ReplayBuffer.open``. CorruptChunkError:
+        a chunk read for statistics is corrupt (with ``verify``, corrupt chunks are listed
+        instead and skipped).
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise NotABufferError(f"{root}: not an rlbuffers buffer (no such directory)")
+    m = read_manifest(root)
+    specs = {n: FieldSpec.from_dict(d) for n, d in {**m["fields"], **m["internal"]}.items()}
+    tier = PersistentTier(root, specs, m["chunk_transitions"], m["capacity"])
+    tier.generation = m["generation"]
+    report: dict[str, Any] = {
+        "path": str(root),
+        "format_version": m["format_version"],
+        "generation": m["generation"],
+        "committed_at": dt.datetime.fromtimestamp(m["committed_at"], dt.timezone.utc).isoformat(),
+        "capacity": m["capacity"],
+        "size": m["size"],
+        "total_added": m["total_added"],
+        "episodes": m["episodes"],
+        "chunk_transitions": m["chunk_transitions"],
+        "metadata": m["metadata"],
+    }
+    corrupt = tier.verify() if verify else []
+    report["fields"] = _fields_report(tier, m, skip={(f, c) for f, c, _ in corrupt})
+    report["stored_bytes"] = sum(tier.stored_bytes(n) for n in specs)
+    report["sampler"] = dict(m["sampler"])
+    bad_fields = {f for f, _, _ in corrupt}
+    if PRIORITY in specs and PRIORITY not in bad_fields:
+        report["sampler"]["priorities"] = _column_stats(tier, PRIORITY, m)[0].report()
+    if "reward" in m["fields"] and not specs["reward"].ragged and "reward" not in bad_fields:
+        report["reward"] = _column_stats(tier, "reward", m)[0].report()
+    if verify:
+        report["corrupt"] = [{"field": f, "chunk": c, "reason": r} for f, c, r in corrupt]
+    return report
+
+
+def _fields_report(tier: PersistentTier, m: dict[str, Any], skip: set[tuple[str, int]]) -> dict:
+    out = {}
+    for name, d in m["fields"].items():
+        spec = tier.specs[name]
+        stored = tier.stored_bytes(name)
+        if spec.ragged:
+            try:
+                raw = 0 if any(f == name for f, _ in skip) else _column_stats(tier, name, m)[1]
+            except CorruptChunkError:
+                raw = 0
+        else:
+            raw = m["size"] * spec.item_bytes
+        out[name] = {
+            "shape": list(spec.shape),
+            "dtype": str(spec.dtype),
+            "codec": d["codec"],
+            "stored_bytes": stored,
+            "raw_bytes": raw,
+            "ratio": round(raw / stored, 3) if stored else None,
+            "chunks": sum(1 for _ in tier.chunk_files(name)),
+        }
+    return out

@@ -1,0 +1,250 @@
+"""Samplers: pure index policies. A sampler never reads transition data; it returns slots.
+
+- :class:`UniformSampler`: every stored transition equally likely.
+- :class:`PrioritizedSampler`: proportional prioritized replay (Schaul et al., 2016).
+- :class:`SequenceSampler`: contiguous windows of ``length`` transitions that never cross an
+  episode boundary or the ring seam.
+
+Randomness always comes from the ``np.random.Generator`` passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rlbuffers.errors import BufferEmptyError
+from rlbuffers.segment_tree import SegmentTree
+
+
+@dataclass
+class SampleContext:
+    """What a sampler may know about the buffer: its occupancy and two column readers.
+
+    Attributes:
+        size: stored transitions.
+        capacity: slots in the ring.
+        start_slot: slot of the oldest transition (logical index 0).
+        episode_ids: slots int64[N] -> episode ids int64[N].
+        priorities: () -> float64[capacity] raw priorities of all slots (0 where empty).
+    """
+
+    size: int
+    capacity: int
+    start_slot: int
+    episode_ids: Callable[[np.ndarray], np.ndarray]
+    priorities: Callable[[], np.ndarray]
+
+    def slots(self, logical: np.ndarray) -> np.ndarray:
+        """Slots of logical indices (0 = oldest)."""
+        return (self.start_slot + logical) % self.capacity
+
+
+@dataclass
+class Draw:
+    """A sampled batch of slots. ``slots``: int64[B] (or [B, L] for sequences);
+    ``weights``: float32[B] importance weights (ones unless prioritized)."""
+
+    slots: np.ndarray
+    weights: np.ndarray
+
+
+def _need(ctx: SampleContext, n: int) -> None:
+    if ctx.size < n:
+        raise BufferEmptyError(f"cannot sample: buffer holds {ctx.size} transitions, need >= {n}")
+
+
+@dataclass
+class UniformSampler:
+    """Uniform sampling with replacement over the stored transitions."""
+
+    uses_priorities = False
+
+    def sample(self, batch_size: int, ctx: SampleContext, rng: np.random.Generator) -> Draw:
+        _need(ctx, 1)
+        logical = rng.integers(0, ctx.size, size=batch_size)
+        return Draw(ctx.slots(logical), np.ones(batch_size, dtype=np.float32))
+
+    def on_write(self, slots: np.ndarray, ctx: SampleContext) -> np.ndarray | None:
+        """Called after new transitions land in ``slots``; returns their priorities (none)."""
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"type": "uniform"}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+@dataclass
+class SequenceSampler:
+    """Windows of ``length`` consecutive transitions from one episode, uniformly over all valid
+    window starts (rejection sampling; an exact scan of valid starts when rejections pile up).
+
+    ``sample`` returns slots ``[B, length]``; a window never crosses an episode end (a
+    transition whose ``terminated``/``truncated``/``done`` flag is set ends its episode) nor
+    the ring seam (it lies within logical indices ``[0, size)``).
+    """
+
+    length: int
+    uses_priorities = False
+
+    def __post_init__(self) -> None:
+        if int(self.length) < 1:
+            raise ValueError(f"SequenceSampler.length: expected >= 1, got {self.length}")
+        self.length = int(self.length)
+
+    def _valid(self, starts: np.ndarray, ctx: SampleContext) -> np.ndarray:
+        first = ctx.episode_ids(ctx.slots(starts))
+        last = ctx.episode_ids(ctx.slots(starts + self.length - 1))
+        return first == last
+
+    def sample(self, batch_size: int, ctx: SampleContext, rng: np.random.Generator) -> Draw:
+        _need(ctx, self.length)
+        n_starts = ctx.size - self.length + 1
+        chosen: list[np.ndarray] = []
+        have = 0
+        for _ in range(16):
+            cand = rng.integers(0, n_starts, size=2 * (batch_size - have) + 8)
+            ok = cand[self._valid(cand, ctx)]
+            chosen.append(ok[: batch_size - have])
+            have += len(chosen[-1])
+            if have == batch_size:
+                break
+        else:
+            valid = np.flatnonzero(self._valid(np.arange(n_starts), ctx))
+            if len(valid) == 0:
+                raise BufferEmptyError(
+                    f"no episode segment of length {self.length} in {ctx.size} transitions"
+                )
+            chosen.append(rng.choice(valid, size=batch_size - have))
+        starts = np.concatenate(chosen)
+        logical = starts[:, None] + np.arange(self.length)
+        return Draw(ctx.slots(logical), np.ones(batch_size, dtype=np.float32))
+
+    def on_write(self, slots: np.ndarray, ctx: SampleContext) -> np.ndarray | None:
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"type": "sequence", "length": self.length}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.length = int(state["length"])
+
+
+@dataclass
+class PrioritizedSampler:
+    """Proportional prioritized experience replay (Schaul et al., ICLR 2016, Sec. 3.3).
+
+    A transition with priority ``p_i`` (stored as ``|delta_i| + eps``) is drawn with
+    probability ``P(i) = p_i^alpha / sum_k p_k^alpha`` (Eq. 1), using stratified sampling over
+    ``batch_size`` equal segments of the total mass (Appendix B.2.1). Importance weights are
+    ``w_i = (N * P(i))^-beta / max_j w_j`` (Sec. 3.4), with ``max_j`` over all stored
+    transitions (the one with the smallest priority). New transitions get the largest priority
+    seen so far (Algorithm 1, line 6).
+
+    Args:
+        alpha: prioritization exponent (0 = uniform), >= 0.
+        beta: importance-sampling exponent (1 = full correction), in [0, 1]; may be annealed by
+            assigning ``sampler.beta``.
+        eps: added to every priority so no transition gets probability 0, > 0.
+    """
+
+    alpha: float = 0.6
+    beta: float = 0.4
+    eps: float = 1e-6
+    max_priority: float = 1.0
+    uses_priorities = True
+    _sum: SegmentTree | None = field(default=None, init=False, repr=False)
+    _min: SegmentTree | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.alpha >= 0:
+            raise ValueError(f"PrioritizedSampler.alpha: expected >= 0, got {self.alpha}")
+        if not 0 <= self.beta <= 1:
+            raise ValueError(f"PrioritizedSampler.beta: expected in [0, 1], got {self.beta}")
+        if not self.eps > 0:
+            raise ValueError(f"PrioritizedSampler.eps: expected > 0, got {self.eps}")
+
+    def _trees(self, ctx: SampleContext) -> tuple[SegmentTree, SegmentTree]:
+        """Build the sum and min trees from the stored priorities on first use (lazy, so that
+        opening a buffer stays O(1))."""
+        if self._sum is None or self._min is None:
+            raw = ctx.priorities()
+            scaled = np.where(raw > 0, raw, 0.0) ** self.alpha
+            self._sum = SegmentTree(ctx.capacity, np.add, 0.0)
+            self._sum.rebuild(np.where(raw > 0, scaled, 0.0))
+            self._min = SegmentTree(ctx.capacity, np.minimum, np.inf)
+            self._min.rebuild(np.where(raw > 0, scaled, np.inf))
+        return self._sum, self._min
+
+    def sample(self, batch_size: int, ctx: SampleContext, rng: np.random.Generator) -> Draw:
+        _need(ctx, 1)
+        tsum, tmin = self._trees(ctx)
+        total = tsum.root
+        bounds = (np.arange(batch_size) + rng.random(batch_size)) * (total / batch_size)
+        slots = tsum.find_prefix(np.minimum(bounds, np.nextafter(total, 0)))
+        p = tsum.get(slots)
+        weights = (p / tmin.root) ** (-self.beta)
+        return Draw(slots.astype(np.int64), weights.astype(np.float32))
+
+    def on_write(self, slots: np.ndarray, ctx: SampleContext) -> np.ndarray:
+        """New transitions in ``slots`` get ``max_priority``; returns their raw priorities."""
+        raw = np.full(len(slots), self.max_priority, dtype=np.float64)
+        if self._sum is not None:
+            self._set(slots, raw)
+        return raw
+
+    def update(self, slots: np.ndarray, priorities: np.ndarray, ctx: SampleContext) -> np.ndarray:
+        """Set priorities ``|delta| + eps`` for ``slots``; returns the raw priorities stored."""
+        self._trees(ctx)
+        raw = np.abs(np.asarray(priorities, dtype=np.float64)) + self.eps
+        self._set(slots, raw)
+        self.max_priority = max(self.max_priority, float(raw.max(initial=0.0)))
+        return raw
+
+    def _set(self, slots: np.ndarray, raw: np.ndarray) -> None:
+        assert self._sum is not None and self._min is not None
+        scaled = raw**self.alpha
+        self._sum.set(slots, scaled)
+        self._min.set(slots, scaled)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "type": "prioritized",
+            "alpha": self.alpha,
+            "beta": self.beta,
+            "eps": self.eps,
+            "max_priority": self.max_priority,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.alpha, self.beta = float(state["alpha"]), float(state["beta"])
+        self.eps, self.max_priority = float(state["eps"]), float(state["max_priority"])
+        self._sum = self._min = None
+
+
+Sampler = UniformSampler | PrioritizedSampler | SequenceSampler
+
+
+def sampler_from_state(state: dict[str, Any]) -> Sampler:
+    """Rebuild a sampler from its ``state_dict()``.
+
+    Raises:
+        ValueError: an unknown sampler type.
+    """
+    kind = state.get("type")
+    sampler: Sampler
+    if kind == "uniform":
+        sampler = UniformSampler()
+    elif kind == "prioritized":
+        sampler = PrioritizedSampler()
+    elif kind == "sequence":
+        sampler = SequenceSampler(length=int(state["length"]))
+    else:
+        raise ValueError(f"sampler type: expected uniform, prioritized or sequence, got {kind!r}")
+    sampler.load_state_dict(state)
+    return sampler

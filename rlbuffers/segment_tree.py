@@ -1,0 +1,71 @@
+"""Array-backed segment trees (sum and min) with vectorised update and prefix-sum search,
+as used by proportional prioritized replay (Schaul et al., 2016, Appendix B.2.1)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class SegmentTree:
+    """A complete binary tree over ``capacity`` leaves combining children with ``op``.
+
+    Leaves live at ``tree[n + i]`` (``n`` = capacity rounded up to a power of two); node ``k``
+    holds ``op(tree[2k], tree[2k + 1])``; the root is ``tree[1]``. Updates of ``m`` leaves cost
+    O(m log n) numpy work; queries of ``m`` prefix sums cost O(log n) vectorised steps.
+    """
+
+    def __init__(self, capacity: int, op: np.ufunc, neutral: float) -> None:
+        self.capacity = capacity
+        self.n = 1 << max(0, (capacity - 1).bit_length())
+        self.op, self.neutral = op, neutral
+        self.tree = np.full(2 * self.n, neutral, dtype=np.float64)
+
+    def set(self, idx: np.ndarray, values: np.ndarray) -> None:
+        """Set leaves ``idx`` (int64[m]) to ``values`` (float64[m]) and refresh their ancestors."""
+        i = np.asarray(idx, dtype=np.int64) + self.n
+        self.tree[i] = values
+        i = np.unique(i >> 1)
+        while len(i) and i[-1] >= 1:
+            self.tree[i] = self.op(self.tree[2 * i], self.tree[2 * i + 1])
+            if i[0] == 1:
+                break
+            i = np.unique(i >> 1)
+
+    def rebuild(self, leaves: np.ndarray) -> None:
+        """Set all leaves at once (float64[capacity]) in O(n)."""
+        self.tree[:] = self.neutral
+        self.tree[self.n : self.n + len(leaves)] = leaves
+        k = self.n
+        while k > 1:
+            k //= 2
+            self.tree[k : 2 * k] = self.op(
+                self.tree[2 * k : 4 * k : 2], self.tree[2 * k + 1 : 4 * k : 2]
+            )
+
+    def get(self, idx: np.ndarray) -> np.ndarray:
+        """Leaf values at ``idx``."""
+        return self.tree[np.asarray(idx, dtype=np.int64) + self.n]
+
+    @property
+    def root(self) -> float:
+        """``op`` over all leaves."""
+        return float(self.tree[1])
+
+    def find_prefix(self, mass: np.ndarray) -> np.ndarray:
+        """For a sum tree: the leaf ``i`` with ``sum(leaves[:i]) <= mass < sum(leaves[:i+1])``.
+
+        Args:
+            mass: float64[m] in ``[0, root)``.
+
+        Returns:
+            int64[m] leaf indices, never a zero-valued leaf while the root is positive.
+        """
+        mass = np.asarray(mass, dtype=np.float64).copy()
+        i = np.ones(len(mass), dtype=np.int64)
+        while i[0] < self.n:
+            left = self.tree[2 * i]
+            right_ok = self.tree[2 * i + 1] > 0
+            go_right = ((mass >= left) & right_ok) | (left <= 0)
+            mass = np.where(go_right, mass - left, mass)
+            i = 2 * i + go_right
+        return i - self.n

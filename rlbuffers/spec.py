@@ -1,0 +1,157 @@
+"""Field specifications: the shape and dtype of each transition field, checked on every add."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rlbuffers.errors import FieldError
+
+#: Bytes assumed per ragged row when sizing chunks (ragged lengths are unknown up front).
+RAGGED_ROWS_GUESS = 256
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """Shape and dtype of one transition field.
+
+    Args:
+        shape: per-transition shape, e.g. ``(4, 84, 84)`` for stacked Atari frames or ``()``
+            for a scalar reward. A first entry of ``None`` makes the field *ragged*
+            (variable length along that axis), e.g. ``(None,)`` for token ids.
+        dtype: a numpy dtype or its name (``"uint8"``, ``"float32"``, ``"bool"``...).
+
+    Raises:
+        FieldError: ``None`` anywhere but the first axis, a negative size, or an object dtype.
+    """
+
+    shape: tuple[int | None, ...]
+    dtype: Any
+
+    def __post_init__(self) -> None:
+        shape = tuple(self.shape)
+        dtype = np.dtype(self.dtype)
+        if any(s is None for s in shape[1:]):
+            raise FieldError(f"shape {shape}: only the first axis may be None (ragged)")
+        if any(s is not None and (not isinstance(s, (int, np.integer)) or s < 0) for s in shape):
+            raise FieldError(
+                f"shape {shape}: sizes must be non-negative integers or a leading None"
+            )
+        if dtype.hasobject or dtype.kind in "OUSV":
+            raise FieldError(f"dtype {dtype}: only numeric and bool dtypes are stored")
+        object.__setattr__(self, "shape", tuple(None if s is None else int(s) for s in shape))
+        object.__setattr__(self, "dtype", dtype)
+
+    @property
+    def ragged(self) -> bool:
+        """True when the first axis is variable-length."""
+        return len(self.shape) > 0 and self.shape[0] is None
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        """Shape of one row of a ragged field (trailing axes); the full shape otherwise."""
+        return tuple(self.shape[1:]) if self.ragged else tuple(self.shape)  # type: ignore[arg-type]
+
+    @property
+    def item_bytes(self) -> int:
+        """Bytes of one transition (fixed fields) or of one row along the ragged axis."""
+        return int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def estimate_bytes(self) -> int:
+        """Bytes per transition used to size chunks (ragged: a guess of 256 rows)."""
+        return self.item_bytes * (RAGGED_ROWS_GUESS if self.ragged else 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form for the manifest."""
+        return {"shape": list(self.shape), "dtype": self.dtype.str}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FieldSpec:
+        """Inverse of :meth:`to_dict`."""
+        return cls(tuple(d["shape"]), d["dtype"])
+
+    def describe(self) -> str:
+        """Human form, e.g. ``(None, 4) int32``."""
+        return f"{tuple(self.shape)} {self.dtype}"
+
+
+def _cast(name: str, spec: FieldSpec, value: Any) -> np.ndarray:
+    arr = np.asarray(value)
+    if arr.dtype == spec.dtype:
+        return arr
+    # Python scalars and float64/int64 arrays are the norm from envs: allow same-kind casts
+    # (float64 -> float32, int64 -> int32), refuse kind changes (float -> int, int -> bool).
+    if arr.dtype.kind in "biuf" and np.can_cast(arr.dtype, spec.dtype, casting="same_kind"):
+        return arr.astype(spec.dtype)
+    raise FieldError(
+        f"field {name!r}: expected dtype {spec.dtype}, got {arr.dtype} "
+        f"(same-kind casts such as float64 -> float32 are accepted)"
+    )
+
+
+def check_row(name: str, spec: FieldSpec, value: Any) -> np.ndarray:
+    """Validate one transition's value for field ``name``.
+
+    Returns:
+        the value as an array of ``spec.dtype`` and shape ``spec.shape`` (ragged: ``[n, *row]``).
+
+    Raises:
+        FieldError: wrong shape, or a dtype that cannot be cast within its kind.
+    """
+    arr = _cast(name, spec, value)
+    ok = (
+        arr.ndim == len(spec.shape) and arr.shape[1:] == spec.row_shape
+        if spec.ragged
+        else arr.shape == spec.shape
+    )
+    if not ok:
+        raise FieldError(
+            f"field {name!r}: expected shape {spec.describe()}, got {tuple(arr.shape)} {arr.dtype}"
+        )
+    return arr
+
+
+def check_batch(name: str, spec: FieldSpec, value: Any, batch_size: int | None) -> Any:
+    """Validate a batch of ``B`` values for field ``name`` (leading axis = B).
+
+    Fixed fields: an array ``[B, *shape]``. Ragged fields: a sequence of ``B`` arrays
+    ``[n_i, *row_shape]``.
+
+    Returns:
+        the validated array (fixed) or list of arrays (ragged).
+
+    Raises:
+        FieldError: wrong shape or dtype, or a batch size that differs from ``batch_size``.
+    """
+    if spec.ragged:
+        if isinstance(value, np.ndarray) and value.dtype != object:
+            raise FieldError(
+                f"field {name!r}: ragged field expects a sequence of arrays, got "
+                f"one array of shape {value.shape}"
+            )
+        rows = [check_row(name, spec, v) for v in value]
+        n = len(rows)
+    else:
+        arr = _cast(name, spec, value)
+        if arr.shape[1:] != spec.shape or arr.ndim != len(spec.shape) + 1:
+            raise FieldError(
+                f"field {name!r}: expected shape (B, {', '.join(map(str, spec.shape))}) "
+                f"{spec.dtype}, got {tuple(arr.shape)} {arr.dtype}"
+            )
+        rows, n = arr, arr.shape[0]
+    if batch_size is not None and n != batch_size:
+        raise FieldError(f"field {name!r}: expected batch size {batch_size}, got {n}")
+    return rows
+
+
+def check_names(fields: Sequence[str], given: Sequence[str]) -> None:
+    """Raise :class:`FieldError` naming unknown or missing fields."""
+    unknown = sorted(set(given) - set(fields))
+    missing = sorted(set(fields) - set(given))
+    if unknown:
+        raise FieldError(f"unknown field(s) {unknown}; the buffer's fields are {sorted(fields)}")
+    if missing:
+        raise FieldError(f"missing field(s) {missing}; every transition needs {sorted(fields)}")
