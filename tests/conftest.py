@@ -1,0 +1,55 @@
+"""Shared helpers for the buffer tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlbuffers import FieldSpec
+
+FIELD_KINDS = {
+    "frame": FieldSpec((4, 6, 6), "uint8"),
+    "obs": FieldSpec((3,), "float32"),
+    "reward": FieldSpec((), "float32"),
+    "action": FieldSpec((), "int64"),
+    "terminated": FieldSpec((), "bool"),
+    "tokens": FieldSpec((None,), "int32"),
+    "points": FieldSpec((None, 2), "float64"),
+}
+
+
+def make_batch(first_id: int, n: int, *, done_every: int = 0) -> dict:
+    """``n`` transitions whose every field encodes its transition id, so contents can be checked
+    against ids without trusting the code under test."""
+    ids = np.arange(first_id, first_id + n)
+    return {
+        "frame": (ids[:, None, None, None] % 251 + np.zeros((n, 4, 6, 6))).astype(np.uint8),
+        "obs": np.stack([ids, -ids, ids * 0.5], axis=1).astype(np.float32),
+        "reward": (ids * 0.25).astype(np.float32),
+        "action": ids.astype(np.int64),
+        "terminated": (ids % done_every == done_every - 1) if done_every else np.zeros(n, bool),
+        "tokens": [np.arange(i % 7, dtype=np.int32) + i for i in ids],
+        "points": [np.full((i % 3, 2), i, dtype=np.float64) for i in ids],
+    }
+
+
+def assert_rows_are(rows: dict, ids: np.ndarray) -> None:
+    """``rows`` (from ``buf[...]``) hold exactly the transitions with these ids."""
+    expected = make_batch(0, int(ids.max()) + 1) if len(ids) else make_batch(0, 0)
+    for name in FIELD_KINDS:
+        if name == "terminated":
+            continue
+        got = rows[name]
+        if isinstance(got, list):
+            assert len(got) == len(ids)
+            for g, i in zip(got, ids, strict=True):
+                np.testing.assert_array_equal(g, expected[name][i])
+                assert g.dtype == FIELD_KINDS[name].dtype
+        else:
+            np.testing.assert_array_equal(got, np.asarray(expected[name])[ids])
+            assert got.dtype == FIELD_KINDS[name].dtype
+
+
+@pytest.fixture
+def fields() -> dict:
+    return dict(FIELD_KINDS)

@@ -1,0 +1,48 @@
+"""Child process of test_crash.py: extend and save in a loop until killed.
+
+Transition ``i`` holds ``i`` in every field, so any reopened state can be checked against the
+ids alone. Prints ``committed <generation> <total_added>`` after each save returns.
+"""
+
+import sys
+
+import numpy as np
+
+from rlbuffers import FieldSpec, NotABufferError, PrioritizedSampler, ReplayBuffer
+
+FIELDS = {
+    "frame": FieldSpec((4, 32, 32), "uint8"),
+    "value": FieldSpec((), "int64"),
+    "tokens": FieldSpec((None,), "int32"),
+}
+CAPACITY, CHUNK = 600, 32
+
+
+def batch(first: int, n: int) -> dict:
+    ids = np.arange(first, first + n)
+    return {
+        "frame": np.broadcast_to((ids % 256).astype(np.uint8)[:, None, None, None],
+                                 (n, 4, 32, 32)).copy(),
+        "value": ids,
+        "tokens": [np.full(i % 50, i, np.int32) for i in ids],
+    }
+
+
+def main(path: str, seed: int) -> None:
+    try:
+        buf = ReplayBuffer.open(path)
+    except NotABufferError:
+        buf = ReplayBuffer.create(path, capacity=CAPACITY, fields=FIELDS, chunk_transitions=CHUNK,
+                                  sampler=PrioritizedSampler(), seed=0)
+    rng = np.random.default_rng(seed)
+    while True:
+        n = int(rng.integers(1, 150))
+        buf.extend(batch(buf.total_added, n))
+        s = buf.sample(16)
+        buf.update_priorities(s["indices"], s["value"] % 5 + 1.0)
+        report = buf.save(metadata={"total": buf.total_added})
+        print(f"committed {report.generation} {buf.total_added}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))

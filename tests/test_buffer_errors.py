@@ -1,0 +1,176 @@
+"""Bad input, bad paths, failed saves and corrupt chunks: clear errors, nothing lost."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from rlbuffers import (
+    BufferEmptyError,
+    BufferExistsError,
+    CorruptChunkError,
+    FieldError,
+    FieldSpec,
+    FormatVersionError,
+    NotABufferError,
+    NotPrioritizedError,
+    ReadOnlyError,
+    ReplayBuffer,
+)
+from rlbuffers.cli import main
+from rlbuffers.storage.persistent import PersistentTier
+from tests.conftest import assert_rows_are, make_batch
+
+
+@pytest.fixture
+def buf(tmp_path, fields):
+    b = ReplayBuffer.create(tmp_path / "b", capacity=10, fields=fields, chunk_transitions=4)
+    b.extend(make_batch(0, 6))
+    return b
+
+
+def _one(i=6):
+    return {k: v[0] for k, v in make_batch(i, 1).items()}
+
+
+def test_unknown_and_missing_fields(buf):
+    with pytest.raises(FieldError, match=r"unknown field\(s\) \['rewrd'\]"):
+        buf.add(**{**_one(), "rewrd": 1.0})
+    row = _one()
+    del row["obs"]
+    with pytest.raises(FieldError, match=r"missing field\(s\) \['obs'\]"):
+        buf.add(**row)
+    assert buf.total_added == 6
+
+
+def test_wrong_shape_leaves_buffer_unchanged(buf):
+    batch = make_batch(6, 3)
+    batch["frame"] = np.zeros((3, 6, 6, 4), np.uint8)  # channels-last by mistake
+    with pytest.raises(FieldError) as e:
+        buf.extend(batch)
+    want = "field 'frame': expected shape (B, 4, 6, 6) uint8, got (3, 6, 6, 4) uint8"
+    assert want in str(e.value)
+    assert buf.total_added == 6 and len(buf) == 6
+    assert_rows_are(buf[:], np.arange(6))
+
+
+def test_wrong_dtype_and_batch_mismatch(buf):
+    batch = make_batch(6, 3)
+    batch["action"] = np.zeros(3, np.float32)
+    with pytest.raises(FieldError, match="field 'action': expected dtype int64, got float32"):
+        buf.extend(batch)
+    batch = make_batch(6, 3)
+    batch["reward"] = np.zeros(2, np.float32)
+    with pytest.raises(FieldError, match="field 'reward': expected batch size 3, got 2"):
+        buf.extend(batch)
+    assert_rows_are(buf[:], np.arange(6))
+
+
+def test_bad_field_names_and_specs(tmp_path):
+    with pytest.raises(FieldError, match="must not start with '_'"):
+        ReplayBuffer.create(tmp_path / "x", capacity=4, fields={"_x": FieldSpec((), "int8")})
+    with pytest.raises(FieldError, match="episode-end flags"):
+        ReplayBuffer.create(tmp_path / "y", capacity=4, fields={"done": FieldSpec((), "int8")})
+    with pytest.raises(ValueError, match="capacity"):
+        ReplayBuffer.create(tmp_path / "z", capacity=0, fields={"a": FieldSpec((), "int8")})
+    with pytest.raises(ValueError, match="codec must be one of"):
+        ReplayBuffer.create(tmp_path / "w", capacity=4, fields={"a": FieldSpec((), "int8")},
+                            codec="gzip")
+
+
+def test_create_refuses_existing(buf, fields):
+    with pytest.raises(BufferExistsError, match="overwrite=True"):
+        ReplayBuffer.create(buf.path, capacity=10, fields=fields)
+    again = ReplayBuffer.create(buf.path, capacity=5, fields=fields, overwrite=True)
+    assert len(again) == 0 and again.capacity == 5
+
+
+def test_index_and_sample_errors(tmp_path, fields, buf):
+    with pytest.raises(IndexError, match=r"index \[6\] out of range for buffer of 6"):
+        buf[6]
+    empty = ReplayBuffer.create(tmp_path / "e", capacity=4, fields=fields)
+    with pytest.raises(BufferEmptyError, match="holds 0 transitions"):
+        empty.sample(2)
+    with pytest.raises(ValueError, match="batch_size"):
+        buf.sample(0)
+    with pytest.raises(NotPrioritizedError):
+        buf.update_priorities([0], [1.0])
+
+
+def test_not_a_buffer_and_newer_format(tmp_path, buf):
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(NotABufferError, match="no manifest.json"):
+        ReplayBuffer.open(tmp_path / "plain")
+    with pytest.raises(NotABufferError, match="no such directory"):
+        ReplayBuffer.open(tmp_path / "missing")
+    buf.save()
+    m = json.loads((buf.path / "manifest.json").read_text())
+    m["format_version"] = 99
+    (buf.path / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(FormatVersionError, match="format version 99 is newer"):
+        ReplayBuffer.open(buf.path)
+
+
+def test_read_only_refuses_writes(buf):
+    buf.save()
+    ro = ReplayBuffer.open(buf.path, mode="r")
+    with pytest.raises(ReadOnlyError):
+        ro.add(**_one())
+    with pytest.raises(ReadOnlyError):
+        ro.save()
+
+
+def test_failed_save_keeps_last_commit_and_retries(buf, monkeypatch):
+    buf.save()
+    buf.extend(make_batch(6, 6))  # wraps: overwrites committed slots 0..1
+    real = PersistentTier.stage_chunk
+    calls = {"n": 0}
+
+    def flaky(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(28, "No space left on device")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(PersistentTier, "stage_chunk", flaky)
+    with pytest.raises(OSError, match="No space left"):
+        buf.save()
+    assert not (buf.path / ".staging").exists() or not any((buf.path / ".staging").iterdir())
+    with ReplayBuffer.open(buf.path, mode="r") as ro:  # the last commit, untouched
+        assert ro.generation == 1
+        assert_rows_are(ro[:], np.arange(6))
+    report = buf.save()  # the pending changes are still there
+    assert report.generation == 2
+    buf.close()
+    with ReplayBuffer.open(buf.path) as b:
+        assert_rows_are(b[:], np.arange(2, 12))
+
+
+def _corrupt_first_chunk(path, field):
+    tier = PersistentTier(path, {field: FieldSpec((3,), "float32")}, 4, 10)
+    (_, chunk_file), *_ = tier.chunk_files(field)
+    data = bytearray(chunk_file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    chunk_file.write_bytes(bytes(data))
+
+
+def test_corrupt_chunk_named_by_verify_and_reads(buf, capsys):
+    buf.save()
+    buf.close()
+    _corrupt_first_chunk(buf.path, "obs")
+    assert main(["inspect", str(buf.path), "--verify"]) == 1
+    out = capsys.readouterr().out
+    assert "field 'obs' chunk 0" in out
+    with ReplayBuffer.open(buf.path, mode="r") as ro, pytest.raises(CorruptChunkError) as e:
+        ro[0]
+    assert (e.value.field, e.value.chunk) == ("obs", 0)
+    os.remove(buf.path / ".working" / "state.json")  # force a rebuild, which reads chunk 0
+    with pytest.raises(CorruptChunkError, match="field 'obs': chunk 0 is corrupt"):
+        ReplayBuffer.open(buf.path)
+
+
+def test_closed_buffer(buf):
+    buf.close()
+    with pytest.raises(ValueError, match="closed"):
+        buf.sample(1)

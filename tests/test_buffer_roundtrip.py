@@ -1,0 +1,129 @@
+"""Exact round trips of every field kind through add/extend, save, open and rebuild."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import zarr
+
+from rlbuffers import ReplayBuffer
+from tests.conftest import assert_rows_are, make_batch
+
+
+def test_add_then_read_every_kind(tmp_path, fields):
+    buf = ReplayBuffer.create(tmp_path / "b", capacity=20, fields=fields, chunk_transitions=4)
+    one = make_batch(0, 5)
+    for i in range(5):
+        buf.add(**{k: v[i] for k, v in one.items()})
+    assert len(buf) == 5
+    assert_rows_are(buf[:], np.arange(5))
+    row = buf[3]
+    np.testing.assert_array_equal(row["obs"], [3, -3, 1.5])
+    np.testing.assert_array_equal(row["tokens"], np.arange(3, dtype=np.int32) + 3)
+
+
+def test_ring_wraparound_keeps_newest(tmp_path, fields):
+    buf = ReplayBuffer.create(tmp_path / "b", capacity=10, fields=fields, chunk_transitions=3)
+    buf.extend(make_batch(0, 7))
+    buf.extend(make_batch(7, 8))  # 15 added, capacity 10 -> ids 5..14
+    assert len(buf) == 10 and buf.total_added == 15
+    assert_rows_are(buf[:], np.arange(5, 15))
+    assert_rows_are(buf[np.array([0, -1, 4])], np.array([5, 14, 9]))
+    assert_rows_are(buf[2:8:2], np.array([7, 9, 11]))
+
+
+def test_extend_larger_than_capacity(tmp_path, fields):
+    buf = ReplayBuffer.create(tmp_path / "b", capacity=6, fields=fields, chunk_transitions=4)
+    buf.extend(make_batch(0, 3))
+    buf.extend(make_batch(3, 14))
+    assert buf.total_added == 17
+    assert_rows_are(buf[:], np.arange(11, 17))
+
+
+@pytest.mark.parametrize("codec", ["blosc-zstd", "blosc-lz4", "zstd", "none"])
+def test_save_open_exact(tmp_path, fields, codec):
+    path = tmp_path / "b"
+    buf = ReplayBuffer.create(path, capacity=12, fields=fields, chunk_transitions=5, codec=codec)
+    buf.extend(make_batch(0, 9))
+    buf.save()
+    buf.extend(make_batch(9, 7))  # wraps the ring; ids 4..15
+    report = buf.save(metadata={"step": 16})
+    assert report.generation == 2 and report.chunks_written > 0 and report.bytes_written > 0
+    buf.close()
+    with ReplayBuffer.open(path) as again:
+        assert (len(again), again.total_added, again.metadata) == (12, 16, {"step": 16})
+        assert_rows_are(again[:], np.arange(4, 16))
+
+
+def test_rebuild_from_persistent_tier_alone(tmp_path, fields):
+    path = tmp_path / "b"
+    buf = ReplayBuffer.create(path, capacity=12, fields=fields, chunk_transitions=5)
+    buf.extend(make_batch(0, 17))
+    buf.save()
+    buf.close()
+    shutil.rmtree(path / ".working")
+    moved = tmp_path / "moved"
+    shutil.copytree(path, moved)  # a buffer copied elsewhere (no working tier) opens too
+    for p in (path, moved):
+        with ReplayBuffer.open(p) as b:
+            assert_rows_are(b[:], np.arange(5, 17))
+
+
+def test_unsaved_changes_are_discarded_on_reopen(tmp_path, fields):
+    path = tmp_path / "b"
+    buf = ReplayBuffer.create(path, capacity=10, fields=fields, chunk_transitions=4)
+    buf.extend(make_batch(0, 6))
+    buf.save()
+    buf.extend(make_batch(6, 7))  # overwrites committed slots in the working tier
+    buf.close()
+    with ReplayBuffer.open(path) as b:
+        assert b.total_added == 6
+        assert_rows_are(b[:], np.arange(6))
+
+
+def test_incremental_save_writes_only_changed_chunks(tmp_path, fields):
+    buf = ReplayBuffer.create(tmp_path / "b", capacity=100, fields=fields, chunk_transitions=10)
+    buf.extend(make_batch(0, 100))
+    full = buf.save()
+    buf.extend(make_batch(100, 3))  # slots 0..2 -> chunk 0 only
+    inc = buf.save()
+    n_cols = len(fields) + 1  # + the internal episode-id column
+    assert full.chunks_written == 10 * n_cols
+    assert inc.chunks_written == 1 * n_cols
+    assert buf.save().chunks_written == 0
+    assert buf.save(full=True).chunks_written == 10 * n_cols
+
+
+def test_read_only_mode(tmp_path, fields):
+    path = tmp_path / "b"
+    with ReplayBuffer.create(path, capacity=10, fields=fields, chunk_transitions=4) as buf:
+        buf.extend(make_batch(0, 13))
+        buf.save()
+    ro = ReplayBuffer.open(path, mode="r")
+    assert_rows_are(ro[:], np.arange(3, 13))
+    assert set(ro.sample(5)) >= set(fields) | {"indices", "weights"}
+
+
+def test_plain_zarr_reads_the_committed_data(tmp_path, fields):
+    path = tmp_path / "b"
+    with ReplayBuffer.create(path, capacity=10, fields=fields, chunk_transitions=4) as buf:
+        buf.extend(make_batch(0, 13))
+        buf.save()
+    manifest = json.loads((path / "manifest.json").read_text())
+    group = zarr.open_group(path, mode="r")
+    start = (manifest["cursor"] - manifest["size"]) % manifest["capacity"]
+    order = (start + np.arange(manifest["size"])) % manifest["capacity"]
+    np.testing.assert_array_equal(group["obs"][:][order], make_batch(3, 10)["obs"])
+    tokens = group["tokens"][:][order]
+    for raw, want in zip(tokens, make_batch(3, 10)["tokens"], strict=True):
+        np.testing.assert_array_equal(np.frombuffer(raw, dtype=np.int32), want)
+
+
+def test_episode_ids_follow_terminated_flags(tmp_path, fields):
+    buf = ReplayBuffer.create(tmp_path / "b", capacity=50, fields=fields, chunk_transitions=8)
+    buf.extend(make_batch(0, 20, done_every=5))
+    assert buf.episodes == 4
+    buf.save()
+    buf.close()
+    assert ReplayBuffer.open(tmp_path / "b").episodes == 4
