@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import subprocess
 import sys
-import statistics
 import tempfile
 import threading
 import time
