@@ -10,8 +10,10 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ from rlbuffers.samplers import (
     UniformSampler,
     sampler_from_state,
 )
+from rlbuffers.save_job import SaveJob
 from rlbuffers.spec import FieldSpec, check_batch, check_names, check_row
 from rlbuffers.storage.manifest import FORMAT_VERSION, MANIFEST, read_manifest, write_json_atomic
 from rlbuffers.storage.persistent import PersistentTier
@@ -130,6 +133,10 @@ class ReplayBuffer:
         self._persistent = PersistentTier(root, self._specs, self.chunk_transitions, self.capacity)
         self._persistent.generation = self.generation
         self._dirty: dict[str, set[int]] = {n: set() for n in self._specs}
+        self._lock = threading.Lock()  # guards working-tier writes against a background save
+        self._job: SaveJob | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending_save: Future[SaveReport] | None = None
         self._working: WorkingTier | None = None
         self._reader: ChunkReader | None = None
         self._closed = False
@@ -355,15 +362,14 @@ class ReplayBuffer:
         if prio is not None:
             rows[PRIORITY] = prio if keep == n else np.concatenate([np.zeros(n - keep), prio])
         chunks = set(np.unique(slots // self.chunk_transitions).tolist())
-        self._working.mark_dirty(self.generation, chunks)
-        for name in rows:
-            self._dirty[name] |= chunks
         run1 = min(keep, self.capacity - first_slot)
-        for name, col in self._working.columns.items():
-            data = rows[name][n - keep :]
-            col.write(first_slot, data[:run1])
-            if run1 < keep:
-                col.write(0, data[run1:])
+        with self._lock:
+            self._touch(list(rows), chunks)
+            for name, col in self._working.columns.items():
+                data = rows[name][n - keep :]
+                col.write(first_slot, data[:run1])
+                if run1 < keep:
+                    col.write(0, data[run1:])
         self._cursor = (self._cursor + n) % self.capacity
         self._size = min(self._size + n, self.capacity)
         self.total_added += n
@@ -522,83 +528,138 @@ class ReplayBuffer:
         raw = self.sampler.update(slots, pr, self._context())
         assert self._working is not None
         chunks = set(np.unique(slots // self.chunk_transitions).tolist())
-        self._working.mark_dirty(self.generation, chunks)
-        self._dirty[PRIORITY] |= chunks
         col = self._working.columns[PRIORITY]
-        for s, v in zip(slots.tolist(), raw.tolist(), strict=True):
-            col.write(s, np.array([v]))
+        with self._lock:
+            self._touch([PRIORITY], chunks)
+            for s, v in zip(slots.tolist(), raw.tolist(), strict=True):
+                col.write(s, np.array([v]))
         return len(ids)
 
+    def _touch(self, names: list[str], chunks: set[int]) -> None:
+        """Before writing ``chunks`` of ``names`` (lock held): copy aside what a running save
+        still needs, record the chunks as changed in ``state.json`` and the dirty sets."""
+        assert self._working is not None
+        if self._job is not None:
+            self._job.protect(names, chunks, self._read_chunk)
+        self._working.mark_dirty(self.generation, chunks)
+        for name in names:
+            self._dirty[name] |= chunks
+
     # -- saving -----------------------------------------------------------------------------
-    def save(self, *, metadata: Mapping[str, Any] | None = None, full: bool = False) -> SaveReport:
-        """Commit every change since the last commit; returns a :class:`SaveReport`.
+    def save(
+        self,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        full: bool = False,
+        background: bool = False,
+    ) -> SaveReport | Future[SaveReport]:
+        """Commit every change since the last commit.
 
         Writes only the chunks changed since the last commit (``full=True`` rewrites every
         filled chunk), one chunk at a time, so extra memory is a few chunks whatever the buffer
-        size; then commits by renaming the manifest into place. On any error before the commit
-        the previous commit stays intact and the changes stay pending for the next save.
+        size; then commits by renaming the manifest into place. The commit holds the buffer as
+        it was when ``save`` was called. On any error before the commit the previous commit
+        stays intact and the changes stay pending for the next save.
 
         Args:
             metadata: JSON-serialisable dict stored with the commit (e.g. the trainer's
                 generation); None keeps the previous one. Read it back as ``buf.metadata``.
             full: rewrite all filled chunks (a full save, e.g. after changing storage).
+            background: encode and write in a worker thread and return at once; ``add``,
+                ``extend``, ``sample`` and ``update_priorities`` may go on meanwhile (chunks
+                they overwrite before the save reads them are copied aside first). A later
+                ``save`` or ``close`` waits for it.
+
+        Returns:
+            a :class:`SaveReport`, or with ``background=True`` a ``concurrent.futures.Future``
+            of one (its ``result()`` raises the save's error, if any).
 
         Raises:
             TypeError: metadata is not JSON-serialisable. OSError: the write failed (e.g. disk
             full); nothing committed. ReadOnlyError: opened with ``mode="r"``.
         """
         self._writable()
-        assert self._working is not None
-        t0 = time.perf_counter()
+        self.wait_for_save()
         meta = self.metadata if metadata is None else json.loads(json.dumps(dict(metadata)))
-        gen = self.generation + 1
-        tier = self._persistent
-        filled_chunks = set(
-            range(-(-min(self.total_added, self.capacity) // self.chunk_transitions))
-        )
-        todo = {n: sorted(filled_chunks if full else self._dirty[n]) for n in self._specs}
-        chunks = nbytes = raw = 0
-        try:
-            tier.drop_staging(keep=None)
-            for name, cs in todo.items():
-                col = self._working.columns[name]
-                for c in cs:
-                    a = c * self.chunk_transitions
-                    data = col.read_range(a, min(a + self.chunk_transitions, self.capacity))
-                    nbytes += tier.stage_chunk(gen, name, c, data)
-                    raw += _nbytes(data)
-                    chunks += 1
-            tier.seal(gen)
-            committed_at = time.time()
-            write_json_atomic(self.path / MANIFEST, self._manifest(gen, meta, committed_at))
-        except BaseException:
-            tier.drop_staging(keep=None)
-            raise
-        self.generation, self.metadata, self._committed_at = gen, meta, committed_at
-        tier.generation = gen
-        self._dirty = {n: set() for n in self._specs}
-        tier.apply(gen)
-        self._working.flush()
-        self._working.write_state(gen, [])
-        report = SaveReport(gen, chunks, nbytes, raw, time.perf_counter() - t0)
-        log.info("saved %s: %s", self.path, report)
-        return report
+        with self._lock:
+            job = self._start_job(meta, full)
+        if not background:
+            return self._run_job(job)
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="rlbuffers-save")
+        self._pending_save = self._executor.submit(self._run_job, job)
+        return self._pending_save
 
-    def _manifest(self, gen: int, meta: dict[str, Any], committed_at: float) -> dict[str, Any]:
-        m = read_manifest(self.path)
-        m.update(
-            generation=gen,
+    def wait_for_save(self) -> None:
+        """Block until a background save finishes (its error, if any, is logged; the changes
+        it could not commit are pending again for the next save)."""
+        fut, self._pending_save = self._pending_save, None
+        if fut is not None:
+            try:
+                fut.result()
+            except Exception:
+                log.exception("background save of %s failed; its changes stay pending", self.path)
+
+    def _start_job(self, meta: dict[str, Any], full: bool) -> SaveJob:
+        filled = set(range(-(-min(self.total_added, self.capacity) // self.chunk_transitions)))
+        todo = {n: sorted(filled if full else self._dirty[n]) for n in self._specs}
+        self._dirty = {n: set() for n in self._specs}
+        state = dict(
+            generation=self.generation + 1,
             cursor=self._cursor,
             size=self._size,
             total_added=self.total_added,
             episodes=self.episodes,
             episode_id=self._episode_id,
             metadata=meta,
-            committed_at=committed_at,
             sampler=self.sampler.state_dict(),
             rng=self._rng.bit_generator.state,
         )
-        return m
+        self._job = SaveJob(self.generation + 1, todo, state, self._lock)
+        return self._job
+
+    def _read_chunk(self, name: str, c: int) -> Any:
+        assert self._working is not None
+        a = c * self.chunk_transitions
+        return self._working.columns[name].read_range(a, min(a + self.chunk_transitions,
+                                                              self.capacity))
+
+    def _run_job(self, job: SaveJob) -> SaveReport:
+        assert self._working is not None
+        t0 = time.perf_counter()
+        tier, gen = self._persistent, job.generation
+        chunks = nbytes = raw = 0
+        try:
+            tier.drop_staging(keep=None)
+            for name, cs in job.todo.items():
+                for c in cs:
+                    data = job.take(name, c, self._read_chunk)
+                    nbytes += tier.stage_chunk(gen, name, c, data)
+                    raw += _nbytes(data)
+                    chunks += 1
+            tier.seal(gen)
+            manifest = {**read_manifest(self.path), **job.state, "committed_at": time.time()}
+            write_json_atomic(self.path / MANIFEST, manifest)
+        except BaseException:
+            tier.drop_staging(keep=None)
+            job.abandon()
+            with self._lock:
+                for name, cs in job.todo.items():
+                    self._dirty[name] |= set(cs)
+                self._job = None
+            raise
+        with self._lock:
+            self.generation, self.metadata = gen, manifest["metadata"]
+            self._committed_at = manifest["committed_at"]
+            tier.generation = gen
+            self._job = None
+        tier.apply(gen)
+        self._working.flush()
+        with self._lock:
+            self._working.write_state(gen, set().union(*self._dirty.values()))
+        report = SaveReport(gen, chunks, nbytes, raw, time.perf_counter() - t0)
+        log.info("saved %s: %s", self.path, report)
+        return report
 
     @property
     def committed_at(self) -> float:
@@ -621,9 +682,13 @@ class ReplayBuffer:
             raise ReadOnlyError(f"{self.path}: opened read-only (mode='r')")
 
     def close(self) -> None:
-        """Release files. Does not save: changes since the last ``save`` are discarded."""
+        """Wait for a background save, then release files. Does not save: changes since the
+        last ``save`` are discarded."""
         if self._closed:
             return
+        self.wait_for_save()
+        if self._executor is not None:
+            self._executor.shutdown()
         if self._working is not None:
             self._working.close()
         self._closed = True

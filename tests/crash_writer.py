@@ -35,13 +35,20 @@ def main(path: str, seed: int) -> None:
         buf = ReplayBuffer.create(path, capacity=CAPACITY, fields=FIELDS, chunk_transitions=CHUNK,
                                   sampler=PrioritizedSampler(), seed=0)
     rng = np.random.default_rng(seed)
+    print("ready", flush=True)
     while True:
         n = int(rng.integers(1, 150))
         buf.extend(batch(buf.total_added, n))
         s = buf.sample(16)
         buf.update_priorities(s["indices"], s["value"] % 5 + 1.0)
-        report = buf.save(metadata={"total": buf.total_added})
-        print(f"committed {report.generation} {buf.total_added}", flush=True)
+        total = buf.total_added
+        if rng.random() < 0.5:
+            report = buf.save(metadata={"total": total})
+        else:  # background save while more transitions arrive (committed by the next save)
+            fut = buf.save(metadata={"total": total}, background=True)
+            buf.extend(batch(buf.total_added, int(rng.integers(1, 150))))
+            report = fut.result()
+        print(f"committed {report.generation} {total}", flush=True)
 
 
 if __name__ == "__main__":
