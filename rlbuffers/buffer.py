@@ -6,12 +6,14 @@ See ``docs/format.md`` for the on-disk layout and the commit protocol.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,7 +27,6 @@ from rlbuffers.errors import (
     BufferClosedError,
     BufferExistsError,
     FieldError,
-    NotABufferError,
     NotPrioritizedError,
     ReadOnlyError,
 )
@@ -38,7 +39,8 @@ from rlbuffers.samplers import (
 )
 from rlbuffers.save_job import SaveJob
 from rlbuffers.spec import FieldSpec, check_batch, check_names, check_row
-from rlbuffers.storage.manifest import FORMAT_VERSION, MANIFEST, read_manifest, write_json_atomic
+from rlbuffers.storage.location import Location
+from rlbuffers.storage.manifest import FORMAT_VERSION, MANIFEST, read_manifest, write_manifest
 from rlbuffers.storage.persistent import PersistentTier
 from rlbuffers.storage.reader import ChunkReader
 from rlbuffers.storage.working import WorkingTier
@@ -114,14 +116,17 @@ class ReplayBuffer:
 
     def __init__(
         self,
-        root: Path,
+        loc: Location,
         manifest: dict[str, Any],
         *,
         mode: str,
         working_dir: Path | None,
         fresh: bool = False,
     ) -> None:
-        self.path = root
+        self._loc = loc
+        #: the buffer's directory (a ``Path``) or URL (a ``str``)
+        self.path: Path | str = loc.root if loc.local else loc.url
+        self._buffer_id: str = manifest.get("buffer_id", "")
         self.mode = mode
         self._fields = {n: FieldSpec.from_dict(d) for n, d in manifest["fields"].items()}
         self._codecs = {n: d["codec"] for n, d in manifest["fields"].items()}
@@ -130,7 +135,7 @@ class ReplayBuffer:
         self.chunk_transitions: int = manifest["chunk_transitions"]
         self._load_state(manifest)
         self._specs = {**self._fields, **self._internal}
-        self._persistent = PersistentTier(root, self._specs, self.chunk_transitions, self.capacity)
+        self._persistent = PersistentTier(loc, self._specs, self.chunk_transitions, self.capacity)
         self._persistent.generation = self.generation
         self._dirty: dict[str, set[int]] = {n: set() for n in self._specs}
         self._lock = threading.Lock()  # guards working-tier writes against a background save
@@ -143,7 +148,7 @@ class ReplayBuffer:
         if mode == "r":
             self._reader = ChunkReader(self._persistent)
         else:
-            self._working_dir = working_dir or root / ".working"
+            self._working_dir = working_dir or default_working_dir(loc)
             if fresh:
                 shutil.rmtree(self._working_dir, ignore_errors=True)
             self._attach_working()
@@ -175,6 +180,7 @@ class ReplayBuffer:
         seed: int | None = None,
         working_dir: str | os.PathLike[str] | None = None,
         overwrite: bool = False,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> ReplayBuffer:
         """Create an empty buffer at ``path`` (a directory; committed as generation 0).
 
@@ -189,21 +195,24 @@ class ReplayBuffer:
             sampler: :class:`UniformSampler` (default), :class:`PrioritizedSampler` or
                 :class:`SequenceSampler`.
             seed: seed of the buffer's ``np.random.Generator`` (PCG64).
-            working_dir: where the uncompressed working tier lives (default ``path/.working``).
+            working_dir: local directory of the uncompressed working tier (default
+                ``path/.working``, or for a URL a directory under ``~/.cache/rlbuffers``).
             overwrite: replace an existing buffer at ``path``.
+            storage_options: fsspec options when ``path`` is a URL (``s3://bucket/buf``...),
+                e.g. ``{"endpoint_url": ..., "key": ..., "secret": ...}``.
 
         Raises:
             FieldError: an invalid field name or spec. ValueError: a bad capacity, chunk size or
             codec. FileExistsError: ``path`` is not empty and ``overwrite`` is False.
         """
         _check_create_args(capacity, fields)
-        root = Path(path)
-        if root.exists() and any(root.iterdir()):
+        loc = Location(path, dict(storage_options or {}))
+        if loc.exists() and loc.listdir():
             if not overwrite:
                 raise BufferExistsError(
-                    f"{root}: already exists and is not empty (pass overwrite=True)"
+                    f"{loc}: already exists and is not empty (pass overwrite=True)"
                 )
-            shutil.rmtree(root)
+            loc.remove_tree("")
         chunk = (
             _auto_chunk(fields, int(capacity)) if chunk_transitions is None else chunk_transitions
         )
@@ -219,7 +228,7 @@ class ReplayBuffer:
             internal[PRIORITY] = FieldSpec((), "float64")
         codecs.update({n: DEFAULT_CODEC for n in internal})
         PersistentTier.create(
-            root,
+            loc,
             {**fields, **internal},
             codecs,
             capacity=int(capacity),
@@ -229,6 +238,7 @@ class ReplayBuffer:
         manifest = {
             "format": "rlbuffers",
             "format_version": FORMAT_VERSION,
+            "buffer_id": uuid.uuid4().hex,
             "capacity": int(capacity),
             "chunk_transitions": int(chunk),
             "fields": {n: {**s.to_dict(), "codec": codecs[n]} for n, s in fields.items()},
@@ -244,8 +254,8 @@ class ReplayBuffer:
             "sampler": sampler.state_dict(),
             "rng": np.random.Generator(np.random.PCG64(seed)).bit_generator.state,
         }
-        write_json_atomic(root / MANIFEST, manifest)
-        buf = cls(root, manifest, mode="r+", working_dir=_opt_path(working_dir), fresh=True)
+        write_manifest(loc, manifest)
+        buf = cls(loc, manifest, mode="r+", working_dir=_opt_path(working_dir), fresh=True)
         buf.sampler = sampler
         return buf
 
@@ -256,6 +266,7 @@ class ReplayBuffer:
         *,
         mode: str = "r+",
         working_dir: str | os.PathLike[str] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> ReplayBuffer:
         """Open the last commit of the buffer at ``path``.
 
@@ -266,6 +277,7 @@ class ReplayBuffer:
         Args:
             mode: ``"r+"`` (read/write) or ``"r"`` (read-only; reads decode stored chunks and
                 never touch the working tier, so it is safe while a writer runs).
+            working_dir, storage_options: as for :meth:`create`.
 
         Raises:
             NotABufferError: ``path`` holds no buffer. FormatVersionError: written by a newer
@@ -274,10 +286,8 @@ class ReplayBuffer:
         """
         if mode not in ("r", "r+"):
             raise ValueError(f"mode: expected 'r' or 'r+', got {mode!r}")
-        root = Path(path)
-        if not root.is_dir():
-            raise NotABufferError(f"{root}: not an rlbuffers buffer (no such directory)")
-        return cls(root, read_manifest(root), mode=mode, working_dir=_opt_path(working_dir))
+        loc = Location(path, dict(storage_options or {}))
+        return cls(loc, read_manifest(loc), mode=mode, working_dir=_opt_path(working_dir))
 
     def _attach_working(self) -> None:
         """Open (or create) the working tier and bring it in line with the last commit."""
@@ -286,17 +296,20 @@ class ReplayBuffer:
         all_chunks = set(range(tier.n_chunks))
         try:
             self._working = WorkingTier(
-                wdir, self._specs, self.capacity, self.chunk_transitions, create=False
+                wdir, self._specs, self.capacity, self.chunk_transitions, create=False,
+                buffer_id=self._buffer_id,
             )
             state = self._working.state
+            same = state.get("buffer_id") == self._buffer_id
             rebuild = (
                 set(state.get("dirty_chunks", []))
-                if state.get("generation") in (gen, gen - 1)
+                if same and state.get("generation") in (gen, gen - 1)
                 else all_chunks
             )
         except (OSError, ValueError):
             self._working = WorkingTier(
-                wdir, self._specs, self.capacity, self.chunk_transitions, create=True
+                wdir, self._specs, self.capacity, self.chunk_transitions, create=True,
+                buffer_id=self._buffer_id,
             )
             rebuild = all_chunks
         if rebuild:
@@ -630,7 +643,7 @@ class ReplayBuffer:
         tier, gen = self._persistent, job.generation
         chunks = nbytes = raw = 0
         try:
-            tier.drop_staging(keep=None)
+            tier.drop_staging()
             for name, cs in job.todo.items():
                 for c in cs:
                     data = job.take(name, c, self._read_chunk)
@@ -638,10 +651,10 @@ class ReplayBuffer:
                     raw += _nbytes(data)
                     chunks += 1
             tier.seal(gen)
-            manifest = {**read_manifest(self.path), **job.state, "committed_at": time.time()}
-            write_json_atomic(self.path / MANIFEST, manifest)
+            manifest = {**read_manifest(self._loc), **job.state, "committed_at": time.time()}
+            write_manifest(self._loc, manifest)
         except BaseException:
-            tier.drop_staging(keep=None)
+            tier.drop_staging()
             job.abandon()
             with self._lock:
                 for name, cs in job.todo.items():
@@ -708,3 +721,12 @@ class ReplayBuffer:
 
 def _opt_path(p: str | os.PathLike[str] | None) -> Path | None:
     return None if p is None else Path(p)
+
+
+def default_working_dir(loc: Location) -> Path:
+    """``<path>/.working`` for a local buffer; ``~/.cache/rlbuffers/working/<hash>`` for a URL
+    (``$RLBUFFERS_CACHE`` replaces ``~/.cache/rlbuffers``)."""
+    if loc.local:
+        return loc.root / ".working"
+    cache = Path(os.environ.get("RLBUFFERS_CACHE", Path.home() / ".cache" / "rlbuffers"))
+    return cache / "working" / hashlib.sha1(loc.url.encode()).hexdigest()[:16]

@@ -69,7 +69,8 @@ def render(r: dict[str, Any]) -> str:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    report = inspect_path(args.path, verify=args.verify)
+    options = json.loads(args.storage_options) if args.storage_options else None
+    report = inspect_path(args.path, verify=args.verify, storage_options=options)
     print(json.dumps(report, indent=1) if args.json else render(report))
     return 1 if report.get("corrupt") else 0
 
@@ -79,7 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlbuffers", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("inspect", help="describe a stored replay buffer")
-    p.add_argument("path", help="buffer directory")
+    p.add_argument("path", help="buffer directory or URL (s3://bucket/buffer, ...)")
+    p.add_argument("--storage-options", metavar="JSON", default=None,
+                   help='fsspec options for a URL, e.g. \'{"endpoint_url": "http://..."}\' '
+                        "(credentials may also come from the usual environment variables)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument(
         "--verify",

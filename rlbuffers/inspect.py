@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rlbuffers.errors import CorruptChunkError, NotABufferError
+from rlbuffers.errors import CorruptChunkError
 from rlbuffers.spec import FieldSpec
+from rlbuffers.storage.location import Location
 from rlbuffers.storage.manifest import read_manifest
 from rlbuffers.storage.persistent import PersistentTier
 
@@ -65,7 +65,12 @@ def _column_stats(tier: PersistentTier, name: str, m: dict[str, Any]) -> tuple[_
     return stats, raw
 
 
-def inspect_path(path: str | os.PathLike[str], *, verify: bool = False) -> dict[str, Any]:
+def inspect_path(
+    path: str | os.PathLike[str],
+    *,
+    verify: bool = False,
+    storage_options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Describe the buffer committed at ``path``.
 
     Returns:
@@ -77,20 +82,21 @@ def inspect_path(path: str | os.PathLike[str], *, verify: bool = False) -> dict[
         field exists), ``metadata``, and with ``verify`` a ``corrupt`` list of
         ``{field, chunk, reason}``.
 
+    Args:
+        path: a buffer directory or URL; ``storage_options`` as for ``ReplayBuffer.open``.
+
     Raises:
         NotABufferError / FormatVersionError: as for ``ReplayBuffer.open``. CorruptChunkError:
         a chunk read for statistics is corrupt (with ``verify``, corrupt chunks are listed
         instead and skipped).
     """
-    root = Path(path)
-    if not root.is_dir():
-        raise NotABufferError(f"{root}: not an rlbuffers buffer (no such directory)")
-    m = read_manifest(root)
+    loc = Location(path, storage_options)
+    m = read_manifest(loc)
     specs = {n: FieldSpec.from_dict(d) for n, d in {**m["fields"], **m["internal"]}.items()}
-    tier = PersistentTier(root, specs, m["chunk_transitions"], m["capacity"])
+    tier = PersistentTier(loc, specs, m["chunk_transitions"], m["capacity"])
     tier.generation = m["generation"]
     report: dict[str, Any] = {
-        "path": str(root),
+        "path": str(loc),
         "format_version": m["format_version"],
         "generation": m["generation"],
         "committed_at": dt.datetime.fromtimestamp(m["committed_at"], dt.timezone.utc).isoformat(),
@@ -134,6 +140,6 @@ def _fields_report(tier: PersistentTier, m: dict[str, Any], skip: set[tuple[str,
             "stored_bytes": stored,
             "raw_bytes": raw,
             "ratio": round(raw / stored, 3) if stored else None,
-            "chunks": sum(1 for _ in tier.chunk_files(name)),
+            "chunks": len(tier.stored_chunks(name)),
         }
     return out

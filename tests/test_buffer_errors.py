@@ -19,6 +19,7 @@ from rlbuffers import (
     ReplayBuffer,
 )
 from rlbuffers.cli import main
+from rlbuffers.storage.location import Location
 from rlbuffers.storage.persistent import PersistentTier
 from tests.conftest import assert_rows_are, make_batch
 
@@ -148,8 +149,8 @@ def test_failed_save_keeps_last_commit_and_retries(buf, monkeypatch):
 
 
 def _corrupt_first_chunk(path, field):
-    tier = PersistentTier(path, {field: FieldSpec((3,), "float32")}, 4, 10)
-    (_, chunk_file), *_ = tier.chunk_files(field)
+    tier = PersistentTier(Location(path), {field: FieldSpec((3,), "float32")}, 4, 10)
+    chunk_file = path / field / tier.chunk_key(field, 0)
     data = bytearray(chunk_file.read_bytes())
     data[len(data) // 2] ^= 0xFF
     chunk_file.write_bytes(bytes(data))

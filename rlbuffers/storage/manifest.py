@@ -1,65 +1,54 @@
 """The commit record of a buffer: ``manifest.json`` in the root of the Zarr group.
 
 The manifest is the only file whose content says what is committed. It is written last in a
-save, to a temporary file that is fsynced and then renamed over the old one, so readers see
-either the previous commit or the new one, never a mix.
+save and replaced atomically (see :meth:`Location.write_atomic`), so readers see either the
+previous commit or the new one, never a mix.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from rlbuffers.errors import FormatVersionError, NotABufferError
+from rlbuffers.storage.location import Location
 
 MANIFEST = "manifest.json"
 #: Version of the on-disk format this code writes; it reads this and older.
 FORMAT_VERSION = 1
 
-
-def fsync_dir(path: str | os.PathLike[str]) -> None:
-    """fsync a directory so a rename inside it survives power loss."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` as JSON to ``path`` atomically (temp file, fsync, rename, fsync dir)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    """Write ``data`` as JSON to the local file ``path`` atomically."""
+    Location(path.parent).write_atomic(path.name, json.dumps(data, indent=1).encode())
 
 
-def read_manifest(root: Path) -> dict[str, Any]:
-    """Read and check the manifest of the buffer at ``root``.
+def write_manifest(loc: Location, data: dict[str, Any]) -> None:
+    """Commit ``data`` as the manifest at ``loc`` (atomic replace)."""
+    loc.write_atomic(MANIFEST, json.dumps(data, indent=1, sort_keys=True).encode())
+
+
+def read_manifest(loc: Location) -> dict[str, Any]:
+    """Read and check the manifest of the buffer at ``loc``.
 
     Raises:
-        NotABufferError: ``root`` has no manifest, or it is not valid rlbuffers JSON.
+        NotABufferError: no buffer there (no manifest, or not valid rlbuffers JSON).
         FormatVersionError: the buffer was written by a newer format version.
     """
-    path = root / MANIFEST
     try:
-        with open(path) as f:
-            data = json.load(f)
+        data = json.loads(loc.read_bytes(MANIFEST))
+    except NotABufferError:
+        raise
     except FileNotFoundError:
-        raise NotABufferError(f"{root}: not an rlbuffers buffer (no {MANIFEST})") from None
+        raise NotABufferError(f"{loc}: not an rlbuffers buffer (no {MANIFEST})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise NotABufferError(f"{path}: not a valid manifest ({e})") from None
+        raise NotABufferError(f"{loc}/{MANIFEST}: not a valid manifest ({e})") from None
     if not isinstance(data, dict) or data.get("format") != "rlbuffers":
-        raise NotABufferError(f"{path}: not an rlbuffers manifest (no 'format': 'rlbuffers')")
+        raise NotABufferError(f"{loc}/{MANIFEST}: not an rlbuffers manifest")
     version = data.get("format_version")
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise FormatVersionError(
-            f"{root}: format version {version} is newer than this rlbuffers reads "
+            f"{loc}: format version {version} is newer than this rlbuffers reads "
             f"({FORMAT_VERSION}); upgrade rlbuffers"
         )
     return data

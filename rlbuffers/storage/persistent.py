@@ -1,23 +1,22 @@
 """Persistent tier: a Zarr v3 group holding one array per field, chunked along the slot axis,
-compressed per field and protected by a crc32c checksum per chunk.
+compressed per field and protected by a crc32c checksum per chunk. It lives in a local
+directory or behind any fsspec URL (see :class:`~rlbuffers.storage.location.Location`).
 
 Saves never overwrite a committed chunk in place. Changed chunks are first written into a
-staging copy of each array (``.staging/g<generation>/<field>``, same Zarr metadata) and
-fsynced; the manifest that names the new generation is then renamed into place (the commit
-point); only then are the staged chunk files renamed over the old ones. A crash before the
-commit leaves only an invisible staging directory; a crash after it is finished by the next
-``open`` (:meth:`PersistentTier.apply`), which is idempotent.
+staging copy of each array (``.staging/g<generation>/<field>``, same Zarr metadata) and made
+durable; the manifest that names the new generation is then replaced (the commit point); only
+then are the staged chunk files moved over the old ones. A crash before the commit leaves only
+an invisible staging directory; a crash after it is finished by the next writer's ``open``
+(:meth:`PersistentTier.apply`, idempotent), and readers prefer staged chunks of the committed
+generation meanwhile.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,7 +25,7 @@ import zarr
 from rlbuffers.codecs import zarr_compressors
 from rlbuffers.errors import CorruptChunkError
 from rlbuffers.spec import FieldSpec
-from rlbuffers.storage.manifest import fsync_dir
+from rlbuffers.storage.location import Location
 
 log = logging.getLogger(__name__)
 
@@ -42,22 +41,13 @@ def _quiet() -> Iterator[None]:
         yield
 
 
-def _fsync_tree(path: Path) -> None:
-    for dirpath, _, files in os.walk(path):
-        for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(dirpath)
-
-
 class PersistentTier:
-    """The Zarr group at ``root``: create, stage and apply chunk writes, read and verify chunks."""
+    """The Zarr group at ``loc``: create, stage and apply chunk writes, read and verify chunks."""
 
-    def __init__(self, root: Path, specs: dict[str, FieldSpec], chunk: int, capacity: int) -> None:
-        self.root, self.specs, self.chunk, self.capacity = root, specs, chunk, capacity
+    def __init__(
+        self, loc: Location, specs: dict[str, FieldSpec], chunk: int, capacity: int
+    ) -> None:
+        self.loc, self.specs, self.chunk, self.capacity = loc, specs, chunk, capacity
         self._arrays: dict[str, zarr.Array] = {}
         #: generation of the manifest the reader trusts: its staged chunks win over older ones
         #: while a writer is still moving them into place (see :meth:`apply`).
@@ -70,7 +60,7 @@ class PersistentTier:
     @classmethod
     def create(
         cls,
-        root: Path,
+        loc: Location,
         specs: dict[str, FieldSpec],
         codecs: dict[str, str],
         *,
@@ -80,7 +70,7 @@ class PersistentTier:
     ) -> PersistentTier:
         """Create the group and one empty array per field (shape ``[capacity, *shape]``;
         ragged fields: ``[capacity]`` of variable-length bytes)."""
-        group = zarr.open_group(root, mode="w", zarr_format=3, attributes=attrs)
+        group = zarr.open_group(**loc.zarr_args(), mode="w", zarr_format=3, attributes=attrs)
         for name, spec in specs.items():
             with _quiet():
                 group.create_array(
@@ -93,25 +83,28 @@ class PersistentTier:
                     attributes={"rlbuffers_field": spec.to_dict(), "codec": codecs[name]},
                     config=_CONFIG,
                 )
-        return cls(root, specs, chunk, capacity)
+        return cls(loc, specs, chunk, capacity)
+
+    def _open(self, rel: str, mode: str = "r") -> zarr.Array:
+        with _quiet():
+            arr = zarr.open_array(**self.loc.zarr_args(rel), mode=mode)
+        return arr.with_config(_CONFIG) if mode != "r" else arr
 
     def array(self, name: str) -> zarr.Array:
         """The committed Zarr array of field ``name``."""
         arr = self._arrays.get(name)
         if arr is None:
-            with _quiet():
-                arr = zarr.open_array(self.root / name, mode="r")
-            self._arrays[name] = arr
+            arr = self._arrays[name] = self._open(name)
         return arr
 
     def chunk_key(self, name: str, c: int) -> str:
-        """Relative path of chunk ``c`` of field ``name`` inside its array directory."""
+        """Path of chunk ``c`` of field ``name`` relative to its array directory."""
         arr = self.array(name)
         return arr.metadata.encode_chunk_key((c,) + (0,) * (arr.ndim - 1))
 
     # -- saving ---------------------------------------------------------------------------
-    def staging_dir(self, generation: int) -> Path:
-        return self.root / STAGING / f"g{generation}"
+    def staging_dir(self, generation: int) -> str:
+        return f"{STAGING}/g{generation}"
 
     def stage_chunk(self, generation: int, name: str, c: int, data: Any) -> int:
         """Encode chunk ``c`` of ``name`` into the staging area of ``generation``.
@@ -122,61 +115,46 @@ class PersistentTier:
         Returns:
             bytes written (compressed, including the checksum).
         """
-        dst = self.staging_dir(generation) / name
-        if not (dst / "zarr.json").exists():
-            dst.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(self.root / name / "zarr.json", dst / "zarr.json")
-        with _quiet():
-            stage = zarr.open_array(dst, mode="r+").with_config(_CONFIG)
+        dst = f"{self.staging_dir(generation)}/{name}"
+        if not self.loc.exists(f"{dst}/zarr.json"):
+            self.loc.copy(f"{name}/zarr.json", f"{dst}/zarr.json")
+        stage = self._open(dst, mode="r+")
         a = c * self.chunk
         if self.specs[name].ragged:
             blob = np.empty(len(data), dtype=object)
             blob[:] = [np.ascontiguousarray(v).tobytes() for v in data]
             data = blob
         stage[a : a + len(data)] = data
-        return (dst / self.chunk_key(name, c)).stat().st_size
+        return self.loc.size(f"{dst}/{self.chunk_key(name, c)}")
 
     def seal(self, generation: int) -> None:
-        """fsync everything staged for ``generation`` (called before the commit)."""
-        staging = self.staging_dir(generation)
-        if staging.exists():
-            _fsync_tree(staging)
+        """Make everything staged for ``generation`` durable (called before the commit)."""
+        self.loc.sync_tree(self.staging_dir(generation))
 
     def apply(self, generation: int) -> int:
         """Move the staged chunks of committed ``generation`` over the old ones; idempotent.
+        Also removes staging left by uncommitted saves.
 
         Returns:
             the number of chunk files moved.
         """
         staging = self.staging_dir(generation)
         moved = 0
-        if staging.exists():
-            for name in self.specs:
-                src_root = staging / name
-                for dirpath, _, files in os.walk(src_root):
-                    for f in files:
-                        if f == "zarr.json":
-                            continue
-                        src = Path(dirpath) / f
-                        dst = self.root / name / src.relative_to(src_root)
-                        dst.parent.mkdir(parents=True, exist_ok=True)
-                        os.replace(src, dst)
-                        moved += 1
-                fsync_dir(self.root / name)
-            shutil.rmtree(staging)
-        self.drop_staging(keep=None)
+        for name in self.specs:
+            for rel in self.loc.files(f"{staging}/{name}"):
+                if rel != "zarr.json":
+                    self.loc.move(f"{staging}/{name}/{rel}", f"{name}/{rel}")
+                    moved += 1
+            self.loc.sync_dir(name)
+        self.drop_staging()
         self._arrays.clear()
         return moved
 
-    def drop_staging(self, keep: int | None) -> None:
-        """Remove staging directories other than generation ``keep`` (uncommitted leftovers)."""
-        base = self.root / STAGING
-        if not base.exists():
-            return
-        for d in base.iterdir():
-            if keep is None or d.name != f"g{keep}":
-                log.info("removing uncommitted staging directory %s", d)
-                shutil.rmtree(d, ignore_errors=True)
+    def drop_staging(self) -> None:
+        """Remove every staging directory (uncommitted or already applied saves)."""
+        for d in self.loc.listdir(STAGING):
+            log.info("removing staging directory %s/%s/%s", self.loc, STAGING, d)
+            self.loc.remove_tree(f"{STAGING}/{d}")
 
     # -- reading --------------------------------------------------------------------------
     def read_chunk(self, name: str, c: int) -> Any:
@@ -190,7 +168,7 @@ class PersistentTier:
         try:
             src, staged = self._source(name, c)
             data = src[a:b]
-            if staged is not None and not staged.exists():  # moved into place mid-read
+            if staged is not None and not self.loc.exists(staged):  # moved into place mid-read
                 data = self.array(name)[a:b]
         except Exception as e:  # zarr raises ValueError / RuntimeError depending on the codec
             raise CorruptChunkError(name, c, f"{type(e).__name__}: {e}") from e
@@ -199,33 +177,34 @@ class PersistentTier:
             return [np.frombuffer(v, dtype=spec.dtype).reshape(-1, *spec.row_shape) for v in data]
         return data
 
-    def _source(self, name: str, c: int) -> tuple[zarr.Array, Path | None]:
+    def _source(self, name: str, c: int) -> tuple[zarr.Array, str | None]:
         """The array holding the committed chunk ``c`` (and the staged chunk file, if any): the
         staging copy while a committed save is still being applied, else the main array."""
         if self.generation is not None:
-            staged = self.staging_dir(self.generation) / name
-            key = staged / self.chunk_key(name, c)
-            if key.exists():
-                with _quiet():
-                    return zarr.open_array(staged, mode="r"), key
+            staged = f"{self.staging_dir(self.generation)}/{name}"
+            key = f"{staged}/{self.chunk_key(name, c)}"
+            if self.loc.exists(key):
+                return self._open(staged), key
         return self.array(name), None
 
-    def chunk_files(self, name: str) -> Iterator[tuple[int, Path]]:
-        """(chunk index, file) for every stored chunk of ``name``."""
-        for c in range(self.n_chunks):
-            path = self.root / name / self.chunk_key(name, c)
-            if path.exists():
-                yield c, path
+    def stored_chunks(self, name: str) -> dict[int, int]:
+        """Chunk index -> stored bytes, for every committed chunk of ``name``."""
+        prefix = self.chunk_key(name, 0).rsplit("/", 1 + (self.array(name).ndim - 1))[0]
+        out = {}
+        for rel, size in self.loc.files(name).items():
+            if rel.startswith(prefix + "/"):
+                out[int(rel[len(prefix) + 1 :].split("/", 1)[0])] = size
+        return out
 
     def stored_bytes(self, name: str) -> int:
-        """Bytes on disk of the committed chunks of ``name``."""
-        return sum(p.stat().st_size for _, p in self.chunk_files(name))
+        """Bytes stored for the committed chunks of ``name``."""
+        return sum(self.stored_chunks(name).values())
 
     def verify(self) -> list[tuple[str, int, str]]:
         """Decode every stored chunk; return ``(field, chunk, reason)`` for each corrupt one."""
         bad = []
         for name in self.specs:
-            for c, _ in self.chunk_files(name):
+            for c in sorted(self.stored_chunks(name)):
                 try:
                     self.read_chunk(name, c)
                 except CorruptChunkError as e:

@@ -189,9 +189,17 @@ class WorkingTier:
     tier mirrors and the chunks changed since (rebuilt from the persistent tier on open)."""
 
     def __init__(
-        self, path: Path, specs: dict[str, FieldSpec], capacity: int, chunk: int, *, create: bool
+        self,
+        path: Path,
+        specs: dict[str, FieldSpec],
+        capacity: int,
+        chunk: int,
+        *,
+        create: bool,
+        buffer_id: str = "",
     ) -> None:
         self.path = path
+        self.buffer_id = buffer_id
         if create:
             shutil.rmtree(path, ignore_errors=True)
             path.mkdir(parents=True)
@@ -207,7 +215,7 @@ class WorkingTier:
         self.state: dict[str, Any] = self.read_state() if not create else {}
 
     def read_state(self) -> dict[str, Any]:
-        """``{"generation": g, "dirty_chunks": [...]}``, or ``{}`` if missing or unreadable."""
+        """``{"buffer_id", "generation", "dirty_chunks"}``, or ``{}`` if missing or unreadable."""
         try:
             with open(self.path / STATE) as f:
                 state = json.load(f)
@@ -217,7 +225,11 @@ class WorkingTier:
 
     def write_state(self, generation: int, dirty_chunks: Iterable[int]) -> None:
         """Record (durably, before any data write) which chunks may differ from ``generation``."""
-        self.state = {"generation": generation, "dirty_chunks": sorted(set(dirty_chunks))}
+        self.state = {
+            "buffer_id": self.buffer_id,
+            "generation": generation,
+            "dirty_chunks": sorted(set(dirty_chunks)),
+        }
         write_json_atomic(self.path / STATE, self.state)
 
     def mark_dirty(self, generation: int, chunks: Iterable[int]) -> None:

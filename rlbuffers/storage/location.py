@@ -1,0 +1,155 @@
+"""Where a persistent tier lives: a local directory, or any fsspec URL (``s3://``, ``gs://``,
+``memory://``...). Local directories get fsync'd, rename-based atomic writes; object stores
+get single-object PUTs, which replace an object atomically."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import fsspec
+
+from rlbuffers.errors import NotABufferError
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """fsync a directory so a rename inside it survives power loss."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Location:
+    """A root directory or URL plus the operations the persistent tier needs, each taking a
+    path relative to the root (``"obs/c/0/0"``)."""
+
+    def __init__(self, url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None):
+        text = os.fspath(url)
+        self.url = text
+        self.storage_options = dict(storage_options or {})
+        protocol = text.split("://", 1)[0] if "://" in text else "file"
+        self.local = protocol in ("file", "local")
+        if self.local:
+            if self.storage_options:
+                raise ValueError(f"storage_options: only for URLs, got {self.storage_options} "
+                                 f"with the local path {text!r}")
+            self.root = Path(text.split("://", 1)[1] if "://" in text else text)
+            self.fs = fsspec.filesystem("file")
+            self._base = str(self.root)
+        else:
+            self.fs = fsspec.filesystem(protocol, **self.storage_options)
+            self._base = self.fs._strip_protocol(text).rstrip("/")
+            self.root = None  # type: ignore[assignment]
+
+    def __str__(self) -> str:
+        return self.url
+
+    def full(self, rel: str = "") -> str:
+        """Path of ``rel`` as the filesystem sees it."""
+        return f"{self._base}/{rel}" if rel else self._base
+
+    def zarr_args(self, rel: str = "") -> dict[str, Any]:
+        """``store`` (and ``storage_options``) arguments for ``zarr.open_*``."""
+        if self.local:
+            return {"store": self.full(rel)}
+        return {"store": f"{self.url.rstrip('/')}/{rel}" if rel else self.url,
+                "storage_options": self.storage_options}
+
+    # -- queries --------------------------------------------------------------------------
+    def exists(self, rel: str = "") -> bool:
+        return bool(self.fs.exists(self.full(rel)))
+
+    def is_dir(self, rel: str = "") -> bool:
+        return bool(self.fs.isdir(self.full(rel)))
+
+    def listdir(self, rel: str = "") -> list[str]:
+        """Names directly under ``rel`` (empty if it does not exist)."""
+        try:
+            listing = self.fs.ls(self.full(rel), detail=False)
+        except FileNotFoundError:
+            return []
+        return [p.rstrip("/").rsplit("/", 1)[-1] for p in listing]
+
+    def files(self, rel: str = "") -> dict[str, int]:
+        """Every file below ``rel``: relative path (to ``rel``) -> size in bytes."""
+        base = self.full(rel)
+        if not self.fs.exists(base):
+            return {}
+        found = self.fs.find(base, detail=True)
+        return {p[len(base) + 1 :]: int(info["size"]) for p, info in found.items()}
+
+    def size(self, rel: str) -> int:
+        return int(self.fs.size(self.full(rel)))
+
+    def read_bytes(self, rel: str) -> bytes:
+        """Contents of ``rel``.
+
+        Raises:
+            NotABufferError: the root does not exist. FileNotFoundError: ``rel`` does not.
+        """
+        try:
+            return bytes(self.fs.cat_file(self.full(rel)))
+        except FileNotFoundError:
+            if not self.is_dir():
+                msg = f"{self.url}: not an rlbuffers buffer (no such directory)"
+                raise NotABufferError(msg) from None
+            raise
+
+    # -- writes ---------------------------------------------------------------------------
+    def write_atomic(self, rel: str, data: bytes) -> None:
+        """Replace ``rel`` with ``data`` atomically: temp file, fsync, rename and fsync of the
+        directory locally; one PUT on an object store."""
+        if not self.local:
+            self.fs.pipe_file(self.full(rel), data)
+            return
+        path = self.root / rel
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+
+    def copy(self, src: str, dst: str) -> None:
+        if self.local:
+            (self.root / dst).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.root / src, self.root / dst)
+        else:
+            self.fs.copy(self.full(src), self.full(dst))
+
+    def move(self, src: str, dst: str) -> None:
+        """Move ``src`` over ``dst`` (a rename locally; copy then delete on object stores)."""
+        if self.local:
+            (self.root / dst).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(self.root / src, self.root / dst)
+        else:
+            self.fs.copy(self.full(src), self.full(dst))
+            self.fs.rm_file(self.full(src))
+
+    def remove_tree(self, rel: str) -> None:
+        if self.local:
+            shutil.rmtree(self.root / rel, ignore_errors=True)
+        elif self.fs.exists(self.full(rel)):
+            self.fs.rm(self.full(rel), recursive=True)
+
+    def sync_tree(self, rel: str) -> None:
+        """fsync every file and directory below ``rel`` (local only; PUTs are durable)."""
+        if not self.local or not (self.root / rel).exists():
+            return
+        for dirpath, _, names in os.walk(self.root / rel):
+            for name in names:
+                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            fsync_dir(dirpath)
+
+    def sync_dir(self, rel: str) -> None:
+        if self.local and (self.root / rel).is_dir():
+            fsync_dir(self.root / rel)
