@@ -1,5 +1,9 @@
-"""The ``rlbuffers`` command line: ``rlbuffers inspect PATH [--json] [--verify]`` and the
-pipeline commands of :mod:`rlbuffers.stream`."""
+"""The ``rlbuffers`` command line.
+
+- ``rlbuffers inspect PATH [--json] [--verify]``: describe a stored replay buffer.
+- ``rlbuffers shards ...``: write and list webdataset shards (:mod:`rlbuffers.stream`).
+- ``rlbuffers convert ...``: migrate another library's saved replay buffer.
+"""
 
 from __future__ import annotations
 
@@ -91,12 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="check every chunk's crc32c; exit 1 and list corrupt chunks if any",
     )
     p.set_defaults(func=_inspect)
-    try:
-        from rlbuffers.stream.cli import add_shards_parser
-    except ImportError:  # the pipeline's optional dependencies are missing
-        pass
-    else:
-        add_shards_parser(sub)
+    from rlbuffers.convert_cli import add_convert_parser
+    from rlbuffers.stream.cli import add_shards_parser
+
+    add_shards_parser(sub)
+    add_convert_parser(sub)
     return parser
 
 
