@@ -37,7 +37,8 @@ class Location:
             if self.storage_options:
                 raise ValueError(f"storage_options: only for URLs, got {self.storage_options} "
                                  f"with the local path {text!r}")
-            self.root = Path(text.split("://", 1)[1] if "://" in text else text)
+            # Absolute: fsspec lists files by absolute path, and ``files()`` strips the root.
+            self.root = Path(os.path.abspath(text.split("://", 1)[1] if "://" in text else text))
             self.fs = fsspec.filesystem("file")
             self._base = str(self.root)
         else:

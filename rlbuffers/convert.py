@@ -1,0 +1,436 @@
+"""Convert a Stable-Baselines3 replay-buffer pickle into an rlbuffers :class:`ReplayBuffer`.
+
+SB3's ``model.save_replay_buffer(path)`` pickles its ``ReplayBuffer`` / ``DictReplayBuffer``
+object (protocol 5). Its arrays are ``[buffer_size, n_envs, *shape]`` rings with a write
+position ``pos`` and a ``full`` flag; this module reads them back oldest first and writes them
+into a new rlbuffers buffer in bounded batches.
+
+What is streamed and what is not:
+
+- **Streamed**: with protocol 5 (what SB3 writes), every large array is stored in the pickle as
+  one contiguous run of raw bytes. :func:`load_sb3_pickle` does not read those bytes: it maps
+  them straight from the pickle file (``np.memmap``, read-only), so loading a 100 GB pickle
+  costs a few MB of RAM. The conversion then copies the arrays into the buffer batch by batch
+  (~32 MiB at a time) and ``save`` compresses them chunk by chunk, so the whole run needs a few
+  tens of MB of heap whatever the buffer size; the OS page cache holds the pages in flight.
+- **Not streamed**: pickles written with protocol < 5 (arrays are rebuilt through
+  ``ndarray.__setstate__``), gzip-compressed pickles, and arrays under 1 MiB are read into
+  memory. Each array then needs its full size in RAM once.
+
+The pickle is read with a restricted unpickler: numpy arrays, dtypes and plain containers are
+rebuilt for real; every other class the pickle names (SB3's buffer classes, gymnasium spaces,
+``torch.device``) becomes an inert stand-in that only records its attributes. So neither
+Stable-Baselines3, gymnasium nor torch needs to be installed, and no code named by the pickle
+runs (it is still wise to convert only pickles you trust).
+"""
+
+from __future__ import annotations
+
+import builtins
+import codecs
+import gzip
+import logging
+import os
+import pickle
+import struct
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from rlbuffers.buffer import ReplayBuffer
+from rlbuffers.codecs import DEFAULT_CODEC
+from rlbuffers.errors import RLBuffersError
+from rlbuffers.spec import FieldSpec
+
+log = logging.getLogger(__name__)
+
+#: Raw bytes of one batch of transitions written to the buffer (all fields together).
+BATCH_BYTES = 32 * 2**20
+#: Arrays at least this large are memory-mapped from the pickle instead of read.
+MIN_MAP_BYTES = 2**20
+
+
+class ConvertError(RLBuffersError, ValueError):
+    """The input is not a replay-buffer pickle this converter understands."""
+
+
+# -- a restricted, memory-mapping unpickler ---------------------------------------------------
+@dataclass(frozen=True)
+class _Extent:
+    """A run of raw bytes left in the pickle file (offset and length in bytes)."""
+
+    offset: int
+    nbytes: int
+
+
+class _Stub:
+    """Inert stand-in for a class named by the pickle: keeps its arguments and attributes."""
+
+    _origin = "?"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._args = args
+
+
+def _numpy_globals() -> dict[tuple[str, str], Any]:
+    try:
+        from numpy._core import multiarray, numeric
+    except ImportError:  # numpy < 2
+        from numpy.core import multiarray, numeric  # type: ignore[no-redef]
+    from numpy.random import _pickle as rpickle
+
+    table: dict[tuple[str, str], Any] = {("numpy", "dtype"): np.dtype,
+                                         ("numpy", "ndarray"): np.ndarray}
+    for pkg in ("numpy.core", "numpy._core"):
+        table[(f"{pkg}.multiarray", "_reconstruct")] = multiarray._reconstruct
+        table[(f"{pkg}.multiarray", "scalar")] = multiarray.scalar
+        table[(f"{pkg}.numeric", "_frombuffer")] = numeric._frombuffer
+    for name in ("__generator_ctor", "__bit_generator_ctor", "__randomstate_ctor"):
+        if hasattr(rpickle, name):
+            table[("numpy.random._pickle", name)] = getattr(rpickle, name)
+    return table
+
+
+#: Plain classes rebuilt for real (everything else but numpy's becomes a :class:`_Stub`).
+_PLAIN: dict[tuple[str, str], Any] = {
+    ("builtins", n): getattr(builtins, n)
+    for n in ("set", "frozenset", "slice", "complex", "bytearray", "object", "tuple", "list",
+              "dict", "int", "float", "bool", "str", "bytes", "range")
+}
+_PLAIN[("collections", "OrderedDict")] = OrderedDict
+_PLAIN[("_codecs", "encode")] = codecs.encode  # bytes in protocol-2 pickles
+
+
+class _Unpickler(pickle._Unpickler):  # the pure-Python unpickler: its opcodes can be overridden
+    dispatch = dict(pickle._Unpickler.dispatch)
+
+    def __init__(self, file: IO[bytes], path: Path | None) -> None:
+        super().__init__(file)
+        self._src, self._path = file, path
+        self._allowed = {**_numpy_globals(), **_PLAIN}
+        self._stubs: dict[tuple[str, str], type] = {}
+        frombuffer = self._allowed[("numpy._core.numeric", "_frombuffer")]
+        for key in [k for k in self._allowed if k[1] == "_frombuffer"]:
+            self._allowed[key] = self._mapped_frombuffer(frombuffer)
+        self.mapped_bytes = 0
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self._allowed:
+            return self._allowed[(module, name)]
+        key = (module, name)
+        if key not in self._stubs:
+            self._stubs[key] = type(name, (_Stub,), {"__module__": module,
+                                                      "_origin": f"{module}.{name}"})
+        return self._stubs[key]
+
+    def _mapped_frombuffer(self, frombuffer: Callable[..., Any]) -> Callable[..., Any]:
+        def build(buf: Any, dtype: Any, shape: Any, order: str = "C") -> np.ndarray:
+            if isinstance(buf, _Extent):
+                self.mapped_bytes += buf.nbytes
+                return np.memmap(self._path, dtype=dtype, mode="r", offset=buf.offset,
+                                 shape=tuple(shape), order=order)  # type: ignore[arg-type]
+            return frombuffer(buf, dtype, shape, order)
+
+        return build
+
+    def load_bytearray8(self) -> None:
+        (n,) = struct.unpack("<Q", self.read(8))
+        # Large payloads are written outside pickle frames, so once the header came straight
+        # from the file (no current frame), the payload starts at the file position.
+        if self._path is None or n < MIN_MAP_BYTES or self._unframer.current_frame is not None:
+            b = bytearray(n)
+            self.readinto(b)
+            self.append(b)
+            return
+        offset = self._src.tell()
+        self._src.seek(n, os.SEEK_CUR)
+        self.append(_Extent(offset, n))
+
+    dispatch[pickle.BYTEARRAY8[0]] = load_bytearray8
+
+
+# -- reading an SB3 buffer ---------------------------------------------------------------------
+@dataclass
+class SB3Buffer:
+    """The contents of an SB3 replay-buffer pickle, as stored (no copies).
+
+    Attributes:
+        kind: the pickled class, e.g. ``stable_baselines3.common.buffers.ReplayBuffer``.
+        observations: ``[buffer_size, n_envs, *obs_shape]`` (a dict of such arrays for a
+            ``DictReplayBuffer``); ``next_observations`` likewise, or None when SB3 used
+            ``optimize_memory_usage`` (next observation = the following row of observations).
+        actions: ``[buffer_size, n_envs, action_dim]``; ``discrete_action``: the action space
+            was ``Discrete`` (action_dim 1).
+        rewards, dones, timeouts: float32 ``[buffer_size, n_envs]`` (timeouts all 0 unless SB3's
+            ``handle_timeout_termination``).
+        pos, full, buffer_size, n_envs: SB3's ring state (``buffer_size`` per env).
+        mapped_bytes: bytes of arrays memory-mapped from the pickle rather than read.
+    """
+
+    kind: str
+    observations: np.ndarray | dict[str, np.ndarray]
+    next_observations: np.ndarray | dict[str, np.ndarray] | None
+    actions: np.ndarray
+    rewards: np.ndarray
+    dones: np.ndarray
+    timeouts: np.ndarray
+    pos: int
+    full: bool
+    buffer_size: int
+    n_envs: int
+    discrete_action: bool
+    mapped_bytes: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def time_order(self) -> np.ndarray:
+        """Ring rows holding valid transitions, oldest first: int64[T].
+
+        Full: ``pos .. buffer_size-1, 0 .. pos-1`` (without ``optimize_memory_usage``'s invalid
+        row ``pos``, whose observation was overwritten); otherwise ``0 .. pos-1``.
+        """
+        if not self.full:
+            return np.arange(self.pos, dtype=np.int64)
+        order = (self.pos + np.arange(self.buffer_size, dtype=np.int64)) % self.buffer_size
+        return order[1:] if self.next_observations is None else order
+
+
+_REQUIRED = ("observations", "actions", "rewards", "dones", "pos", "full", "buffer_size",
+             "n_envs")
+
+
+def _open(path: Path) -> tuple[IO[bytes], Path | None]:
+    f: IO[bytes] = open(path, "rb")  # closed by the caller
+    if f.read(2) == b"\x1f\x8b":
+        f.close()
+        return gzip.open(path, "rb"), None  # type: ignore[return-value]
+    f.seek(0)
+    return f, path
+
+
+def load_sb3_pickle(path: str | os.PathLike[str]) -> SB3Buffer:
+    """Read an SB3 ``save_replay_buffer`` pickle (plain or gzip-compressed).
+
+    Large arrays of a protocol-5 pickle are memory-mapped read-only from the file (no copy in
+    RAM); see the module docstring. Stable-Baselines3 need not be installed.
+
+    Raises:
+        FileNotFoundError: no such file. ConvertError: not a pickle, or a pickle of something
+        other than an SB3 replay buffer (e.g. a ``RolloutBuffer``), or inconsistent shapes.
+    """
+    p = Path(path)
+    f, mappable = _open(p)
+    with f:
+        up = _Unpickler(f, mappable)
+        try:
+            obj = up.load()
+        except (pickle.UnpicklingError, EOFError, struct.error, ValueError, KeyError) as e:
+            raise ConvertError(f"{p}: not a readable pickle ({e})") from e
+    state = obj.__dict__ if isinstance(obj, _Stub) else getattr(obj, "__dict__", {})
+    missing = [k for k in _REQUIRED if k not in state]
+    if missing or "next_observations" not in state and not state.get("optimize_memory_usage"):
+        kind = getattr(obj, "_origin", type(obj).__name__)
+        raise ConvertError(
+            f"{p}: expected an SB3 ReplayBuffer/DictReplayBuffer pickle, got {kind} "
+            f"(missing attributes {missing or ['next_observations']})"
+        )
+    buf = _sb3_from_state(state, getattr(obj, "_origin", type(obj).__qualname__))
+    buf.mapped_bytes = up.mapped_bytes
+    _check_shapes(p, buf)
+    return buf
+
+
+def _sb3_from_state(s: dict[str, Any], kind: str) -> SB3Buffer:
+    space = s.get("action_space")
+    discrete = getattr(space, "_origin", type(space).__qualname__).rsplit(".", 1)[-1] == "Discrete"
+    rewards = s["rewards"]
+    timeouts = s.get("timeouts")
+    if timeouts is None or not s.get("handle_timeout_termination", True):
+        timeouts = np.zeros_like(rewards)
+    return SB3Buffer(
+        kind=kind,
+        observations=s["observations"],
+        next_observations=None if s.get("optimize_memory_usage") else s["next_observations"],
+        actions=s["actions"],
+        rewards=rewards,
+        dones=s["dones"],
+        timeouts=timeouts,
+        pos=int(s["pos"]),
+        full=bool(s["full"]),
+        buffer_size=int(s["buffer_size"]),
+        n_envs=int(s["n_envs"]),
+        discrete_action=discrete,
+        extra={k: s[k] for k in ("n_steps", "gamma") if k in s},
+    )
+
+
+def _obs_arrays(obs: Any, prefix: str) -> dict[str, np.ndarray]:
+    if isinstance(obs, Mapping):
+        return {f"{prefix}.{k}": v for k, v in obs.items()}
+    return {prefix: obs}
+
+
+def _check_shapes(p: Path, b: SB3Buffer) -> None:
+    lead = (b.buffer_size, b.n_envs)
+    arrays = {**_obs_arrays(b.observations, "observations"), "actions": b.actions,
+              "rewards": b.rewards, "dones": b.dones, "timeouts": b.timeouts}
+    if b.next_observations is not None:
+        arrays.update(_obs_arrays(b.next_observations, "next_observations"))
+    for name, a in arrays.items():
+        if not isinstance(a, np.ndarray) or a.shape[:2] != lead:
+            got = f"{a.shape} {a.dtype}" if isinstance(a, np.ndarray) else type(a).__name__
+            raise ConvertError(
+                f"{p}: {name}: expected an array of shape ({lead[0]}, {lead[1]}, ...), got {got}"
+            )
+    if not 0 <= b.pos < b.buffer_size:
+        raise ConvertError(f"{p}: pos: expected 0 <= pos < {b.buffer_size}, got {b.pos}")
+    if b.discrete_action and b.actions.shape[2:] != (1,):
+        raise ConvertError(
+            f"{p}: actions: Discrete action space expects shape (..., 1), got {b.actions.shape}"
+        )
+
+
+# -- writing the rlbuffers buffer ----------------------------------------------------------------
+def sb3_fields(b: SB3Buffer) -> dict[str, FieldSpec]:
+    """The rlbuffers fields a converted SB3 buffer gets.
+
+    ``obs``/``next_obs`` (``obs.<key>``/``next_obs.<key>`` for dict observations) with the
+    stored per-env shape and dtype; ``action`` (scalar for ``Discrete``, else ``(action_dim,)``);
+    ``reward`` float32; ``terminated`` and ``truncated`` bool; ``env`` int64 (which of the
+    ``n_envs`` environments) when ``n_envs > 1``.
+    """
+    fields: dict[str, FieldSpec] = {}
+    for prefix in ("obs", "next_obs"):
+        for name, a in _obs_arrays(b.observations, prefix).items():
+            fields[name] = FieldSpec(a.shape[2:], a.dtype)
+    act_shape = () if b.discrete_action else b.actions.shape[2:]
+    fields.update(
+        action=FieldSpec(act_shape, b.actions.dtype),
+        reward=FieldSpec((), "float32"),
+        terminated=FieldSpec((), "bool"),
+        truncated=FieldSpec((), "bool"),
+    )
+    if b.n_envs > 1:
+        fields["env"] = FieldSpec((), "int64")
+    return fields
+
+
+def _runs(rows: np.ndarray, max_rows: int) -> Iterator[np.ndarray]:
+    """Split ring rows into pieces of consecutive rows, each at most ``max_rows`` long."""
+    start = 0
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    for stop in [*breaks.tolist(), len(rows)]:
+        for a in range(start, stop, max_rows):
+            yield rows[a : min(a + max_rows, stop)]
+        start = stop
+
+
+def _take(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``a[rows]`` flattened to ``[len(rows) * n_envs, ...]``; a view when rows are a range."""
+    part = a[rows[0] : rows[-1] + 1] if rows[-1] - rows[0] + 1 == len(rows) else a[rows]
+    return part.reshape(len(rows) * a.shape[1], *a.shape[2:])
+
+
+def sb3_batches(b: SB3Buffer, *, batch_bytes: int = BATCH_BYTES) -> Iterator[dict[str, Any]]:
+    """Batches ``{field: [B, *shape]}`` of the SB3 buffer's transitions, oldest first.
+
+    Transitions are ordered by SB3 time step, oldest first, and within a step by environment
+    (``0 .. n_envs-1``), the order SB3 stored them. Fixed observation arrays are views of the
+    (memory-mapped) pickle where possible; at most ``batch_bytes`` raw bytes per batch.
+    """
+    obs = _obs_arrays(b.observations, "obs")
+    nxt = None if b.next_observations is None else _obs_arrays(b.next_observations, "next_obs")
+    row_bytes = b.n_envs * sum(a[0, 0].nbytes * 2 for a in obs.values()) + 64 * b.n_envs
+    env_ids = np.arange(b.n_envs, dtype=np.int64)
+    for rows in _runs(b.time_order(), max(1, batch_bytes // row_bytes)):
+        out: dict[str, Any] = {k: _take(a, rows) for k, a in obs.items()}
+        if nxt is None:
+            succ = (rows + 1) % b.buffer_size
+            out.update({"next_" + k: _take(a, succ) for k, a in obs.items()})
+        else:
+            out.update({k: _take(a, rows) for k, a in nxt.items()})
+        act = _take(b.actions, rows)
+        out["action"] = act.reshape(len(act)) if b.discrete_action else act
+        out["reward"] = _take(b.rewards, rows).astype(np.float32)
+        done = _take(b.dones, rows) != 0
+        timeout = _take(b.timeouts, rows) != 0
+        out["terminated"], out["truncated"] = done & ~timeout, timeout
+        if b.n_envs > 1:
+            out["env"] = np.tile(env_ids, len(rows))
+        yield out
+
+
+def convert_sb3(
+    pickle_path: str | os.PathLike[str],
+    out_path: str | os.PathLike[str],
+    *,
+    capacity: int | None = None,
+    chunk_transitions: int | None = None,
+    codec: str | Mapping[str, str] = DEFAULT_CODEC,
+    seed: int | None = None,
+    overwrite: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> ReplayBuffer:
+    """Convert an SB3 replay-buffer pickle into a new rlbuffers buffer at ``out_path``.
+
+    The buffer gets the fields of :func:`sb3_fields`; transitions go in oldest first (SB3 time
+    step, then environment), with ``terminated = dones & ~timeouts`` and
+    ``truncated = timeouts``. With ``optimize_memory_usage``, ``next_obs`` is the next row of
+    SB3's observations, and once SB3's ring was full its oldest row (overwritten) is dropped.
+    SB3 draws samples with numpy's global RNG, so there is no sampler state to carry over; the
+    new buffer is uniform, seeded with ``seed``. Memory: see the module docstring (bounded for
+    protocol-5 pickles, which SB3 writes).
+
+    Note: with ``n_envs > 1`` the environments' transitions interleave (as in SB3), so episode
+    numbers (used by ``SequenceSampler``) mix environments; the ``env`` field tells them apart.
+
+    Args:
+        pickle_path: the file ``model.save_replay_buffer`` wrote (plain or gzip-compressed).
+        out_path: directory of the new buffer.
+        capacity: ring size in transitions; default SB3's ``buffer_size * n_envs``. When the
+            SB3 buffer holds more, only the newest ``capacity`` stay.
+        chunk_transitions, codec, seed, overwrite: as in :meth:`ReplayBuffer.create`.
+        progress: called as ``progress(done, total)`` (transitions) after every batch.
+
+    Returns:
+        the new buffer, open read/write, committed once (generation 1) with
+        ``metadata["converted_from"]`` describing the source.
+
+    Raises:
+        FileNotFoundError: no such pickle. ConvertError: not an SB3 replay-buffer pickle.
+        BufferExistsError: ``out_path`` is not empty and ``overwrite`` is False.
+    """
+    b = load_sb3_pickle(pickle_path)
+    total = len(b.time_order()) * b.n_envs
+    buf = ReplayBuffer.create(
+        out_path,
+        capacity=capacity or b.buffer_size * b.n_envs,
+        fields=sb3_fields(b),
+        chunk_transitions=chunk_transitions,
+        codec=codec,
+        seed=seed,
+        overwrite=overwrite,
+    )
+    log.info("converting %s (%s, %d transitions, %d bytes mapped) into %s", pickle_path, b.kind,
+             total, b.mapped_bytes, out_path)
+    done = 0
+    try:
+        for batch in sb3_batches(b):
+            buf.extend(batch)
+            done += len(batch["reward"])
+            if progress is not None:
+                progress(done, total)
+        meta = {"converted_from": {
+            "format": "stable-baselines3", "class": b.kind, "path": str(pickle_path),
+            "n_envs": b.n_envs, "buffer_size": b.buffer_size, "pos": b.pos, "full": b.full,
+            "optimize_memory_usage": b.next_observations is None, "transitions": total,
+            **{k: float(v) for k, v in b.extra.items()},
+        }}
+        buf.save(metadata=meta)
+    except BaseException:
+        buf.close()
+        raise
+    return buf

@@ -1,0 +1,132 @@
+"""Batching stages: sequence packing into fixed-length rows, and dynamic padding with a fixed
+batch size or a token budget (length bucketing)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rlbuffers.stream.packing import pack_bfd, split_overflow
+from rlbuffers.stream.stages import Stage, WindowStage
+
+
+@dataclass
+class Row:
+    """One packed row: ``sequences`` (``int32[n_i]`` each, summing to <= max_length tokens)
+    and the tokens truncated in its window that this row reports (0 for all but one row)."""
+
+    sequences: list[np.ndarray]
+    truncated_tokens: int = 0
+
+
+class Pack(WindowStage):
+    """Packs every ``packing_window_sequences`` token sequences into rows of ``max_length``
+    tokens with best-fit decreasing (:func:`~rlbuffers.stream.packing.pack_bfd`); sequences
+    longer than ``max_length`` are split or truncated first (``overflow``). Rows are emitted in
+    a seeded random order, so batch composition is not sorted by length.
+
+    Memory: one window of sequences. Resume: re-reads and re-packs one window.
+    """
+
+    kind = "pack"
+
+    def __init__(self, upstream: Stage, *, max_length: int, packing_window_sequences: int,
+                 overflow: str = "split", seed: int = 0, epoch: int = 0) -> None:
+        super().__init__(upstream, packing_window_sequences, seed=seed, epoch=epoch, salt=3)
+        self.max_length = int(max_length)
+        self.overflow = overflow
+
+    def process(self, items: list[Any], rng: np.random.Generator) -> list[Any]:
+        seqs, truncated = split_overflow(items, self.max_length, self.overflow)
+        bins = pack_bfd([len(s) for s in seqs], self.max_length)
+        rows = [Row([seqs[i] for i in bins[k]]) for k in rng.permutation(len(bins))]
+        if rows:
+            rows[0].truncated_tokens = truncated
+        return rows
+
+
+class RowBatch(WindowStage):
+    """Groups ``rows_per_batch`` packed :class:`Row` s into one batch with ``collate_fn``."""
+
+    kind = "row_batch"
+
+    def __init__(self, upstream: Stage, rows_per_batch: int,
+                 collate_fn: Callable[[list[list[np.ndarray]], int], dict[str, Any]]) -> None:
+        super().__init__(upstream, rows_per_batch, salt=4)
+        self.collate_fn = collate_fn
+
+    def process(self, items: list[Any], rng: np.random.Generator) -> list[Any]:
+        return [items]
+
+    def emit(self, output: list[Row]) -> dict[str, Any]:
+        return self.collate_fn([r.sequences for r in output],
+                               sum(r.truncated_tokens for r in output))
+
+
+def budget_batches(lengths: list[int], *, max_tokens: int | None, batch_size: int | None,
+                   pad_to_multiple_of: int | None = None) -> list[list[int]]:
+    """Cut consecutive indices ``0..N-1`` into batches: at most ``batch_size`` sequences, and
+    ``count * padded(longest)`` <= ``max_tokens`` (the token budget of the padded batch).
+    A single sequence over the budget gets a batch of its own.
+    """
+    m = pad_to_multiple_of or 1
+    out: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for i, n in enumerate(lengths):
+        new_longest = max(longest, n)
+        padded = -(-new_longest // m) * m
+        too_many = batch_size is not None and len(cur) >= batch_size
+        too_big = max_tokens is not None and padded * (len(cur) + 1) > max_tokens
+        if cur and (too_many or too_big):
+            out.append(cur)
+            cur, new_longest = [], n
+        cur.append(i)
+        longest = new_longest
+    if cur:
+        out.append(cur)
+    return out
+
+
+class PadBatch(WindowStage):
+    """Dynamic padding: reads ``bucket_window_sequences`` sequences, fits them to
+    ``max_length`` (``overflow``), optionally sorts them by length (length bucketing, so a batch
+    holds similar lengths and little padding), cuts batches by ``batch_size`` and/or the token
+    budget ``max_tokens`` (tokens of the padded batch), shuffles the batch order (seeded) when
+    sorted, and collates each with ``collate_fn``.
+    """
+
+    kind = "pad_batch"
+
+    def __init__(self, upstream: Stage, *, max_length: int, bucket_window_sequences: int,
+                 batch_size: int | None, max_tokens: int | None, sort_by_length: bool,
+                 overflow: str, pad_to_multiple_of: int | None,
+                 collate_fn: Callable[[list[list[np.ndarray]], int], dict[str, Any]],
+                 seed: int = 0, epoch: int = 0) -> None:
+        super().__init__(upstream, bucket_window_sequences, seed=seed, epoch=epoch, salt=5)
+        self.max_length = int(max_length)
+        self.batch_size, self.max_tokens = batch_size, max_tokens
+        self.sort_by_length, self.overflow = sort_by_length, overflow
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.collate_fn = collate_fn
+
+    def process(self, items: list[Any], rng: np.random.Generator) -> list[Any]:
+        seqs, truncated = split_overflow(items, self.max_length, self.overflow)
+        if self.sort_by_length:
+            order = np.argsort([len(s) for s in seqs], kind="stable")
+            seqs = [seqs[i] for i in order]
+        groups = budget_batches([len(s) for s in seqs], max_tokens=self.max_tokens,
+                                batch_size=self.batch_size,
+                                pad_to_multiple_of=self.pad_to_multiple_of)
+        if self.sort_by_length:
+            groups = [groups[i] for i in rng.permutation(len(groups))]
+        out = [([[seqs[i]] for i in g], 0) for g in groups]
+        if out:
+            out[0] = (out[0][0], truncated)
+        return out
+
+    def emit(self, output: tuple[list[list[np.ndarray]], int]) -> dict[str, Any]:
+        return self.collate_fn(*output)

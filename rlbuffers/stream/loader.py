@@ -1,0 +1,360 @@
+"""The resumable streaming loader: source -> shuffle -> tokenize -> pack or pad -> batches,
+in-process or across torch DataLoader workers, with an exact ``state_dict``.
+
+Exact resume: stopping after ``k`` batches, saving :meth:`StreamLoader.state_dict` (plain
+data, JSON round-trip safe) and loading it into a loader built with the same arguments yields
+exactly the batches an uninterrupted run yields from batch ``k + 1`` on. The work to resume is
+one window per stage (shuffle block, tokenize batch, packing window) plus skipping into one
+shard, whatever the position in the epoch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rlbuffers.stream.batching import Pack, PadBatch, RowBatch
+from rlbuffers.stream.errors import StreamStateError
+from rlbuffers.stream.padding import AttentionKind, collate
+from rlbuffers.stream.shards import resolve_shards
+from rlbuffers.stream.sources import IndexSource, ShardSource
+from rlbuffers.stream.stages import BlockShuffle, Stage
+from rlbuffers.stream.tokenize import TextTokenizer, Tokenize
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """How the loader batches. Checked when built (``ValueError`` naming the field)."""
+
+    max_length: int = 2048
+    """Tokens per packed row (``mode="pack"``) or per sequence (``mode="pad"``)."""
+    mode: Literal["pack", "pad"] = "pack"
+    """``"pack"``: best-fit-decreasing packing into rows; ``"pad"``: one sequence per row."""
+    rows_per_batch: int = 8
+    """Packed rows per batch (``mode="pack"``): a token budget of ``rows * max_length``."""
+    batch_size: int | None = None
+    """Sequences per batch (``mode="pad"``); ``None``: limited by ``max_tokens`` only."""
+    max_tokens: int | None = None
+    """Token budget of one padded batch, ``rows * padded length`` (``mode="pad"``)."""
+    sort_by_length: bool = True
+    """Length bucketing within ``bucket_window_sequences`` (``mode="pad"``)."""
+    bucket_window_sequences: int = 1024
+    """Sequences sorted and cut into batches together (``mode="pad"``)."""
+    packing_window_sequences: int = 8192
+    """Sequences packed together (``mode="pack"``); bounds memory and resume work."""
+    shuffle_buffer_samples: int = 1024
+    """Samples shuffled together (block shuffle); ``0`` or ``1`` disables it."""
+    shuffle_shards: bool = True
+    """Shuffle the shard (or item) order every epoch."""
+    tokenize_batch_texts: int = 256
+    """Texts per tokenizer batch call."""
+    text_field: str = "text"
+    """The JSON field holding the text of ``json`` samples."""
+    overflow: Literal["split", "truncate"] = "split"
+    """Sequences over ``max_length``: cut into pieces, or truncate (counted in stats)."""
+    pad_token_id: int = 0
+    """Token id written at padding positions (masked out of ``labels``)."""
+    pad_to_multiple_of: int | None = None
+    """Round the padded length up to a multiple of this (dynamic padding)."""
+    fixed_padding: bool = False
+    """Pad every batch to ``max_length`` (the baseline dynamic padding improves on)."""
+    attention: AttentionKind | None = None
+    """``"padding"`` (2-D), ``"block_causal"`` (4-D bool) or ``"none"``; ``None``: padding
+    mask for ``mode="pad"``, none for ``mode="pack"`` (use position_ids / cu_seqlens)."""
+    seed: int = 0
+    """Seed of every shuffle (shards, samples, packed rows, buckets)."""
+    batches_per_epoch: int | None = None
+    """Batches per epoch per rank; the stream then cycles over passes of the data so every
+    rank yields exactly this many. Required when ``world_size > 1``. ``None``: one pass."""
+    uneven_shards: Literal["wrap", "drop"] = "wrap"
+    """Shard count not a multiple of world_size x workers: repeat or drop shards (logged)."""
+    on_error: Literal["raise", "warn"] = "raise"
+    """Unreadable shard: raise, or log and skip the rest of the shard."""
+
+    def __post_init__(self) -> None:
+        positive = ["max_length", "rows_per_batch", "bucket_window_sequences",
+                    "packing_window_sequences", "tokenize_batch_texts"]
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"StreamConfig.{name}: expected >= 1, got {getattr(self, name)}")
+        for name in ("batch_size", "max_tokens", "pad_to_multiple_of", "batches_per_epoch"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"StreamConfig.{name}: expected None or >= 1, got {value}")
+        if self.mode not in ("pack", "pad"):
+            raise ValueError(f"StreamConfig.mode: expected 'pack' or 'pad', got {self.mode!r}")
+        if self.mode == "pad" and self.batch_size is None and self.max_tokens is None:
+            raise ValueError("StreamConfig: mode='pad' needs batch_size or max_tokens, got neither")
+        if self.overflow not in ("split", "truncate"):
+            raise ValueError(f"StreamConfig.overflow: expected 'split' or 'truncate', "
+                             f"got {self.overflow!r}")
+        if self.uneven_shards not in ("wrap", "drop"):
+            raise ValueError(f"StreamConfig.uneven_shards: expected 'wrap' or 'drop', "
+                             f"got {self.uneven_shards!r}")
+
+    @property
+    def attention_kind(self) -> AttentionKind:
+        """The effective ``attention`` (its default depends on ``mode``)."""
+        if self.attention is not None:
+            return self.attention
+        return "padding" if self.mode == "pad" else "none"
+
+
+def _collate(cfg: StreamConfig, rows: list[list[Any]], truncated: int) -> dict[str, Any]:
+    return collate(rows, pad_token_id=cfg.pad_token_id, max_length=cfg.max_length,
+                   pad_to=cfg.max_length if cfg.fixed_padding else None,
+                   pad_to_multiple_of=cfg.pad_to_multiple_of, attention=cfg.attention_kind,
+                   truncated_tokens=truncated)
+
+
+def build_pipeline(source: Stage, tokenizer: TextTokenizer | None, cfg: StreamConfig, *,
+                   epoch: int = 0) -> Stage:
+    """The batch stages over ``source``: block shuffle -> tokenize -> pack + row batches, or
+    pad batches. Yields batch dicts (see :mod:`rlbuffers.stream.padding`)."""
+    stage: Stage = source
+    if cfg.shuffle_buffer_samples > 1:
+        stage = BlockShuffle(stage, cfg.shuffle_buffer_samples, seed=cfg.seed, epoch=epoch)
+    stage = Tokenize(stage, tokenizer, text_field=cfg.text_field,
+                     tokenize_batch_texts=cfg.tokenize_batch_texts)
+    collate_fn = functools.partial(_collate, cfg)
+    if cfg.mode == "pack":
+        stage = Pack(stage, max_length=cfg.max_length,
+                     packing_window_sequences=cfg.packing_window_sequences,
+                     overflow=cfg.overflow, seed=cfg.seed, epoch=epoch)
+        return RowBatch(stage, cfg.rows_per_batch, collate_fn)
+    return PadBatch(stage, max_length=cfg.max_length,
+                    bucket_window_sequences=cfg.bucket_window_sequences,
+                    batch_size=cfg.batch_size, max_tokens=cfg.max_tokens,
+                    sort_by_length=cfg.sort_by_length, overflow=cfg.overflow,
+                    pad_to_multiple_of=cfg.pad_to_multiple_of, collate_fn=collate_fn,
+                    seed=cfg.seed, epoch=epoch)
+
+
+@dataclass(frozen=True)
+class _SourceFactory:
+    """Builds the source of one slot (picklable, for DataLoader workers)."""
+
+    urls: tuple[str, ...] | None
+    data: Sequence[Any] | None
+    cfg: StreamConfig
+
+    def __call__(self, slot: int, num_slots: int, first_pass: int, cycle: bool) -> Stage:
+        c = self.cfg
+        if self.urls is not None:
+            return ShardSource(self.urls, seed=c.seed, slot=slot, num_slots=num_slots,
+                               first_pass=first_pass, cycle=cycle, shuffle_shards=c.shuffle_shards,
+                               uneven=c.uneven_shards, on_error=c.on_error)
+        assert self.data is not None  # internal invariant: one of urls / data is set
+        return IndexSource(self.data, seed=c.seed, shuffle=c.shuffle_shards, slot=slot,
+                           num_slots=num_slots, first_pass=first_pass, cycle=cycle,
+                           uneven=c.uneven_shards)
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+class StreamLoader:
+    """Batches of token ids streamed from shards (or any indexable sequence), resumable.
+
+    Use :meth:`from_shards` or :meth:`from_sequence`. Iterating yields one epoch of batch
+    dicts (``input_ids: int64[B, T]`` etc., see :mod:`rlbuffers.stream.padding`; torch tensors
+    when ``as_torch``). With ``num_workers > 0`` a ``torch.utils.data.DataLoader`` runs the
+    pipeline in forked worker processes, each worker on its own shards.
+
+    Args:
+        rank, world_size: this process's data-parallel rank; shards are split over
+            ``world_size * max(num_workers, 1)`` slots (see ``StreamConfig.uneven_shards``).
+        num_workers: DataLoader worker processes (0: in this process).
+        as_torch: yield ``torch.Tensor`` instead of numpy arrays.
+
+    Raises:
+        ValueError: ``world_size > 1`` without ``config.batches_per_epoch`` (ranks would yield
+            different numbers of batches), or a rank outside ``[0, world_size)``.
+    """
+
+    def __init__(self, factory: _SourceFactory, tokenizer: TextTokenizer | None,
+                 config: StreamConfig, *, rank: int = 0, world_size: int = 1,
+                 num_workers: int = 0, as_torch: bool = False) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank: expected 0 <= rank < world_size={world_size}, got {rank}")
+        if world_size > 1 and config.batches_per_epoch is None:
+            raise ValueError("StreamConfig.batches_per_epoch: expected an int when world_size > 1 "
+                             "(so every rank yields the same number of batches), got None")
+        self._factory, self.tokenizer, self.config = factory, tokenizer, config
+        self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
+        self.as_torch = as_torch
+        self._slots_n = max(num_workers, 1)
+        self._reset_epoch(0)
+        self._live: dict[int, tuple[Stage, Iterator[Any]]] = {}
+
+    @classmethod
+    def from_shards(cls, shards: Any, tokenizer: TextTokenizer, config: StreamConfig,
+                    **kwargs: Any) -> StreamLoader:
+        """Loader over webdataset shards (directory, glob, brace pattern, URL or a list; see
+        :func:`~rlbuffers.stream.resolve_shards`); ``kwargs`` as for the class."""
+        return cls(_SourceFactory(tuple(resolve_shards(shards)), None, config), tokenizer,
+                   config, **kwargs)
+
+    @classmethod
+    def from_sequence(cls, data: Sequence[Any], tokenizer: TextTokenizer | None,
+                      config: StreamConfig, **kwargs: Any) -> StreamLoader:
+        """Loader over an indexable sequence of texts (``str``) or token arrays (``int[n]``,
+        e.g. a :class:`~rlbuffers.stream.TokenStore`; ``tokenizer`` may then be ``None``)."""
+        return cls(_SourceFactory(None, data, config), tokenizer, config, **kwargs)
+
+    # -- epochs and slots -------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch belongs to."""
+        return self._epoch
+
+    def _reset_epoch(self, epoch: int) -> None:
+        self._epoch = epoch
+        self._batches = 0
+        self._last_slot = -1
+        self._slot_batches = [0] * self._slots_n
+        if self.config.batches_per_epoch is None or epoch == 0:
+            self._states: list[dict[str, Any] | None] = [None] * self._slots_n
+
+    def _quota(self, slot: int) -> int | None:
+        n = self.config.batches_per_epoch
+        if n is None:
+            return None
+        return n // self._slots_n + (slot < n % self._slots_n) - self._slot_batches[slot]
+
+    def _build(self, slot: int) -> Stage:
+        cycle = self.config.batches_per_epoch is not None
+        source = self._factory(self.rank * self._slots_n + slot, self.world_size * self._slots_n,
+                               0 if cycle else self._epoch, cycle)
+        pipe = build_pipeline(source, self.tokenizer, self.config,
+                              epoch=0 if cycle else self._epoch)
+        if self._states[slot] is not None:
+            pipe.load_state_dict(self._states[slot])
+        return pipe
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        batches = self._iter_workers() if self.num_workers else self._iter_local()
+        for batch in batches:
+            self._batches += 1
+            yield self._to_torch(batch) if self.as_torch else batch
+        self._reset_epoch(self._epoch + 1)
+
+    def _iter_local(self) -> Iterator[dict[str, Any]]:
+        if 0 not in self._live:
+            pipe = self._build(0)
+            self._live[0] = (pipe, iter(pipe))
+        pipe, it = self._live[0]
+        quota = self._quota(0)
+        count = 0
+        while quota is None or count < quota:
+            batch = next(it, None)
+            if batch is None:
+                if quota is not None:
+                    raise StreamStateError("the data yields no batches; cannot fill "
+                                           f"batches_per_epoch={self.config.batches_per_epoch}")
+                break
+            count += 1
+            self._slot_batches[0] += 1
+            self._last_slot = 0
+            yield batch
+        self._states[0] = pipe.state_dict()
+        if quota is None:
+            self._live.clear()
+
+    def _iter_workers(self) -> Iterator[dict[str, Any]]:
+        import torch.utils.data
+
+        offset = (self._last_slot + 1) % self._slots_n
+        dataset = _worker_dataset_class()(self, offset)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
+                                             collate_fn=_identity)
+        for slot, batch, state in loader:
+            self._states[slot] = state
+            self._slot_batches[slot] += 1
+            self._last_slot = slot
+            yield batch
+
+    @staticmethod
+    def _to_torch(batch: dict[str, Any]) -> dict[str, Any]:
+        import torch
+
+        return {k: torch.from_numpy(v) if hasattr(v, "dtype") else v for k, v in batch.items()}
+
+    # -- state -------------------------------------------------------------------------
+    def _fingerprint(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self.config), "rank": self.rank,
+                "world_size": self.world_size, "num_workers": self.num_workers}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain data: epoch, batches yielded in it, per-slot pipeline states (source cursor:
+        pass, shard, sample offset; and per stage: window index, outputs emitted, upstream
+        state at the window start) and the configuration it belongs to."""
+        states = list(self._states)
+        if 0 in self._live:
+            states[0] = self._live[0][0].state_dict()
+        return {"kind": "stream_loader", "version": 1, "epoch": self._epoch,
+                "batches_in_epoch": self._batches, "last_slot": self._last_slot,
+                "slot_batches": list(self._slot_batches), "slots": states,
+                "config": self._fingerprint()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly where ``state`` was taken, on the next ``iter()``.
+
+        Raises:
+            StreamStateError: not a loader state, or taken with another configuration, rank,
+                world size or worker count (the differing field is named).
+        """
+        if not isinstance(state, dict) or state.get("kind") != "stream_loader":
+            raise StreamStateError("state 'kind': expected 'stream_loader', got "
+                                   f"{state.get('kind') if isinstance(state, dict) else state!r}")
+        mine = self._fingerprint()
+        for key, value in mine.items():
+            if state["config"].get(key) != value:
+                raise StreamStateError(f"state 'config.{key}': expected {value!r} (this loader), "
+                                       f"got {state['config'].get(key)!r}")
+        self._epoch = int(state["epoch"])
+        self._batches = int(state["batches_in_epoch"])
+        self._last_slot = int(state["last_slot"])
+        self._slot_batches = [int(x) for x in state["slot_batches"]]
+        self._states = list(state["slots"])
+        self._live.clear()
+
+
+class _WorkerDataset:
+    """Runs one slot's pipeline inside a DataLoader worker; yields (slot, batch, state).
+    Combined with ``torch.utils.data.IterableDataset`` by :func:`_worker_dataset` (torch is
+    imported only when workers are used)."""
+
+    def __init__(self, loader: StreamLoader, offset: int) -> None:
+        self.loader = loader
+        self.offset = offset
+
+    def __iter__(self) -> Iterator[tuple[int, dict[str, Any], dict[str, Any]]]:
+        import torch.utils.data
+
+        info = torch.utils.data.get_worker_info()
+        slot = (info.id + self.offset) % self.loader._slots_n
+        pipe = self.loader._build(slot)
+        quota = self.loader._quota(slot)
+        count = 0
+        it = iter(pipe)
+        while quota is None or count < quota:
+            batch = next(it, None)
+            if batch is None:
+                return
+            count += 1
+            yield slot, batch, pipe.state_dict()
+
+
+@functools.cache
+def _worker_dataset_class() -> type:
+    import torch.utils.data
+
+    return type("StreamWorkerDataset", (_WorkerDataset, torch.utils.data.IterableDataset), {})

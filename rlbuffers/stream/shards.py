@@ -1,0 +1,259 @@
+"""Webdataset tar shards: write them from JSONL / text files / Python iterables, find them
+(directory, glob, brace pattern, URL), and read the samples of one shard.
+
+A sample is a dict ``{"__key__": str, "__url__": str, "<ext>": bytes}``; the writer stores
+JSON records under ``json`` and plain text under ``txt`` (webdataset's convention).
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import json
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import braceexpand
+import fsspec
+import webdataset as wds
+from tqdm.auto import tqdm
+from webdataset.tariterators import group_by_keys, tar_file_iterator
+
+from rlbuffers.stream.errors import ShardError
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_NAME = "shards.json"
+_TAR_BLOCK = 512
+_TAR_RECORD = 10240  # tarfile pads the closed archive to a multiple of this
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def tar_sample_bytes(sample: dict[str, Any]) -> int:
+    """Bytes one sample occupies inside a tar: a 512-byte header plus the payload rounded up
+    to 512 bytes, per field (webdataset writes one tar member per field)."""
+    total = 0
+    for k, v in sample.items():
+        if k.startswith("_"):
+            continue
+        total += _TAR_BLOCK + _round_up(len(v), _TAR_BLOCK)
+    return total
+
+
+def _samples_from_path(path: Path) -> Iterator[dict[str, bytes]]:
+    if path.suffix in (".jsonl", ".ndjson"):
+        with path.open("rb") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    json.loads(line)
+                except ValueError as exn:
+                    raise ShardError(
+                        f"{path}:{lineno}: expected one JSON value, got {exn}") from exn
+                yield {"json": line.rstrip(b"\r\n")}
+    elif path.suffix in (".txt", ".md", ".text"):
+        yield {"txt": path.read_bytes()}
+    else:
+        raise ShardError(
+            f"input {str(path)!r}: expected a .jsonl/.ndjson or .txt/.md file, got suffix "
+            f"{path.suffix!r}"
+        )
+
+
+def _sample_from_item(item: Any) -> dict[str, bytes]:
+    if isinstance(item, str):
+        return {"txt": item.encode("utf-8")}
+    if isinstance(item, (bytes, bytearray)):
+        return {"txt": bytes(item)}
+    if isinstance(item, dict):
+        return {"json": json.dumps(item, ensure_ascii=False).encode("utf-8")}
+    raise ShardError(f"iterable item: expected str, bytes or dict, got {type(item).__name__}")
+
+
+def iter_input_samples(inputs: Iterable[Any]) -> Iterator[dict[str, bytes]]:
+    """Samples (without ``__key__``) from ``inputs``: each element is a path (``str`` or
+    :class:`~pathlib.Path` naming an existing ``.jsonl``/``.ndjson`` file -> one sample per
+    line under ``json``; ``.txt``/``.md`` -> one sample per file under ``txt``), or, when
+    ``inputs`` is not a list of paths, any ``str`` (text), ``bytes`` or ``dict`` (JSON) item.
+
+    Raises:
+        ShardError: an unsupported file suffix, a malformed JSON line (file and line named),
+            or an item of another type.
+    """
+    for item in inputs:
+        if isinstance(item, Path) or (isinstance(item, str) and os.path.isfile(item)):
+            yield from _samples_from_path(Path(item))
+        else:
+            yield _sample_from_item(item)
+
+
+class _SizedShardWriter:
+    """A ``webdataset.ShardWriter`` that starts a new shard *before* a sample would push the
+    closed tar file past ``max_shard_bytes`` (webdataset checks after, on payload bytes only)."""
+
+    def __init__(self, pattern: str, max_shard_bytes: int, max_shard_samples: int) -> None:
+        self.max_shard_bytes = max_shard_bytes
+        self.max_shard_samples = max_shard_samples
+        self._writer = wds.ShardWriter(
+            pattern, maxcount=2**62, maxsize=float("inf"), verbose=0, mtime=0
+        )
+        self.shards: list[dict[str, Any]] = []
+        self._content = 0
+        self._count = 0
+
+    def write(self, sample: dict[str, Any]) -> None:
+        size = tar_sample_bytes(sample)
+        full = _round_up(self._content + size + 2 * _TAR_BLOCK, _TAR_RECORD) > self.max_shard_bytes
+        if self._count and (full or self._count >= self.max_shard_samples):
+            self._close_current()
+            self._writer.next_stream()
+        self._writer.write(sample)
+        self._content += size
+        self._count += 1
+
+    def _close_current(self) -> None:
+        name = os.path.basename(self._writer.fname)
+        self.shards.append({"name": name, "samples": self._count})
+        self._content = 0
+        self._count = 0
+
+    def close(self) -> None:
+        fname = self._writer.fname
+        self._writer.close()
+        if self._count:
+            self._close_current()
+        elif fname is not None and os.path.exists(fname):
+            os.remove(fname)  # the writer opens a shard eagerly; drop it if it stayed empty
+
+
+def write_shards(
+    inputs: Iterable[Any],
+    out_dir: str | os.PathLike[str],
+    *,
+    max_shard_bytes: int = 256 * 2**20,
+    max_shard_samples: int = 2**31,
+    prefix: str = "shard",
+    progress: bool = True,
+) -> list[Path]:
+    """Write ``inputs`` (see :func:`iter_input_samples`) as webdataset tar shards
+    ``{prefix}-000000.tar, ...`` into ``out_dir`` and a manifest ``shards.json`` (shard names
+    and sample counts), written last via a temporary file and ``os.replace``.
+
+    Args:
+        max_shard_bytes: upper bound on each tar file's size in bytes, headers and the
+            10,240-byte end-of-archive padding included; a single sample larger than that gets
+            a shard of its own (logged).
+        max_shard_samples: upper bound on samples per shard.
+        progress: show a tqdm progress bar (samples written).
+
+    Returns:
+        The shard paths, in order.
+
+    Raises:
+        ValueError: ``max_shard_bytes`` < 10,240 or ``max_shard_samples`` < 1.
+        ShardError: a malformed input (see :func:`iter_input_samples`).
+    """
+    if max_shard_bytes < _TAR_RECORD:
+        raise ValueError(f"max_shard_bytes: expected >= {_TAR_RECORD}, got {max_shard_bytes}")
+    if max_shard_samples < 1:
+        raise ValueError(f"max_shard_samples: expected >= 1, got {max_shard_samples}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    writer = _SizedShardWriter(str(out / f"{prefix}-%06d.tar"), max_shard_bytes, max_shard_samples)
+    bar = tqdm(desc=f"writing shards to {out}", unit=" samples", disable=not progress)
+    try:
+        for index, sample in enumerate(iter_input_samples(inputs)):
+            sample["__key__"] = f"{index:012d}"
+            if tar_sample_bytes(sample) + 3 * _TAR_BLOCK > max_shard_bytes:
+                logger.warning("sample %d is larger than max_shard_bytes=%d; it gets its own shard",
+                               index, max_shard_bytes)
+            writer.write(sample)
+            bar.update(1)
+    finally:
+        writer.close()
+        bar.close()
+    manifest = {"format": "rlbuffers.shards/1", "shards": writer.shards,
+                "samples": sum(s["samples"] for s in writer.shards)}
+    tmp = out / (MANIFEST_NAME + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, out / MANIFEST_NAME)
+    logger.info("wrote %d samples into %d shards in %s", manifest["samples"],
+                len(writer.shards), out)
+    return [out / s["name"] for s in writer.shards]
+
+
+def resolve_shards(source: str | os.PathLike[str] | Iterable[str]) -> list[str]:
+    """Shard URLs named by ``source``: a local directory (its ``*.tar`` files, sorted), a glob
+    (``data/*.tar``), a brace pattern (``data/shard-{000000..000009}.tar``, also for URLs),
+    a URL (``s3://...``, ``https://...``, ``pipe:cmd``), or a list of any of these.
+
+    Raises:
+        ShardError: nothing matches (the pattern is named).
+    """
+    if not isinstance(source, (str, os.PathLike)):
+        return [url for item in source for url in resolve_shards(item)]
+    text = os.fspath(source)
+    if text.startswith("pipe:") or "://" in text:
+        return list(braceexpand.braceexpand(text))
+    if os.path.isdir(text):
+        urls = sorted(glob.glob(os.path.join(text, "*.tar")))
+    else:
+        urls = sorted(u for p in braceexpand.braceexpand(text) for u in glob.glob(p))
+    if not urls:
+        raise ShardError(f"shard source {text!r}: expected at least one .tar file, found none")
+    return urls
+
+
+def open_shard(url: str) -> BinaryIO:
+    """Open one shard for streaming reads: ``pipe:`` URLs via webdataset's ``gopen``, other
+    URLs (``s3://``, ``gs://``, ``https://``, ``file://``, ...) via fsspec, plain paths directly.
+
+    Raises:
+        ShardError: the shard cannot be opened (URL and cause named).
+    """
+    try:
+        if url.startswith("pipe:"):
+            return wds.gopen(url, "rb")
+        if "://" in url:
+            return fsspec.open(url, "rb").open()
+        return open(url, "rb")
+    except (OSError, ValueError) as exn:
+        raise ShardError(f"shard {url!r}: cannot open ({exn})") from exn
+
+
+def iter_shard(url: str, *, skip_samples: int = 0) -> Iterator[dict[str, Any]]:
+    """The samples of the shard at ``url`` in stored order, after skipping ``skip_samples``
+    (skipped samples are still read: tar streams do not seek).
+
+    Raises:
+        ShardError: the shard cannot be opened or is not a readable tar (URL named).
+    """
+    stream = open_shard(url)
+    try:
+        members = ({**m, "__url__": url} for m in tar_file_iterator(stream))
+        yield from itertools.islice(group_by_keys(members), skip_samples, None)
+    except ShardError:
+        raise
+    except Exception as exn:  # tarfile / decoding errors of any kind: name the shard
+        raise ShardError(f"shard {url!r}: cannot read ({type(exn).__name__}: {exn})") from exn
+    finally:
+        stream.close()
+
+
+def read_manifest(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``shards.json`` manifest written by :func:`write_shards`.
+
+    Raises:
+        ShardError: the directory has no manifest.
+    """
+    path = Path(out_dir) / MANIFEST_NAME
+    if not path.exists():
+        raise ShardError(f"shard directory {str(out_dir)!r}: no {MANIFEST_NAME}")
+    return json.loads(path.read_text())

@@ -1,0 +1,228 @@
+"""Checkpointable pipeline stages.
+
+A stage is an iterable over an upstream stage with a plain-data cursor. The contract:
+after the consumer has received ``n`` items, ``state_dict()`` describes exactly that point,
+and a stage built the same way that loads it yields item ``n + 1`` onwards.
+
+Windowed stages (shuffle, tokenize, pack, bucket) hold a bounded buffer. They do not put the
+buffer into the state; they keep the upstream state at the start of the current window and the
+number of outputs already emitted from it. On resume they rewind upstream to the window start,
+re-read the window and recompute it (every window's computation is a pure function of its items
+and its seed), then skip what was emitted. The work to resume is therefore one window per
+stage, whatever the position in the epoch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from rlbuffers.stream.errors import StreamStateError
+
+
+class Stage(ABC):
+    """A checkpointable iterable (see the module docstring for the contract)."""
+
+    @abstractmethod
+    def __iter__(self) -> Iterator[Any]: ...
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Plain data (JSON-serialisable) describing the current position."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` on the next ``iter()``.
+
+        Raises:
+            StreamStateError: the state belongs to another kind of stage.
+        """
+
+
+def check_kind(state: dict[str, Any], kind: str) -> None:
+    """Raise :class:`StreamStateError` unless ``state['kind'] == kind``."""
+    found = state.get("kind") if isinstance(state, dict) else type(state).__name__
+    if found != kind:
+        raise StreamStateError(f"state 'kind': expected {kind!r}, got {found!r}")
+
+
+def stage_rng(seed: int, salt: int, epoch: int, window: int) -> np.random.Generator:
+    """The generator for one window of one stage: a pure function of its arguments."""
+    return np.random.default_rng([seed, salt, epoch, window])
+
+
+_END, _ITEM, _ERROR = 0, 1, 2
+
+
+class _Producer(threading.Thread):
+    """Puts the items of an iterator into a bounded queue until done or stopped."""
+
+    def __init__(self, items: Iterator[Any], depth: int) -> None:
+        super().__init__(name="rlbuffers-prefetch", daemon=True)
+        self.items = items
+        self.queue: queue.Queue[tuple[int, Any]] = queue.Queue(maxsize=depth)
+        self.stop = threading.Event()
+
+    def put(self, entry: tuple[int, Any]) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(entry, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run(self) -> None:
+        try:
+            for item in self.items:
+                if not self.put((_ITEM, item)):
+                    return
+            self.put((_END, None))
+        except BaseException as exn:  # forwarded to the consumer, never swallowed
+            self.put((_ERROR, exn))
+
+
+def prefetch(items: Iterator[Any], depth: int) -> Iterator[Any]:
+    """Iterate ``items`` in a background thread, at most ``depth`` ahead (a bounded queue).
+
+    Exceptions from ``items`` are re-raised here; closing this generator stops and joins the
+    thread (after the item it is producing), so the upstream objects are never used by two
+    threads at once. Useful where the producer releases the GIL (tokenizers' Rust batch
+    encode) or waits on I/O.
+    """
+    producer = _Producer(items, depth)
+    producer.start()
+    try:
+        while True:
+            kind, value = producer.queue.get()
+            if kind == _END:
+                return
+            if kind == _ERROR:
+                raise value
+            yield value
+    finally:
+        producer.stop.set()
+        producer.join()
+
+
+class MapStage(Stage):
+    """Applies ``fn`` to every item; its state is the upstream state."""
+
+    def __init__(self, upstream: Stage, fn: Callable[[Any], Any]) -> None:
+        self.upstream = upstream
+        self.fn = fn
+
+    def __iter__(self) -> Iterator[Any]:
+        return map(self.fn, self.upstream)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "map", "upstream": self.upstream.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_kind(state, "map")
+        self.upstream.load_state_dict(state["upstream"])
+
+
+class WindowStage(Stage):
+    """Reads ``window_items`` items from upstream, turns them into a list of outputs with
+    :meth:`process` (a pure function of the items, the epoch and the window index) and emits
+    them. The state is ``{window, emitted, upstream: <upstream state at window start>}``.
+
+    Memory: at most ``window_items`` inputs plus their outputs.
+    """
+
+    kind = "window"
+
+    def __init__(self, upstream: Stage, window_items: int, *, seed: int = 0, epoch: int = 0,
+                 salt: int = 0) -> None:
+        if window_items < 1:
+            raise ValueError(f"{self.kind} window: expected >= 1 items, got {window_items}")
+        self.upstream = upstream
+        self.window_items = int(window_items)
+        self.seed = int(seed)
+        self.epoch = int(epoch)
+        self.salt = int(salt)
+        self._window = 0
+        self._emitted = 0
+        self._start: dict[str, Any] | None = None  # None: wherever upstream is now
+        self.prefetch_windows = 0
+
+    @abstractmethod
+    def process(self, items: list[Any], rng: np.random.Generator) -> list[Any]:
+        """Outputs of one window (deterministic given ``items`` and ``rng``)."""
+
+    def emit(self, output: Any) -> Any:
+        """Turn one output into the yielded item (called lazily, at yield time)."""
+        return output
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._start is None:
+            self._start = self.upstream.state_dict()
+        else:
+            self.upstream.load_state_dict(self._start)
+        skip = self._emitted
+        windows = self._windows(iter(self.upstream), self._window)
+        if self.prefetch_windows:
+            windows = prefetch(windows, self.prefetch_windows)
+        for outputs, end in windows:
+            if skip >= len(outputs):
+                self._next_window(end)
+            for i in range(skip, len(outputs)):
+                if i == len(outputs) - 1:
+                    self._next_window(end)
+                else:
+                    self._emitted = i + 1
+                yield self.emit(outputs[i])
+            skip = 0
+
+    def _windows(self, source: Iterator[Any], window: int
+                 ) -> Iterator[tuple[list[Any], dict[str, Any]]]:
+        """(outputs, upstream state at the window end) per window, from ``window`` on."""
+        while True:
+            items = list(itertools.islice(source, self.window_items))
+            if not items:
+                return
+            outputs = self.process(items, stage_rng(self.seed, self.salt, self.epoch, window))
+            yield outputs, self.upstream.state_dict()
+            window += 1
+
+    def _next_window(self, end: dict[str, Any]) -> None:
+        self._window += 1
+        self._emitted = 0
+        self._start = end
+
+    def state_dict(self) -> dict[str, Any]:
+        start = self._start if self._start is not None else self.upstream.state_dict()
+        return {"kind": self.kind, "window": self._window, "emitted": self._emitted,
+                "upstream": start}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_kind(state, self.kind)
+        self._window = int(state["window"])
+        self._emitted = int(state["emitted"])
+        self._start = state["upstream"]
+        self.upstream.load_state_dict(self._start)
+
+
+class BlockShuffle(WindowStage):
+    """Sample shuffle over a bounded buffer: reads ``shuffle_buffer_samples`` items and emits
+    them in a uniformly random order (seeded by seed, epoch and block index).
+
+    Unlike webdataset's reservoir ``shuffle(n)``, the buffer is rebuilt on resume by re-reading
+    one block, so the state stays a few integers. Memory: ``shuffle_buffer_samples`` samples.
+    """
+
+    kind = "shuffle"
+
+    def __init__(self, upstream: Stage, shuffle_buffer_samples: int, *, seed: int = 0,
+                 epoch: int = 0) -> None:
+        super().__init__(upstream, shuffle_buffer_samples, seed=seed, epoch=epoch, salt=1)
+
+    def process(self, items: list[Any], rng: np.random.Generator) -> list[Any]:
+        return [items[i] for i in rng.permutation(len(items))]

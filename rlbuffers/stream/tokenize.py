@@ -1,0 +1,165 @@
+"""Batch tokenization with HF ``tokenizers`` and a byte-bounded LRU cache keyed by content hash.
+
+The Rust tokenizer is rebuilt lazily in every process from its JSON text, so a
+:class:`TextTokenizer` can be pickled or forked into DataLoader workers safely (each worker
+gets its own tokenizer and its own cache).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from rlbuffers.cache import ByteLRUCache
+from rlbuffers.stream.errors import ShardError
+from rlbuffers.stream.stages import Stage, WindowStage
+
+
+def content_key(text: str) -> bytes:
+    """16-byte BLAKE2b digest of the UTF-8 text: the cache key."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+class TextTokenizer:
+    """A ``tokenizers.Tokenizer`` (any ``tokenizer.json``) that batch-encodes texts into
+    ``int32[n]`` token arrays, with an LRU cache of ``cache_max_bytes`` bytes.
+
+    Args:
+        tokenizer_json: the serialized tokenizer (the text of a ``tokenizer.json``).
+        cache_max_bytes: cache capacity in bytes per process (token arrays + ~160 bytes per
+            entry); 0 disables the cache.
+        add_special_tokens: let the tokenizer's post-processor add its special tokens
+            (e.g. BERT's ``[CLS]``/``[SEP]``).
+        eos_token_id: appended to every sequence when not ``None`` (document separator).
+
+    Raises:
+        ValueError: ``tokenizer_json`` is not a valid tokenizer.
+    """
+
+    def __init__(self, tokenizer_json: str, *, cache_max_bytes: int = 0,
+                 add_special_tokens: bool = False, eos_token_id: int | None = None) -> None:
+        self.tokenizer_json = tokenizer_json
+        self.add_special_tokens = add_special_tokens
+        self.eos_token_id = eos_token_id
+        self.cache = ByteLRUCache(cache_max_bytes)
+        self._tok: Tokenizer | None = None
+        self._pid = -1
+        _ = self.tokenizer  # parse now, so that a bad tokenizer fails at construction
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str], **kwargs: Any) -> TextTokenizer:
+        """Load a ``tokenizer.json``; ``kwargs`` as for the constructor.
+
+        Raises:
+            FileNotFoundError: no such file.
+        """
+        return cls(Path(path).read_text(encoding="utf-8"), **kwargs)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The Rust tokenizer of this process (rebuilt after a fork)."""
+        if self._tok is None or self._pid != os.getpid():
+            try:
+                self._tok = Tokenizer.from_str(self.tokenizer_json)
+            except Exception as exn:  # tokenizers raises a bare Exception
+                raise ValueError(f"tokenizer_json: not a valid tokenizer ({exn})") from exn
+            self._pid = os.getpid()
+        return self._tok
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids, added tokens included."""
+        return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
+
+    def token_id(self, token: str) -> int:
+        """The id of ``token``.
+
+        Raises:
+            KeyError: the vocabulary has no such token.
+        """
+        tid = self.tokenizer.token_to_id(token)
+        if tid is None:
+            raise KeyError(f"token {token!r}: not in the vocabulary")
+        return int(tid)
+
+    def _encode_uncached(self, texts: list[str]) -> list[np.ndarray]:
+        tok = self.tokenizer
+        encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
+        encs = encode(texts, add_special_tokens=self.add_special_tokens)
+        eos = [] if self.eos_token_id is None else [self.eos_token_id]
+        return [np.array(e.ids + eos, dtype=np.int32) for e in encs]
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Token ids of each text: a list of ``int32[n_i]`` arrays (read-only when cached).
+
+        Texts found in the cache (by :func:`content_key`) are not re-encoded; the others are
+        encoded in one ``encode_batch`` call (parallel in Rust).
+        """
+        if not self.cache.max_bytes:
+            return self._encode_uncached(list(texts))
+        keys = [content_key(t) for t in texts]
+        out: list[np.ndarray | None] = [self.cache.get(k) for k in keys]
+        todo = [i for i, ids in enumerate(out) if ids is None]
+        if todo:
+            for i, ids in zip(todo, self._encode_uncached([texts[i] for i in todo]), strict=True):
+                ids.flags.writeable = False
+                self.cache.put(keys[i], ids)
+                out[i] = ids
+        return out  # type: ignore[return-value]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_tok"], state["_pid"] = None, -1
+        return state
+
+
+def text_of(item: Any, text_field: str) -> str:
+    """The text of one pipeline item: a ``str``, or a shard sample with ``txt`` (UTF-8) or
+    ``json`` (the record's ``text_field``).
+
+    Raises:
+        ShardError: the sample has neither, or its JSON lacks ``text_field`` (key and URL named).
+    """
+    if isinstance(item, str):
+        return item
+    if "txt" in item:
+        return item["txt"].decode("utf-8")
+    if "json" in item:
+        record = json.loads(item["json"])
+        value = record.get(text_field) if isinstance(record, dict) else None
+        if isinstance(value, str):
+            return value
+        where = f"sample {item.get('__key__')!r} of {item.get('__url__')!r}"
+        raise ShardError(f"{where}: expected a string field {text_field!r} in its json, "
+                         f"got keys {sorted(record) if isinstance(record, dict) else record!r}")
+    raise ShardError(f"sample {item.get('__key__')!r} of {item.get('__url__')!r}: expected a "
+                     f"'txt' or 'json' entry, got {sorted(item)}")
+
+
+class Tokenize(WindowStage):
+    """Tokenizes ``tokenize_batch_texts`` items at a time (one Rust batch call); yields
+    ``int32[n]`` token arrays. Items that already are integer arrays pass through unchanged
+    (pre-tokenized sources such as a TokenStore); ``tokenizer`` may then be ``None``.
+    """
+
+    kind = "tokenize"
+
+    def __init__(self, upstream: Stage, tokenizer: TextTokenizer | None, *,
+                 text_field: str = "text", tokenize_batch_texts: int = 256) -> None:
+        super().__init__(upstream, tokenize_batch_texts, salt=2)
+        self.tokenizer = tokenizer
+        self.text_field = text_field
+
+    def process(self, items: list[Any], rng: np.random.Generator) -> list[Any]:
+        if all(isinstance(x, np.ndarray) for x in items):
+            return items
+        if self.tokenizer is None:
+            raise ValueError("tokenizer: expected a TextTokenizer for text items, got None")
+        return self.tokenizer.encode_batch([text_of(x, self.text_field) for x in items])

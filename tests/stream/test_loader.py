@@ -1,0 +1,178 @@
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlbuffers.stream import (
+    ShardSource,
+    StreamConfig,
+    StreamLoader,
+    StreamStateError,
+    TokenStoreWriter,
+    resolve_shards,
+)
+
+from .test_tokenize import reference
+
+PACK = StreamConfig(max_length=256, rows_per_batch=3, packing_window_sequences=40,
+                    shuffle_buffer_samples=25, tokenize_batch_texts=16, seed=7)
+PAD = StreamConfig(mode="pad", max_length=128, max_tokens=600, bucket_window_sequences=32,
+                   shuffle_buffer_samples=25, tokenize_batch_texts=16, overflow="truncate",
+                   pad_to_multiple_of=8, seed=7)
+
+
+def fingerprint(batch: dict) -> tuple:
+    return tuple(batch[k].tobytes() for k in ("input_ids", "labels", "position_ids",
+                                               "cu_seqlens")) + (batch["max_seqlen"],)
+
+
+def sequences_of(batch: dict) -> list[tuple[int, ...]]:
+    """The real sequences of a batch: segments cut at position_ids == 0, without the padding
+    segments (all [PAD] = 0, an id no text produces)."""
+    out = []
+    for ids, pos in zip(batch["input_ids"], batch["position_ids"], strict=True):
+        starts = np.flatnonzero(pos == 0).tolist() + [len(ids)]
+        for a, b in zip(starts[:-1], starts[1:], strict=True):
+            if (ids[a:b] != 0).any():
+                out.append(tuple(ids[a:b].tolist()))
+    return out
+
+
+def resumed(make, k: int, epochs_before: int = 0) -> list[tuple]:
+    """Take k batches (after some full epochs), save, JSON round trip, load into a new
+    loader, finish the epoch."""
+    loader = make()
+    for _ in range(epochs_before):
+        list(loader)
+    it = iter(loader)
+    head = [fingerprint(next(it)) for _ in range(k)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    again = make()
+    again.load_state_dict(state)
+    return head + [fingerprint(b) for b in again]
+
+
+def test_pack_resume_is_exact(shard_dir, tokenizer):
+    def make():
+        return StreamLoader.from_shards(shard_dir, tokenizer, PACK)
+    loader = make()
+    epoch0 = [fingerprint(b) for b in loader]
+    epoch1 = [fingerprint(b) for b in loader]
+    assert len(epoch0) > 10 and epoch0 != epoch1 and loader.epoch == 2
+    for k in (0, 1, 2, 9, len(epoch0) - 1, len(epoch0)):
+        assert resumed(make, k) == epoch0
+    assert resumed(make, 5, epochs_before=1) == epoch1
+
+
+def test_pack_places_every_token_once_per_epoch(shard_dir, tokenizer, tokenizer_json, texts):
+    loader = StreamLoader.from_shards(shard_dir, tokenizer, PACK)
+    for _ in range(2):
+        batches = list(loader)
+        got = Counter(s for b in batches for s in sequences_of(b))
+        assert got == Counter(tuple(r) for r in reference(tokenizer_json, texts))
+        for b in batches:
+            assert b["input_ids"].shape[1] <= PACK.max_length
+            assert b["stats"]["num_tokens"] == int((b["input_ids"] != 0).sum())
+
+
+def test_packing_efficiency_beats_padding(shard_dir, tokenizer):
+    packed = list(StreamLoader.from_shards(shard_dir, tokenizer, PACK))
+    eff = sum(b["stats"]["num_tokens"] for b in packed) / sum(b["input_ids"].size for b in packed)
+    assert eff > 0.9
+
+
+def test_pad_token_budget_and_resume(shard_dir, tokenizer, tokenizer_json, texts):
+    def make():
+        return StreamLoader.from_shards(shard_dir, tokenizer, PAD)
+    batches = list(make())
+    for b in batches:
+        B, T = b["input_ids"].shape
+        assert T % 8 == 0 and (B * T <= PAD.max_tokens or B == 1)
+        assert b["attention_mask"].sum() == b["stats"]["num_tokens"]
+    ref = reference(tokenizer_json, texts)
+    assert sum(b["stats"]["truncated_tokens"] for b in batches) == sum(
+        max(0, len(r) - 128) for r in ref)
+    full = [fingerprint(b) for b in batches]
+    for k in (0, 3, len(full) - 1):
+        assert resumed(make, k) == full
+
+
+def test_fixed_padding_pads_to_max_length(shard_dir, tokenizer):
+    cfg = StreamConfig(mode="pad", max_length=128, batch_size=4, fixed_padding=True,
+                       sort_by_length=False, overflow="truncate")
+    b = next(iter(StreamLoader.from_shards(shard_dir, tokenizer, cfg)))
+    assert b["input_ids"].shape == (4, 128)
+    assert b["stats"]["padding_fraction"] == 1 - b["stats"]["num_tokens"] / 512
+
+
+def test_workers_resume_is_exact(shard_dir, tokenizer, tokenizer_json, texts):
+    cfg = StreamConfig(**{**PACK.__dict__, "uneven_shards": "drop"})  # 21 shards, 2 workers
+
+    def make():
+        return StreamLoader.from_shards(shard_dir, tokenizer, cfg, num_workers=2)
+    batches = list(make())
+    seen = Counter(s for b in batches for s in sequences_of(b))
+    ref = Counter(tuple(r) for r in reference(tokenizer_json, texts))
+    assert max(seen.values()) == 1 and set(seen) <= set(ref)
+    assert len(seen) >= len(ref) - 20  # one dropped shard of at most 20 samples
+    full = [fingerprint(b) for b in batches]
+    for k in (3, 8):
+        assert resumed(make, k) == full
+
+
+def test_batches_per_epoch_cycles_and_ranks_match(shard_dir, tokenizer):
+    cfg = StreamConfig(**{**PACK.__dict__, "batches_per_epoch": 50, "uneven_shards": "drop"})
+    urls = resolve_shards(shard_dir)
+    ranks = [StreamLoader.from_shards(urls, tokenizer, cfg, rank=r, world_size=2)
+             for r in range(2)]
+    epochs = [[list(loader) for _ in range(2)] for loader in ranks]
+    assert all(len(e) == 50 for per_rank in epochs for e in per_rank)  # more than one pass
+    sources = [ShardSource(urls, seed=cfg.seed, slot=r, num_slots=2, uneven="drop")
+               for r in range(2)]
+    for p in range(3):  # every pass: ranks read disjoint shard sets of equal size
+        a, b = (set(src.shards_for_pass(p)) for src in sources)
+        assert a.isdisjoint(b) and len(a) == len(b) == len(urls) // 2
+
+    def make():
+        return StreamLoader.from_shards(urls, tokenizer, cfg, rank=1, world_size=2)
+    second_epoch = [fingerprint(b) for b in epochs[1][1]]
+    assert resumed(make, 20, epochs_before=1) == second_epoch
+    with pytest.raises(ValueError, match="batches_per_epoch"):
+        StreamLoader.from_shards(urls, tokenizer, PACK, rank=0, world_size=2)
+
+
+def test_state_from_another_config_is_rejected(shard_dir, tokenizer):
+    loader = StreamLoader.from_shards(shard_dir, tokenizer, PACK)
+    next(iter(loader))
+    state = loader.state_dict()
+    other = StreamLoader.from_shards(shard_dir, tokenizer, StreamConfig(max_length=512))
+    with pytest.raises(StreamStateError, match=r"config.max_length': expected 512.*got 256"):
+        other.load_state_dict(state)
+    with pytest.raises(StreamStateError, match="kind"):
+        other.load_state_dict({"kind": "shards"})
+
+
+def test_token_store_source_resumes(tmp_path: Path, tokenizer, texts):
+    with TokenStoreWriter(tmp_path / "ts", dtype="uint16") as w:
+        w.extend(tokenizer.encode_batch(texts))
+    from rlbuffers.stream import TokenStore
+
+    store = TokenStore(tmp_path / "ts")
+
+    def make():
+        return StreamLoader.from_sequence(store, None, PACK)
+    full = [fingerprint(b) for b in make()]
+    got = Counter(s for b in make() for s in sequences_of(b))
+    assert got == Counter(tuple(store[i].tolist()) for i in range(len(store)))
+    assert resumed(make, 7) == full
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="max_length"):
+        StreamConfig(max_length=0)
+    with pytest.raises(ValueError, match="batch_size or max_tokens"):
+        StreamConfig(mode="pad")
+    with pytest.raises(ValueError, match="overflow"):
+        StreamConfig(overflow="drop")

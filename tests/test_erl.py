@@ -1,0 +1,235 @@
+"""Tests of the ERL reference trainer (trainers/erl.py).
+
+The subprocess tests run the real script on a tiny budget (HalfCheetah-v5, 50-step episodes,
+3 actors, 16-unit networks: 200 env steps per generation). The SIGKILL test checks that a run
+killed during generation 3 resumes from generation 2 and then matches an uninterrupted run
+exactly: generation counter, fitness history and every transition in the buffer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rlbuffers import ReplayBuffer
+from trainers import erl
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--env", "HalfCheetah-v5", "--max-episode-steps", "50", "--pop-size", "3",
+        "--hidden", "16", "--learning-starts", "100", "--batch-size", "32", "--sync-every", "2"]
+STEPS_PER_GEN = 4 * 50  # 3 actors + the learner, one 50-step episode each
+# For the kill test: 800 TD3 updates make a generation last ~1 s (0.2 s without), so a kill
+# 0.3 s after generation 2's line lands inside generation 3 even on a fast machine.
+SLOW = [*TINY, "--updates-per-step", "4"]
+TIMEOUT_S = 120
+
+
+def trainer_cmd(run_dir: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "trainers.erl", "--run-dir", str(run_dir), *args]
+
+
+def run_trainer(run_dir: Path, *args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(trainer_cmd(run_dir, *args), cwd=cwd, capture_output=True, text=True,
+                          timeout=TIMEOUT_S, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def buffer_contents(run_dir: Path) -> tuple[dict, dict[str, np.ndarray]]:
+    with ReplayBuffer.open(run_dir / "buffer", mode="r") as buf:
+        info = {"size": len(buf), "total_added": buf.total_added, "metadata": buf.metadata}
+        return info, buf[:]
+
+
+def kill_during_generation(run_dir: Path, generation: int, *args: str) -> None:
+    """Start a run, wait for the line of generation - 1, then SIGKILL it while the next
+    generation is collecting rollouts and training."""
+    proc = subprocess.Popen(trainer_cmd(run_dir, *args), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith(f"gen {generation - 1:4d}/"):
+                break
+            assert time.monotonic() < deadline, "trainer too slow"
+        else:
+            pytest.fail(f"trainer exited before generation {generation - 1} completed")
+        time.sleep(0.3)  # into generation `generation`: rollouts are in the buffer, not saved
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert proc.stdout is not None
+        proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+
+
+def test_sigkill_during_generation_3_resumes_from_generation_2(tmp_path):
+    ref, run = tmp_path / "reference", tmp_path / "killed"
+    run_trainer(ref, *SLOW, "--generations", "4")
+
+    kill_during_generation(run, 3, *SLOW, "--generations", "4")
+    info, rows = buffer_contents(run)
+    assert info["metadata"]["trainer_generation"] == 2, "the kill must land before gen 3 commits"
+    assert info["size"] == info["total_added"] == 2 * STEPS_PER_GEN
+    _, ref_rows = buffer_contents(ref)
+    for name, col in rows.items():
+        np.testing.assert_array_equal(col, ref_rows[name][: 2 * STEPS_PER_GEN], err_msg=name)
+    # Also a kill that fell between writing ckpt/gen-3 and the buffer commit of generation 3,
+    # and one during the checkpoint write of generation 4: both must be ignored and removed.
+    (run / "ckpt" / "gen-3").mkdir()
+    (run / "ckpt" / "gen-3" / "state.pt").write_bytes(b"never committed")
+    (run / "ckpt" / "gen-4.tmp").mkdir()
+
+    out = run_trainer(run, "--resume", "--generations", "4").stdout
+    assert "resumed" in out and "at generation 2" in out
+    assert [line.split("/")[0] for line in out.splitlines() if line.startswith("gen ")] == \
+        ["gen    3", "gen    4"]
+
+    got, want = metrics(run), metrics(ref)
+    assert [m["generation"] for m in got] == [1, 2, 3, 4]
+    for key in ("env_steps", "fitness", "best_fitness", "learner_return", "td3_updates",
+                "buffer_size"):
+        assert [m[key] for m in got] == [m[key] for m in want], key
+    info, rows = buffer_contents(run)
+    assert info["metadata"] == {"trainer_generation": 4, "env_steps": 4 * STEPS_PER_GEN}
+    assert info["size"] == info["total_added"] == 4 * STEPS_PER_GEN
+    for name, col in rows.items():
+        np.testing.assert_array_equal(col, ref_rows[name], err_msg=name)
+    assert sorted(p.name for p in (run / "ckpt").iterdir()) == ["gen-3", "gen-4"]
+    state = torch.load(run / "ckpt" / "gen-4" / "state.pt", weights_only=True)
+    assert state["trainer"]["generation"] == 4
+    assert [h["fitness"] for h in state["history"]] == [m["fitness"] for m in want]
+
+
+def test_smoke_two_generations_write_every_artifact(tmp_path):
+    # as a user runs it: a --run-dir relative to the working directory
+    proc = run_trainer(Path("run"), *TINY, "--generations", "2",
+                       "--warn-below-available-mib", "100000000", cwd=tmp_path)
+    run = tmp_path / "run"
+    out = proc.stdout
+    assert "low memory" in proc.stderr  # the MemoryMonitor warning, through logging
+    assert out.startswith("start: rss ")
+    lines = [line for line in out.splitlines() if line.startswith("gen ")]
+    assert len(lines) == 2
+    for word in ("best", "mean", "learner", "steps", "buffer", "save", "rss", "peak"):
+        assert word in lines[-1]
+    rows = metrics(run)
+    assert [r["generation"] for r in rows] == [1, 2]
+    assert rows[-1]["env_steps"] == rows[-1]["buffer_size"] == 2 * STEPS_PER_GEN
+    assert rows[-1]["save_bytes"] > 0 and rows[-1]["peak_rss_bytes"] > 0
+    assert (run / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((run / "config.json").read_text())["pop_size"] == 3
+    best = torch.load(run / "ckpt" / "gen-2" / "best_actor.pt", weights_only=True)
+    actor = erl.Actor(17, 6, 16, -np.ones(6), np.ones(6))
+    actor.load_state_dict(best)
+    inspect = [sys.executable, "-m", "rlbuffers.cli", "inspect", "--json", "--verify"]
+    report = json.loads(subprocess.run([*inspect, str(run / "buffer")], cwd=REPO, text=True,
+                                       capture_output=True, timeout=TIMEOUT_S, check=True).stdout)
+    assert report["size"] == report["total_added"] == 2 * STEPS_PER_GEN
+    assert report["metadata"]["trainer_generation"] == 2
+    assert report["episodes"] == 2 * 4
+
+    refused = subprocess.run(trainer_cmd(run, *TINY), cwd=REPO, capture_output=True, text=True,
+                             timeout=TIMEOUT_S)
+    assert refused.returncode != 0 and "already holds a run" in refused.stderr
+    clash = subprocess.run(trainer_cmd(run, "--resume", "--pop-size", "5"), cwd=REPO,
+                           capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert clash.returncode != 0 and "pop_size" in clash.stderr
+
+
+def test_help_lists_every_config_field_with_its_docstring():
+    out = subprocess.run([sys.executable, "-m", "trainers.erl", "--help"], cwd=REPO,
+                         capture_output=True, text=True, timeout=TIMEOUT_S).stdout
+    docs = erl.field_docs(erl.Config)
+    assert set(docs) == {f for f in erl.Config.__dataclass_fields__}
+    for name in docs:
+        assert "--" + name.replace("_", "-") in out
+    assert "Actors in the evolving population" in out
+
+
+# -- evolution operators and bookkeeping, in process ------------------------------------------
+def small_actor(seed: int) -> erl.Actor:
+    torch.manual_seed(seed)
+    return erl.Actor(5, 2, 8, -np.ones(2), np.ones(2))
+
+
+def test_tournament_returns_the_fittest_entrant():
+    rng = np.random.default_rng(0)
+    fitness = np.array([3.0, 1.0, 2.0, 0.0])
+    assert erl.tournament(fitness, 4, rng) == 0
+    wins = [erl.tournament(fitness, 2, rng) for _ in range(200)]
+    assert 3 not in wins and wins.count(0) > wins.count(2) > wins.count(1)
+
+
+def test_crossover_takes_whole_units_from_either_parent():
+    a, b = small_actor(0), small_actor(1)
+    child = erl.crossover(a, b, np.random.default_rng(0))
+    for lc, la, lb in zip(child.net, a.net, b.net, strict=True):
+        if isinstance(lc, torch.nn.Linear):
+            from_a = (lc.weight == la.weight).all(1) & (lc.bias == la.bias)
+            from_b = (lc.weight == lb.weight).all(1) & (lc.bias == lb.bias)
+            assert (from_a ^ from_b).all()
+    assert any((lc.weight != la.weight).any() for lc, la in zip(child.net, a.net, strict=True)
+               if isinstance(lc, torch.nn.Linear))
+
+
+def test_mutation_perturbs_the_configured_fraction_of_weights():
+    cfg = erl.Config(mutation_frac=0.25, super_mutation_prob=0.0, reset_prob=0.0)
+    actor = small_actor(0)
+    before = [p.clone() for p in actor.parameters()]
+    erl.mutate(actor, cfg, np.random.default_rng(0))
+    for (name, p), q in zip(actor.named_parameters(), before, strict=True):
+        changed = (p != q).float().mean().item()
+        if name.endswith("weight") and p.ndim == 2:
+            assert 0.15 < changed <= 0.25, name
+        else:
+            assert changed == 0, name  # biases and LayerNorm stay
+
+
+def test_evolve_keeps_elites_and_replaces_the_rest():
+    cfg = erl.Config(pop_size=5, elite_fraction=0.2)
+    pop = [small_actor(i) for i in range(5)]
+    fitness = np.array([1.0, 5.0, 2.0, 3.0, 0.0])
+    new = erl.evolve(pop, fitness, cfg, np.random.default_rng(0))
+    assert len(new) == 5 and new[0] is pop[1]
+    assert all(all(child is not p for p in pop) for child in new[1:])
+
+
+def test_restore_metrics_drops_uncommitted_and_restores_lost_lines(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    logged = [{"generation": g, "save_bytes": 10 * g} for g in (1, 3, 4)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in logged) + '{"generation": 5, "sa')
+    history = [{"generation": g} for g in (1, 2, 3)]
+    erl.restore_metrics(path, history)
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [
+        {"generation": 1, "save_bytes": 10}, {"generation": 2}, {"generation": 3, "save_bytes": 30}]
+
+
+def test_prune_keeps_newest_committed_checkpoints(tmp_path):
+    for name in ("gen-1", "gen-2", "gen-3", "gen-4", "gen-5.tmp"):
+        (tmp_path / name).mkdir()
+    erl.prune_checkpoints(tmp_path, committed=3, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gen-2", "gen-3"]
+
+
+def test_write_checkpoint_replaces_a_stale_directory_atomically(tmp_path):
+    (tmp_path / "gen-2").mkdir()
+    (tmp_path / "gen-2" / "stale.pt").write_bytes(b"x")
+    final = erl.write_checkpoint(tmp_path, 2, {"state.pt": {"generation": 2}})
+    assert sorted(p.name for p in final.iterdir()) == ["state.pt"]
+    assert torch.load(final / "state.pt", weights_only=True) == {"generation": 2}
+    assert not (tmp_path / "gen-2.tmp").exists()

@@ -1,0 +1,1 @@
+"""Single-file reference trainers built on rlbuffers (run as ``python -m trainers.<name>``)."""
