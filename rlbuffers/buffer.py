@@ -37,13 +37,13 @@ from rlbuffers.samplers import (
     UniformSampler,
     sampler_from_state,
 )
-from rlbuffers.save_job import SaveJob
+from rlbuffers.save_job import SaveJob, chunk_runs, concat_rows, rows_nbytes
 from rlbuffers.spec import FieldSpec, check_batch, check_names, check_row
 from rlbuffers.storage.location import Location
 from rlbuffers.storage.manifest import FORMAT_VERSION, MANIFEST, read_manifest, write_manifest
 from rlbuffers.storage.persistent import PersistentTier
 from rlbuffers.storage.reader import ChunkReader
-from rlbuffers.storage.working import WorkingTier
+from rlbuffers.storage.working import FixedColumn, WorkingTier
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +99,6 @@ def _check_create_args(capacity: int, fields: Mapping[str, FieldSpec]) -> None:
                 f"field {name!r}: episode-end flags must be FieldSpec((), 'bool'), "
                 f"got {spec.describe()}"
             )
-
-
-def _nbytes(rows: Any) -> int:
-    return int(rows.nbytes) if isinstance(rows, np.ndarray) else sum(int(r.nbytes) for r in rows)
 
 
 class ReplayBuffer:
@@ -300,10 +296,10 @@ class ReplayBuffer:
                 buffer_id=self._buffer_id,
             )
             state = self._working.state
-            same = state.get("buffer_id") == self._buffer_id
             rebuild = (
                 set(state.get("dirty_chunks", []))
-                if same and state.get("generation") in (gen, gen - 1)
+                if self._working.trusted(self._buffer_id)
+                and state.get("generation") in (gen, gen - 1)
                 else all_chunks
             )
         except (OSError, ValueError):
@@ -537,16 +533,18 @@ class ReplayBuffer:
         ids, pr = ids[live], pr[live]
         if len(ids) == 0:
             return 0
-        slots = ids % self.capacity
+        n = len(ids)
+        slots, last = np.unique((ids % self.capacity)[::-1], return_index=True)
+        pr = pr[::-1][last]  # a slot given twice keeps its last priority
         raw = self.sampler.update(slots, pr, self._context())
         assert self._working is not None
         chunks = set(np.unique(slots // self.chunk_transitions).tolist())
         col = self._working.columns[PRIORITY]
+        assert isinstance(col, FixedColumn)
         with self._lock:
             self._touch([PRIORITY], chunks)
-            for s, v in zip(slots.tolist(), raw.tolist(), strict=True):
-                col.write(s, np.array([v]))
-        return len(ids)
+            col.scatter(slots, raw)
+        return n
 
     def _touch(self, names: list[str], chunks: set[int]) -> None:
         """Before writing ``chunks`` of ``names`` (lock held): copy aside what a running save
@@ -569,8 +567,9 @@ class ReplayBuffer:
         """Commit every change since the last commit.
 
         Writes only the chunks changed since the last commit (``full=True`` rewrites every
-        filled chunk), one chunk at a time, so extra memory is a few chunks whatever the buffer
-        size; then commits by renaming the manifest into place. The commit holds the buffer as
+        filled chunk), in runs of consecutive chunks of at most ~32 MiB raw
+        (``save_job.SAVE_RUN_BYTES``), so extra memory is bounded whatever the buffer size;
+        then commits by renaming the manifest into place. The commit holds the buffer as
         it was when ``save`` was called. On any error before the commit the previous commit
         stays intact and the changes stay pending for the next save.
 
@@ -645,11 +644,11 @@ class ReplayBuffer:
         try:
             tier.drop_staging()
             for name, cs in job.todo.items():
-                for c in cs:
-                    data = job.take(name, c, self._read_chunk)
-                    nbytes += tier.stage_chunk(gen, name, c, data)
-                    raw += _nbytes(data)
-                    chunks += 1
+                for first, run in chunk_runs(cs, lambda c, n=name: job.take(n, c,
+                                                                             self._read_chunk)):
+                    nbytes += tier.stage_chunks(gen, name, first, concat_rows(run))
+                    raw += sum(rows_nbytes(d) for d in run)
+                    chunks += len(run)
             tier.seal(gen)
             manifest = {**read_manifest(self._loc), **job.state, "committed_at": time.time()}
             write_manifest(self._loc, manifest)

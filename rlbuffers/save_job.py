@@ -11,9 +11,11 @@ while the save runs (usually the one or two at the ring cursor), never the buffe
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 #: Reads the rows of chunk ``c`` of column ``name`` from the working tier.
 ChunkReader = Callable[[str, int], Any]
@@ -54,3 +56,42 @@ class SaveJob:
         with self.lock:
             self.pending.clear()
             self.snapshots.clear()
+
+
+def rows_nbytes(rows: Any) -> int:
+    """Raw bytes of a chunk's rows: ``[n, *shape]`` array or list of arrays (ragged)."""
+    return int(rows.nbytes) if isinstance(rows, np.ndarray) else sum(int(r.nbytes) for r in rows)
+
+
+#: Raw bytes of consecutive chunks handed to Zarr in one write during a save: Zarr encodes
+#: them concurrently, and this bounds the extra memory of a save (a run, its concatenation
+#: and its encoded chunks).
+SAVE_RUN_BYTES = 32 * 2**20
+
+
+def chunk_runs(
+    chunks: list[int], read: Callable[[int], Any]
+) -> Iterator[tuple[int, list[Any]]]:
+    """Read sorted ``chunks`` one by one and yield ``(first chunk, [rows of each chunk])`` for
+    runs of consecutive chunks of at most ~``SAVE_RUN_BYTES`` raw bytes."""
+    run: list[Any] = []
+    first = size = 0
+    for c in chunks:
+        if run and (c != first + len(run) or size >= SAVE_RUN_BYTES):
+            yield first, run
+            run, size = [], 0
+        if not run:
+            first = c
+        run.append(read(c))
+        size += rows_nbytes(run[-1])
+    if run:
+        yield first, run
+
+
+def concat_rows(run: list[Any]) -> Any:
+    """Rows of a run of chunks as one ``[n, *shape]`` array (or one list, ragged)."""
+    if len(run) == 1:
+        return run[0]
+    if isinstance(run[0], list):
+        return [row for rows in run for row in rows]
+    return np.concatenate(run)

@@ -29,7 +29,8 @@ class SegmentTree:
             self.tree[i] = self.op(self.tree[2 * i], self.tree[2 * i + 1])
             if i[0] == 1:
                 break
-            i = np.unique(i >> 1)
+            i >>= 1  # still sorted: drop repeats without np.unique's sort
+            i = i[np.concatenate(([True], i[1:] != i[:-1]))]
 
     def rebuild(self, leaves: np.ndarray) -> None:
         """Set all leaves at once (float64[capacity]) in O(n)."""

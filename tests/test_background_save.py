@@ -14,13 +14,13 @@ from tests.conftest import assert_rows_are, make_batch
 @pytest.fixture
 def slow_stage(monkeypatch):
     """Make every chunk write take 20 ms so the save is still running while we add."""
-    real = PersistentTier.stage_chunk
+    real = PersistentTier.stage_chunks
 
-    def slow(self, *a, **k):
-        time.sleep(0.02)
-        return real(self, *a, **k)
+    def slow(self, generation, name, c, data):
+        time.sleep(0.02 * -(-len(data) // self.chunk))
+        return real(self, generation, name, c, data)
 
-    monkeypatch.setattr(PersistentTier, "stage_chunk", slow)
+    monkeypatch.setattr(PersistentTier, "stage_chunks", slow)
 
 
 def test_commit_is_the_snapshot_at_save_time(tmp_path, fields, slow_stage):
@@ -93,13 +93,13 @@ def test_failed_background_save_keeps_changes_pending(tmp_path, fields, monkeypa
     def broken(self, *a, **k):
         raise OSError(28, "No space left on device")
 
-    real = PersistentTier.stage_chunk
-    monkeypatch.setattr(PersistentTier, "stage_chunk", broken)
+    real = PersistentTier.stage_chunks
+    monkeypatch.setattr(PersistentTier, "stage_chunks", broken)
     fut = buf.save(background=True)
     with pytest.raises(OSError, match="No space left"):
         fut.result()
     assert buf.generation == 0
-    monkeypatch.setattr(PersistentTier, "stage_chunk", real)
+    monkeypatch.setattr(PersistentTier, "stage_chunks", real)
     assert buf.save().generation == 1
     buf.close()
     with ReplayBuffer.open(tmp_path / "b") as b:

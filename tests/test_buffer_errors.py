@@ -125,7 +125,7 @@ def test_read_only_refuses_writes(buf):
 def test_failed_save_keeps_last_commit_and_retries(buf, monkeypatch):
     buf.save()
     buf.extend(make_batch(6, 6))  # wraps: overwrites committed slots 0..1
-    real = PersistentTier.stage_chunk
+    real = PersistentTier.stage_chunks
     calls = {"n": 0}
 
     def flaky(self, *a, **k):
@@ -134,7 +134,7 @@ def test_failed_save_keeps_last_commit_and_retries(buf, monkeypatch):
             raise OSError(28, "No space left on device")
         return real(self, *a, **k)
 
-    monkeypatch.setattr(PersistentTier, "stage_chunk", flaky)
+    monkeypatch.setattr(PersistentTier, "stage_chunks", flaky)
     with pytest.raises(OSError, match="No space left"):
         buf.save()
     assert not (buf.path / ".staging").exists() or not any((buf.path / ".staging").iterdir())

@@ -1,5 +1,6 @@
-"""Memory tools: process RSS, available memory, and a low-memory monitor."""
+"""Memory tools: process RSS, available memory, the memory limit, and a low-memory monitor."""
 
+from rlbuffers.memory.limits import cgroup_limit_bytes, memory_limit_bytes
 from rlbuffers.memory.monitor import (
     MemoryMonitor,
     MemorySnapshot,
@@ -14,6 +15,8 @@ __all__ = [
     "MemorySnapshot",
     "available_bytes",
     "cgroup_available_bytes",
+    "cgroup_limit_bytes",
+    "memory_limit_bytes",
     "peak_rss_bytes",
     "rss_bytes",
 ]

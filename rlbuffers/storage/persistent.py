@@ -49,6 +49,7 @@ class PersistentTier:
     ) -> None:
         self.loc, self.specs, self.chunk, self.capacity = loc, specs, chunk, capacity
         self._arrays: dict[str, zarr.Array] = {}
+        self._staged: dict[str, zarr.Array] = {}  # staging arrays of the save in progress
         #: generation of the manifest the reader trusts: its staged chunks win over older ones
         #: while a writer is still moving them into place (see :meth:`apply`).
         self.generation: int | None = None
@@ -106,26 +107,32 @@ class PersistentTier:
     def staging_dir(self, generation: int) -> str:
         return f"{STAGING}/g{generation}"
 
-    def stage_chunk(self, generation: int, name: str, c: int, data: Any) -> int:
-        """Encode chunk ``c`` of ``name`` into the staging area of ``generation``.
+    def stage_chunks(self, generation: int, name: str, c: int, data: Any) -> int:
+        """Encode a run of consecutive chunks of ``name``, starting at chunk ``c``, into the
+        staging area of ``generation``. Zarr encodes the chunks of one run concurrently (the
+        Blosc and crc32c codecs release the GIL), so callers bound a run's size, not its count.
 
         Args:
-            data: the chunk's rows, ``[n, *shape]`` (fixed) or a list of n arrays (ragged).
+            data: the rows of chunks ``c, c+1, ...``, ``[n, *shape]`` (fixed) or a list of n
+                arrays (ragged); every chunk but the last of the run must be whole.
 
         Returns:
-            bytes written (compressed, including the checksum).
+            bytes written (compressed, including the checksums).
         """
         dst = f"{self.staging_dir(generation)}/{name}"
-        if not self.loc.exists(f"{dst}/zarr.json"):
-            self.loc.copy(f"{name}/zarr.json", f"{dst}/zarr.json")
-        stage = self._open(dst, mode="r+")
+        stage = self._staged.get(dst)
+        if stage is None:
+            if not self.loc.exists(f"{dst}/zarr.json"):
+                self.loc.copy(f"{name}/zarr.json", f"{dst}/zarr.json")
+            stage = self._staged[dst] = self._open(dst, mode="r+")
         a = c * self.chunk
         if self.specs[name].ragged:
             blob = np.empty(len(data), dtype=object)
             blob[:] = [np.ascontiguousarray(v).tobytes() for v in data]
             data = blob
         stage[a : a + len(data)] = data
-        return self.loc.size(f"{dst}/{self.chunk_key(name, c)}")
+        last = c + -(-len(data) // self.chunk)
+        return sum(self.loc.size(f"{dst}/{self.chunk_key(name, k)}") for k in range(c, last))
 
     def seal(self, generation: int) -> None:
         """Make everything staged for ``generation`` durable (called before the commit)."""
@@ -152,6 +159,7 @@ class PersistentTier:
 
     def drop_staging(self) -> None:
         """Remove every staging directory (uncommitted or already applied saves)."""
+        self._staged.clear()
         for d in self.loc.listdir(STAGING):
             log.info("removing staging directory %s/%s/%s", self.loc, STAGING, d)
             self.loc.remove_tree(f"{STAGING}/{d}")

@@ -11,24 +11,46 @@ Layout of the working directory:
 - ``<field>.ragged/{start,length}.npy`` (int64[capacity]: byte offset and row count of each
   slot) plus ``c<chunk>.bin`` (the values of the slots of one chunk, appended) for ragged
   fields;
-- ``state.json``: the commit generation this tier mirrors and the chunks changed since.
+- ``state.json``: the commit generation this tier mirrors, the chunks changed since, and the
+  boot it was written in (a tier from an earlier boot is rebuilt, so saves need not fsync it).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import mmap
 import os
 import shutil
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from rlbuffers.memory.limits import memory_limit_bytes
 from rlbuffers.spec import FieldSpec
 from rlbuffers.storage.manifest import write_json_atomic
 
+log = logging.getLogger(__name__)
+
 STATE = "state.json"
+
+
+def current_boot_id() -> str:
+    """The kernel's id of this boot (Linux), or ``""`` where there is none."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+#: The working tier is a cache of the persistent tier. Within one boot, data written with
+#: ``pwrite`` sits in the page cache and survives a killed process, so ``state.json`` may vouch
+#: for it without an fsync; a tier last written in another boot (after a power loss or an OS
+#: crash the page cache is gone) is not trusted and is rebuilt from the persistent tier.
+BOOT_ID = current_boot_id()
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
@@ -46,6 +68,23 @@ def _pread_into(fd: int, out: np.ndarray, offset: int) -> None:
         view, offset = view[n:], offset + n
 
 
+#: Rows smaller than this keep the memory map even in ``random_reads`` mode: a syscall per
+#: row costs more than the page they share, and small columns stay in page cache anyway.
+PREAD_MIN_ROW_BYTES = 4096
+#: Threads that read rows in ``random_reads`` mode (``pread`` releases the GIL).
+READ_THREADS = 8
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _read_pool() -> ThreadPoolExecutor:
+    """The reader threads of this process (a forked child, e.g. a DataLoader worker, gets its
+    own: the parent's threads do not exist there)."""
+    global _POOL
+    if _POOL is None or _POOL[0] != os.getpid():
+        _POOL = (os.getpid(), ThreadPoolExecutor(READ_THREADS, thread_name_prefix="rlbuffers-read"))
+    return _POOL[1]
+
+
 class FixedColumn:
     """One fixed-shape field: a ``.npy`` file ``[capacity, *shape]``."""
 
@@ -60,6 +99,8 @@ class FixedColumn:
         self.view = view
         self.offset = int(view.offset)
         self.fd = os.open(path, os.O_RDWR)
+        self._random_reads = False
+        self._writable: np.memmap | None = None  # opened by the first scatter
 
     def write(self, slot: int, rows: np.ndarray) -> None:
         """Write ``rows[n, *shape]`` into slots ``[slot, slot + n)`` (no wrap)."""
@@ -67,8 +108,46 @@ class FixedColumn:
         _pwrite_all(self.fd, memoryview(data).cast("B"), self.offset + slot * self.spec.item_bytes)
 
     def gather(self, slots: np.ndarray) -> np.ndarray:
-        """Rows at ``slots`` (int64[N]) as a new array ``[N, *shape]``."""
+        """Rows at ``slots`` (int64[N]) as a new array ``[N, *shape]``: numpy indexing of the
+        memory map, or, with :attr:`random_reads`, one ``pread`` per row."""
+        if self.random_reads:
+            return self._gather_pread(np.asarray(slots, dtype=np.int64))
         return self.view[slots]
+
+    @property
+    def random_reads(self) -> bool:
+        """Gather with ``pread`` (set when the working tier does not fit in memory): page
+        faults on a map read ahead far more than a row, and under memory pressure that
+        readahead evicts the rows just read; ``pread`` reads exactly the row, and the reads
+        run in parallel threads so the disk sees several requests at once."""
+        return self._random_reads
+
+    @random_reads.setter
+    def random_reads(self, on: bool) -> None:
+        self._random_reads = bool(on) and self.spec.item_bytes >= PREAD_MIN_ROW_BYTES
+
+    def _gather_pread(self, slots: np.ndarray) -> np.ndarray:
+        out = np.empty((len(slots), *self.spec.shape), dtype=self.spec.dtype)
+        rows = out.reshape(len(slots), -1).view(np.uint8)
+        order = np.argsort(slots, kind="stable")  # ascending offsets: friendlier to the disk
+        offsets = (self.offset + slots[order] * self.spec.item_bytes).tolist()
+        jobs = list(zip(order.tolist(), offsets, strict=True))
+
+        def read(part: list[tuple[int, int]]) -> None:
+            for j, off in part:
+                _pread_into(self.fd, rows[j], off)
+
+        step = -(-len(jobs) // READ_THREADS)
+        for _ in _read_pool().map(read, [jobs[i : i + step] for i in range(0, len(jobs), step)]):
+            pass
+        return out
+
+    def scatter(self, slots: np.ndarray, rows: np.ndarray) -> None:
+        """Write ``rows[N, *shape]`` into ``slots`` (int64[N], no duplicates) through a
+        writable map: one numpy assignment instead of a syscall per row (priority updates)."""
+        if self._writable is None:
+            self._writable = np.lib.format.open_memmap(self.path, mode="r+")
+        self._writable[slots] = rows
 
     def read_range(self, start: int, stop: int) -> np.ndarray:
         """Rows ``[start, stop)`` read with ``preadv`` (bounded RSS: no mapping is touched)."""
@@ -84,7 +163,7 @@ class FixedColumn:
 
     def close(self) -> None:
         os.close(self.fd)
-        self.view = None  # type: ignore[assignment]
+        self.view = self._writable = None  # type: ignore[assignment]
 
 
 class RaggedColumn:
@@ -104,6 +183,7 @@ class RaggedColumn:
         self.start = np.lib.format.open_memmap(path / "start.npy", mode="r+")
         self.length = np.lib.format.open_memmap(path / "length.npy", mode="r+")
         self._fds: dict[int, int] = {}
+        self._maps: dict[int, mmap.mmap] = {}  # read-only maps of the values files (gather)
 
     def _fd(self, c: int) -> int:
         fd = self._fds.get(c)
@@ -146,16 +226,33 @@ class RaggedColumn:
         self.reset_chunk(c)
         self.write(a, rows)
 
+    def _values(self, c: int, end: int) -> mmap.mmap:
+        """A read-only map of chunk ``c``'s values file covering bytes ``[0, end)``; remapped
+        when the file has grown past the cached map."""
+        m = self._maps.get(c)
+        if m is None or len(m) < end:
+            m = self._maps[c] = mmap.mmap(self._fd(c), 0, prot=mmap.PROT_READ)
+        return m
+
     def gather(self, slots: np.ndarray) -> list[np.ndarray]:
-        """Values of ``slots`` (int64[N]) as a list of N arrays ``[len_i, *row]``."""
-        out = []
-        for s in np.asarray(slots).ravel():
-            n = int(self.length[s])
-            arr = np.empty((n, *self.spec.row_shape), dtype=self.spec.dtype)
-            if n:
-                _pread_into(self._fd(int(s) // self.chunk), arr, int(self.start[s]))
-            out.append(arr)
-        return out
+        """Values of ``slots`` (int64[N]) as a list of N arrays ``[len_i, *row]``: views into
+        one new flat array (copied out of the memory-mapped values files)."""
+        slots = np.asarray(slots, dtype=np.int64).ravel()
+        item = self.spec.item_bytes
+        lengths = np.asarray(self.length[slots])
+        nbytes = lengths * item
+        starts = np.asarray(self.start[slots])
+        bounds = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+        flat = np.empty((bounds[-1], *self.spec.row_shape), dtype=self.spec.dtype)
+        dst = memoryview(flat.reshape(-1).view(np.uint8))
+        chunks = (slots // self.chunk).tolist()
+        ends = (starts + nbytes).tolist()
+        pos = 0
+        for c, a, b in zip(chunks, starts.tolist(), ends, strict=True):
+            if b > a:
+                dst[pos : pos + b - a] = self._values(c, b)[a:b]
+                pos += b - a
+        return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
     def read_range(self, start: int, stop: int) -> list[np.ndarray]:
         """Values of slots ``[start, stop)``."""
@@ -163,6 +260,7 @@ class RaggedColumn:
 
     def reset_chunk(self, chunk: int) -> None:
         """Empty the values file of ``chunk`` (before it is rebuilt)."""
+        self._maps.pop(chunk, None)  # a map past the end of a truncated file raises SIGBUS
         os.ftruncate(self._fd(chunk), 0)
         a, b = self._live_range(chunk)
         self.start[a:b] = 0
@@ -175,6 +273,7 @@ class RaggedColumn:
             os.fsync(fd)
 
     def close(self) -> None:
+        self._maps.clear()
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
@@ -182,6 +281,11 @@ class RaggedColumn:
 
 
 Column = FixedColumn | RaggedColumn
+
+
+#: A working tier larger than this share of the memory the process may use (RAM or cgroup
+#: limit) does not fit in page cache: its large rows are then gathered with ``pread``.
+RANDOM_READS_FRACTION = 0.5
 
 
 class WorkingTier:
@@ -213,6 +317,16 @@ class WorkingTier:
                 col = FixedColumn(path / f"{name}.npy", spec, capacity, create=create)
             self.columns[name] = col
         self.state: dict[str, Any] = self.read_state() if not create else {}
+        self.nbytes = sum(spec.item_bytes for spec in specs.values()
+                          if not spec.ragged) * capacity
+        limit = memory_limit_bytes()
+        if self.nbytes > RANDOM_READS_FRACTION * limit:
+            log.info("working tier %s: %.2f GB > %.0f%% of the %.2f GB this process may use; "
+                     "sampling reads large rows with pread", path, self.nbytes / 1e9,
+                     100 * RANDOM_READS_FRACTION, limit / 1e9)
+            for col in self.columns.values():
+                if isinstance(col, FixedColumn):
+                    col.random_reads = True
 
     def read_state(self) -> dict[str, Any]:
         """``{"buffer_id", "generation", "dirty_chunks"}``, or ``{}`` if missing or unreadable."""
@@ -227,6 +341,7 @@ class WorkingTier:
         """Record (durably, before any data write) which chunks may differ from ``generation``."""
         self.state = {
             "buffer_id": self.buffer_id,
+            "boot_id": BOOT_ID,
             "generation": generation,
             "dirty_chunks": sorted(set(dirty_chunks)),
         }
@@ -240,8 +355,17 @@ class WorkingTier:
             self.write_state(generation, known | new)
 
     def flush(self) -> None:
+        """Make the data as durable as ``state.json`` claims: a no-op where the boot id is
+        known (see :data:`BOOT_ID`), else an fsync of every column."""
+        if BOOT_ID:
+            return
         for col in self.columns.values():
             col.flush()
+
+    def trusted(self, buffer_id: str) -> bool:
+        """Whether ``state.json`` speaks for this tier: same buffer, written in this boot."""
+        return (self.state.get("buffer_id") == buffer_id
+                and self.state.get("boot_id", "") == BOOT_ID)
 
     def close(self) -> None:
         for col in self.columns.values():

@@ -416,6 +416,18 @@ def _rate(fn: Callable[[], Any], calls: int = 200, budget_s: float = 5.0) -> flo
     return k / (time.perf_counter() - t)
 
 
+def _warm(fn: Callable[[], Any], n: int, budget_s: float = 20.0) -> None:
+    """Draw about ``n`` rows (``n / B`` calls, at most ``budget_s``) before timing, the same
+    for every system: a buffer that was just loaded from a memory map (TorchRL, rlbuffers)
+    pays a page fault on the first touch of each page, while in-RAM copies were faulted in by
+    the load. Training samples millions of times; the figure of interest is the steady rate."""
+    t = time.perf_counter()
+    for _ in range(-(-n // B)):
+        fn()
+        if time.perf_counter() - t > budget_s:
+            break
+
+
 def _reseed_globals(seed: int) -> None:
     """What a fresh process looks like to libraries that draw from global RNGs."""
     np.random.seed(seed)
@@ -458,6 +470,7 @@ def cycle(sys_: System, wl: Workload, runs: int) -> dict[str, Any]:
     r["open_s"] = time.perf_counter() - t
     r["open_rss"] = _rss() - base
     r["rng_survives"] = bool(np.array_equal(expected, sys_.uniform_rewards()))
+    _warm(sys_.sample, wl.n)
     r["uniform_per_s"] = statistics.median(_rate(sys_.sample) for _ in range(runs))
     sys_.drop()
     gc.collect()
@@ -474,6 +487,7 @@ def prioritized(sys_: System, wl: Workload, runs: int) -> dict[str, Any]:
         sys_.add(b)
     low = np.arange(wl.n) < wl.n // 2
     sys_.set_priorities(low, wl.n)
+    _warm(sys_.prio_rewards, wl.n)
     rate = statistics.median(_rate(sys_.prio_rewards) for _ in range(runs))
     path = sys_.save(0)
     sys_.drop()
@@ -599,7 +613,8 @@ def main() -> None:
         f"{stamp()} `python -m tools.bench.bench_peers` in the venv of "
         f"`tools/bench/peers_env.py` ({versions}); total {time.perf_counter() - t0:,.0f} s. "
         "Each system runs cycles of fill, full save, +2% transitions and save again, drop, "
-        f"open/load, uniform `sample(256)`: medians of up to {args.runs} cycles (fewer where a "
+        "open/load, uniform `sample(256)` (after a warm-up of ~n/256 calls for every "
+        f"system): medians of up to {args.runs} cycles (fewer where a "
         f"system's cycles passed {args.budget_s:.0f} s; the first column says how many). Peers "
         "have no incremental save, so their '+2%' save rewrites everything. Peak extra RSS is "
         "sampled every 2 ms during the save; 'anon' excludes file-backed pages (page cache "
