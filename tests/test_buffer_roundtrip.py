@@ -56,12 +56,16 @@ def test_save_open_exact(tmp_path, fields, codec):
         assert_rows_are(again[:], np.arange(4, 16))
 
 
+def _committed(path, fields, n: int) -> None:
+    """A closed buffer (capacity 12, chunks of 5) whose last commit holds ids ``0 .. n-1``."""
+    with ReplayBuffer.create(path, capacity=12, fields=fields, chunk_transitions=5) as buf:
+        buf.extend(make_batch(0, n))
+        buf.save()
+
+
 def test_rebuild_from_persistent_tier_alone(tmp_path, fields):
     path = tmp_path / "b"
-    buf = ReplayBuffer.create(path, capacity=12, fields=fields, chunk_transitions=5)
-    buf.extend(make_batch(0, 17))
-    buf.save()
-    buf.close()
+    _committed(path, fields, 17)
     shutil.rmtree(path / ".working")
     moved = tmp_path / "moved"
     shutil.copytree(path, moved)  # a buffer copied elsewhere (no working tier) opens too
@@ -74,15 +78,10 @@ def test_working_tier_of_another_boot_is_rebuilt(tmp_path, fields):
     # Saves do not fsync the working tier: after an OS crash its pages may be stale, so a tier
     # whose state.json was written in another boot is rebuilt from the persistent tier.
     path = tmp_path / "b"
-    buf = ReplayBuffer.create(path, capacity=12, fields=fields, chunk_transitions=5)
-    buf.extend(make_batch(0, 12))
-    buf.save()
-    buf.close()
+    _committed(path, fields, 12)
     work = path / ".working"
     np.lib.format.open_memmap(work / "action.npy", mode="r+")[:] = -1  # lost pages
-    state = json.loads((work / "state.json").read_text())
-    (work / "state.json").write_text(json.dumps(state))  # same boot: trusted as it is
-    with ReplayBuffer.open(path) as b:
+    with ReplayBuffer.open(path) as b:  # same boot: the tier is trusted as it is
         assert (b[:]["action"] == -1).all()
     state = json.loads((work / "state.json").read_text())
     assert state["boot_id"]
