@@ -37,7 +37,7 @@ from rlbuffers.samplers import (
     UniformSampler,
     sampler_from_state,
 )
-from rlbuffers.save_job import SaveJob, chunk_runs, concat_rows, rows_nbytes
+from rlbuffers.save_job import SaveJob, concat_rows, rows_nbytes
 from rlbuffers.spec import FieldSpec, check_batch, check_names, check_row
 from rlbuffers.storage.location import Location
 from rlbuffers.storage.manifest import FORMAT_VERSION, MANIFEST, read_manifest, write_manifest
@@ -431,7 +431,7 @@ class ReplayBuffer:
                     else [data[i : i + slots.shape[1]] for i in range(0, len(data), slots.shape[1])]
                 )
             else:
-                out[name] = data.reshape(*slots.shape, *spec.shape)
+                out[name] = data.reshape(*slots.shape, *spec.row_shape)
         return out
 
     def sample(self, batch_size: int, *, rng: np.random.Generator | None = None) -> dict[str, Any]:
@@ -643,9 +643,8 @@ class ReplayBuffer:
         chunks = nbytes = raw = 0
         try:
             tier.drop_staging()
-            for name, cs in job.todo.items():
-                for first, run in chunk_runs(cs, lambda c, n=name: job.take(n, c,
-                                                                             self._read_chunk)):
+            for name in job.todo:
+                for first, run in job.runs(name, self._read_chunk):
                     nbytes += tier.stage_chunks(gen, name, first, concat_rows(run))
                     raw += sum(rows_nbytes(d) for d in run)
                     chunks += len(run)

@@ -17,6 +17,11 @@ from typing import Any
 
 import numpy as np
 
+#: Raw bytes of consecutive chunks handed to Zarr in one write during a save: Zarr encodes
+#: them concurrently, and this bounds the extra memory of a save (a run, its concatenation
+#: and its encoded chunks).
+SAVE_RUN_BYTES = 32 * 2**20
+
 #: Reads the rows of chunk ``c`` of column ``name`` from the working tier.
 ChunkReader = Callable[[str, int], Any]
 
@@ -51,6 +56,23 @@ class SaveJob:
             snap = self.snapshots.pop((name, c), None)
             return read(name, c) if snap is None else snap
 
+    def runs(self, name: str, read: ChunkReader) -> Iterator[tuple[int, list[Any]]]:
+        """Take the chunks of column ``name`` one by one (as :meth:`take`) and yield
+        ``(first chunk, [rows of each chunk])`` for runs of consecutive chunks of at most
+        ~``SAVE_RUN_BYTES`` raw bytes."""
+        run: list[Any] = []
+        first = size = 0
+        for c in self.todo[name]:
+            if run and (c != first + len(run) or size >= SAVE_RUN_BYTES):
+                yield first, run
+                run, size = [], 0
+            if not run:
+                first = c
+            run.append(self.take(name, c, read))
+            size += rows_nbytes(run[-1])
+        if run:
+            yield first, run
+
     def abandon(self) -> None:
         """Forget pending reads and snapshots (after a failure)."""
         with self.lock:
@@ -61,31 +83,6 @@ class SaveJob:
 def rows_nbytes(rows: Any) -> int:
     """Raw bytes of a chunk's rows: ``[n, *shape]`` array or list of arrays (ragged)."""
     return int(rows.nbytes) if isinstance(rows, np.ndarray) else sum(int(r.nbytes) for r in rows)
-
-
-#: Raw bytes of consecutive chunks handed to Zarr in one write during a save: Zarr encodes
-#: them concurrently, and this bounds the extra memory of a save (a run, its concatenation
-#: and its encoded chunks).
-SAVE_RUN_BYTES = 32 * 2**20
-
-
-def chunk_runs(
-    chunks: list[int], read: Callable[[int], Any]
-) -> Iterator[tuple[int, list[Any]]]:
-    """Read sorted ``chunks`` one by one and yield ``(first chunk, [rows of each chunk])`` for
-    runs of consecutive chunks of at most ~``SAVE_RUN_BYTES`` raw bytes."""
-    run: list[Any] = []
-    first = size = 0
-    for c in chunks:
-        if run and (c != first + len(run) or size >= SAVE_RUN_BYTES):
-            yield first, run
-            run, size = [], 0
-        if not run:
-            first = c
-        run.append(read(c))
-        size += rows_nbytes(run[-1])
-    if run:
-        yield first, run
 
 
 def concat_rows(run: list[Any]) -> Any:

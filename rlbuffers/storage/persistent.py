@@ -76,8 +76,8 @@ class PersistentTier:
             with _quiet():
                 group.create_array(
                     name,
-                    shape=(capacity,) if spec.ragged else (capacity, *spec.shape),
-                    chunks=(chunk,) if spec.ragged else (chunk, *spec.shape),
+                    shape=(capacity,) if spec.ragged else (capacity, *spec.row_shape),
+                    chunks=(chunk,) if spec.ragged else (chunk, *spec.row_shape),
                     dtype=zarr.dtype.VariableLengthBytes() if spec.ragged else spec.dtype,
                     compressors=zarr_compressors(codecs[name], spec.dtype.itemsize),
                     fill_value=b"" if spec.ragged else 0,

@@ -42,7 +42,7 @@ class ChunkReader:
         slots = np.asarray(slots, dtype=np.int64).ravel()
         if spec.ragged:
             return [self._chunk(name, int(s) // k)[int(s) % k] for s in slots]
-        out = np.empty((len(slots), *spec.shape), dtype=spec.dtype)
+        out = np.empty((len(slots), *spec.row_shape), dtype=spec.dtype)
         for c in np.unique(slots // k):
             sel = slots // k == c
             out[sel] = self._chunk(name, int(c))[slots[sel] % k]

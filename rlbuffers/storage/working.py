@@ -90,7 +90,7 @@ class FixedColumn:
 
     def __init__(self, path: Path, spec: FieldSpec, capacity: int, *, create: bool) -> None:
         self.path, self.spec, self.capacity = path, spec, capacity
-        shape = (capacity, *spec.shape)
+        shape = (capacity, *spec.row_shape)
         if create:
             np.lib.format.open_memmap(path, mode="w+", dtype=spec.dtype, shape=shape).flush()
         view = np.lib.format.open_memmap(path, mode="r")
@@ -127,7 +127,7 @@ class FixedColumn:
         self._random_reads = bool(on) and self.spec.item_bytes >= PREAD_MIN_ROW_BYTES
 
     def _gather_pread(self, slots: np.ndarray) -> np.ndarray:
-        out = np.empty((len(slots), *self.spec.shape), dtype=self.spec.dtype)
+        out = np.empty((len(slots), *self.spec.row_shape), dtype=self.spec.dtype)
         rows = out.reshape(len(slots), -1).view(np.uint8)
         order = np.argsort(slots, kind="stable")  # ascending offsets: friendlier to the disk
         offsets = (self.offset + slots[order] * self.spec.item_bytes).tolist()
@@ -151,7 +151,7 @@ class FixedColumn:
 
     def read_range(self, start: int, stop: int) -> np.ndarray:
         """Rows ``[start, stop)`` read with ``preadv`` (bounded RSS: no mapping is touched)."""
-        out = np.empty((stop - start, *self.spec.shape), dtype=self.spec.dtype)
+        out = np.empty((stop - start, *self.spec.row_shape), dtype=self.spec.dtype)
         _pread_into(self.fd, out, self.offset + start * self.spec.item_bytes)
         return out
 
