@@ -37,7 +37,7 @@ from rlbuffers.samplers import (
     UniformSampler,
     sampler_from_state,
 )
-from rlbuffers.save_job import SaveJob, concat_rows, rows_nbytes
+from rlbuffers.save_job import SAVE_RUN_BYTES, SaveJob, rows_nbytes
 from rlbuffers.spec import FieldSpec, check_batch, check_names, check_row
 from rlbuffers.storage.location import Location
 from rlbuffers.storage.manifest import FORMAT_VERSION, MANIFEST, read_manifest, write_manifest
@@ -551,7 +551,7 @@ class ReplayBuffer:
         still needs, record the chunks as changed in ``state.json`` and the dirty sets."""
         assert self._working is not None
         if self._job is not None:
-            self._job.protect(names, chunks, self._read_chunk)
+            self._job.protect(names, chunks, self._read_chunks)
         self._working.mark_dirty(self.generation, chunks)
         for name in names:
             self._dirty[name] |= chunks
@@ -627,14 +627,14 @@ class ReplayBuffer:
             sampler=self.sampler.state_dict(),
             rng=self._rng.bit_generator.state,
         )
-        self._job = SaveJob(self.generation + 1, todo, state, self._lock)
+        self._job = SaveJob(self.generation + 1, todo, state, self._lock, self.chunk_transitions)
         return self._job
 
-    def _read_chunk(self, name: str, c: int) -> Any:
+    def _read_chunks(self, name: str, first: int, count: int) -> Any:
         assert self._working is not None
-        a = c * self.chunk_transitions
-        return self._working.columns[name].read_range(a, min(a + self.chunk_transitions,
-                                                              self.capacity))
+        a = first * self.chunk_transitions
+        b = min(a + count * self.chunk_transitions, self.capacity)
+        return self._working.columns[name].read_range(a, b)
 
     def _run_job(self, job: SaveJob) -> SaveReport:
         assert self._working is not None
@@ -644,10 +644,12 @@ class ReplayBuffer:
         try:
             tier.drop_staging()
             for name in job.todo:
-                for first, run in job.runs(name, self._read_chunk):
-                    nbytes += tier.stage_chunks(gen, name, first, concat_rows(run))
-                    raw += sum(rows_nbytes(d) for d in run)
-                    chunks += len(run)
+                chunk_bytes = self.chunk_transitions * self._specs[name].estimate_bytes()
+                for first, count in job.runs(name, max(1, SAVE_RUN_BYTES // chunk_bytes)):
+                    data = job.take(name, first, count, self._read_chunks)
+                    nbytes += tier.stage_chunks(gen, name, first, data)
+                    raw += rows_nbytes(data)
+                    chunks += count
             tier.seal(gen)
             manifest = {**read_manifest(self._loc), **job.state, "committed_at": time.time()}
             write_manifest(self._loc, manifest)

@@ -17,23 +17,26 @@ from typing import Any
 
 import numpy as np
 
-#: Raw bytes of consecutive chunks handed to Zarr in one write during a save: Zarr encodes
-#: them concurrently, and this bounds the extra memory of a save (a run, its concatenation
-#: and its encoded chunks).
+#: Raw bytes of consecutive chunks read and handed to Zarr in one write during a save: Zarr
+#: encodes them concurrently, and this bounds the extra memory of a save (a run and its
+#: encoded chunks).
 SAVE_RUN_BYTES = 32 * 2**20
 
-#: Reads the rows of chunk ``c`` of column ``name`` from the working tier.
-ChunkReader = Callable[[str, int], Any]
+#: Reads the rows of chunks ``[first, first + count)`` of column ``name`` from the working
+#: tier: ``[n, *shape]`` (fixed) or a list of n arrays (ragged).
+ChunkReader = Callable[[str, int, int], Any]
 
 
 @dataclass
 class SaveJob:
-    """What one save writes. ``todo``: column -> chunk indices; ``state``: manifest fields."""
+    """What one save writes. ``todo``: column -> sorted chunk indices; ``state``: manifest
+    fields; ``chunk_rows``: transitions per chunk."""
 
     generation: int
     todo: dict[str, list[int]]
     state: dict[str, Any]
     lock: threading.Lock
+    chunk_rows: int
     pending: set[tuple[str, int]] = field(default_factory=set)
     snapshots: dict[tuple[str, int], Any] = field(default_factory=dict)
 
@@ -47,31 +50,33 @@ class SaveJob:
             for c in chunks:
                 key = (name, c)
                 if key in self.pending and key not in self.snapshots:
-                    self.snapshots[key] = read(name, c)
+                    self.snapshots[key] = read(name, c, 1)
 
-    def take(self, name: str, c: int, read: ChunkReader) -> Any:
-        """The rows of chunk ``c`` as of the snapshot (takes ``lock``)."""
+    def runs(self, name: str, max_chunks: int) -> Iterator[tuple[int, int]]:
+        """``(first chunk, count)`` for the runs of consecutive chunks of column ``name`` that
+        this save writes, in order, each of at most ``max_chunks`` chunks."""
+        todo = self.todo[name]
+        i = 0
+        while i < len(todo):
+            n = 1
+            while n < max_chunks and i + n < len(todo) and todo[i + n] == todo[i] + n:
+                n += 1
+            yield todo[i], n
+            i += n
+
+    def take(self, name: str, first: int, count: int, read: ChunkReader) -> Any:
+        """The rows of chunks ``[first, first + count)`` as of the snapshot (takes ``lock``):
+        one read of the whole range, with the chunks copied aside by :meth:`protect` laid
+        over it."""
         with self.lock:
-            self.pending.discard((name, c))
-            snap = self.snapshots.pop((name, c), None)
-            return read(name, c) if snap is None else snap
-
-    def runs(self, name: str, read: ChunkReader) -> Iterator[tuple[int, list[Any]]]:
-        """Take the chunks of column ``name`` one by one (as :meth:`take`) and yield
-        ``(first chunk, [rows of each chunk])`` for runs of consecutive chunks of at most
-        ~``SAVE_RUN_BYTES`` raw bytes."""
-        run: list[Any] = []
-        first = size = 0
-        for c in self.todo[name]:
-            if run and (c != first + len(run) or size >= SAVE_RUN_BYTES):
-                yield first, run
-                run, size = [], 0
-            if not run:
-                first = c
-            run.append(self.take(name, c, read))
-            size += rows_nbytes(run[-1])
-        if run:
-            yield first, run
+            rows = read(name, first, count)
+            for c in range(first, first + count):
+                self.pending.discard((name, c))
+                snap = self.snapshots.pop((name, c), None)
+                if snap is not None:
+                    a = (c - first) * self.chunk_rows
+                    rows[a : a + len(snap)] = snap
+            return rows
 
     def abandon(self) -> None:
         """Forget pending reads and snapshots (after a failure)."""
@@ -83,12 +88,3 @@ class SaveJob:
 def rows_nbytes(rows: Any) -> int:
     """Raw bytes of a chunk's rows: ``[n, *shape]`` array or list of arrays (ragged)."""
     return int(rows.nbytes) if isinstance(rows, np.ndarray) else sum(int(r.nbytes) for r in rows)
-
-
-def concat_rows(run: list[Any]) -> Any:
-    """Rows of a run of chunks as one ``[n, *shape]`` array (or one list, ragged)."""
-    if len(run) == 1:
-        return run[0]
-    if isinstance(run[0], list):
-        return [row for rows in run for row in rows]
-    return np.concatenate(run)

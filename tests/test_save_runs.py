@@ -1,4 +1,4 @@
-"""Property tests of how a save groups chunks into runs (SaveJob.runs)."""
+"""Property tests of how a save groups its chunks into runs and reads them (SaveJob)."""
 
 import threading
 
@@ -6,37 +6,52 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlbuffers import save_job
-from rlbuffers.save_job import SaveJob, concat_rows
+from rlbuffers.save_job import SaveJob
 
-CHUNK_ROWS = 4
-
-
-def _rows(name: str, c: int) -> np.ndarray:
-    return np.full((CHUNK_ROWS, 3), c, dtype=np.int64)  # 96 bytes per chunk
+K = 4  # rows per chunk
 
 
-@given(chunks=st.sets(st.integers(0, 60), max_size=40), budget=st.integers(1, 500))
-def test_runs_cover_every_chunk_once_in_consecutive_bounded_runs(chunks, budget):
+def _read(name: str, first: int, count: int) -> np.ndarray:
+    """Row r of the column holds r (chunk c holds rows c*K .. c*K+K-1)."""
+    return np.arange(first * K, (first + count) * K, dtype=np.int64)
+
+
+@given(chunks=st.sets(st.integers(0, 60), max_size=40), max_chunks=st.integers(1, 9))
+def test_runs_are_consecutive_bounded_and_cover_every_chunk_once(chunks, max_chunks):
     todo = sorted(chunks)
-    job = SaveJob(1, {"x": todo}, {}, threading.Lock())
-    old, save_job.SAVE_RUN_BYTES = save_job.SAVE_RUN_BYTES, budget
-    try:
-        runs = list(job.runs("x", _rows))
-    finally:
-        save_job.SAVE_RUN_BYTES = old
-    seen = []
-    for first, run in runs:
-        ids = [int(rows[0, 0]) for rows in run]
-        assert ids == list(range(first, first + len(run)))  # consecutive, starting at first
-        assert (len(run) - 1) * 96 < budget or len(run) == 1  # closes once it reaches the budget
-        merged = concat_rows(run)
-        assert merged.shape == (CHUNK_ROWS * len(run), 3)
-        seen += ids
+    job = SaveJob(1, {"x": todo}, {}, threading.Lock(), K)
+    seen: list[int] = []
+    runs = list(job.runs("x", max_chunks))
+    for first, count in runs:
+        assert 1 <= count <= max_chunks
+        seen += range(first, first + count)
     assert seen == todo
-    assert not job.pending  # every chunk was taken
+    for (a, n), (b, _) in zip(runs, runs[1:]):  # a run stops early only at a gap or the cap
+        assert n == max_chunks or b != a + n
 
 
-def test_concat_rows_of_ragged_chunks_keeps_order():
-    run = [[np.arange(2), np.arange(3)], [np.arange(1)]]
-    assert [len(r) for r in concat_rows(run)] == [2, 3, 1]
+@given(chunks=st.sets(st.integers(0, 20), min_size=1, max_size=15),
+       overwritten=st.sets(st.integers(0, 20)), max_chunks=st.integers(1, 5))
+def test_take_reads_runs_and_lays_snapshots_over_them(chunks, overwritten, max_chunks):
+    todo = sorted(chunks)
+    job = SaveJob(1, {"x": todo}, {}, threading.Lock(), K)
+    job.protect(["x"], overwritten, lambda n, c, k: -_read(n, c, k))  # copied-aside contents
+    for first, count in job.runs("x", max_chunks):
+        rows = job.take("x", first, count, _read)
+        assert len(rows) == count * K
+        for c in range(first, first + count):
+            got = rows[(c - first) * K : (c - first + 1) * K]
+            want = -_read("x", c, 1) if c in overwritten else _read("x", c, 1)
+            np.testing.assert_array_equal(got, want)
+    assert not job.pending and not job.snapshots  # every chunk taken, every snapshot used
+
+
+def test_snapshots_overlay_ragged_rows():
+    job = SaveJob(1, {"t": [0, 1]}, {}, threading.Lock(), 2)
+
+    def read(name, first, count):
+        return [np.arange(i + 1) for i in range(first * 2, (first + count) * 2)]
+
+    job.protect(["t"], [1], lambda n, c, k: [np.zeros(7), np.zeros(8)])
+    rows = job.take("t", 0, 2, read)
+    assert [len(r) for r in rows] == [1, 2, 7, 8]
