@@ -26,8 +26,8 @@ def test_runs_are_consecutive_bounded_and_cover_every_chunk_once(chunks, max_chu
         assert 1 <= count <= max_chunks
         seen += range(first, first + count)
     assert seen == todo
-    for (a, n), (b, _) in zip(runs, runs[1:]):  # a run stops early only at a gap or the cap
-        assert n == max_chunks or b != a + n
+    for (a, n), (b, _) in zip(runs[:-1], runs[1:], strict=True):
+        assert n == max_chunks or b != a + n  # a run stops early only at a gap or the cap
 
 
 @given(chunks=st.sets(st.integers(0, 20), min_size=1, max_size=15),
