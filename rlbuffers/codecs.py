@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
+from zarr.codecs import BloscCname, BloscCodec, BloscShuffle, Crc32cCodec, ZstdCodec
 
 #: Codec names accepted by ``ReplayBuffer.create(codec=...)``.
 CODECS = ("blosc-zstd", "blosc-lz4", "zstd", "none")
@@ -37,6 +37,6 @@ def zarr_compressors(name: str, itemsize: int, clevel: int = 3) -> list[Any]:
         return [crc]
     if name == "zstd":
         return [ZstdCodec(level=clevel), crc]
-    cname = name.split("-", 1)[1]
-    shuffle = "shuffle" if itemsize > 1 else "noshuffle"
+    cname = BloscCname(name.split("-", 1)[1])
+    shuffle = BloscShuffle.shuffle if itemsize > 1 else BloscShuffle.noshuffle
     return [BloscCodec(cname=cname, clevel=clevel, shuffle=shuffle, typesize=max(itemsize, 1)), crc]

@@ -88,7 +88,7 @@ def _numpy_globals() -> dict[tuple[str, str], Any]:
     for pkg in ("numpy.core", "numpy._core"):
         table[(f"{pkg}.multiarray", "_reconstruct")] = multiarray._reconstruct
         table[(f"{pkg}.multiarray", "scalar")] = multiarray.scalar
-        table[(f"{pkg}.numeric", "_frombuffer")] = numeric._frombuffer
+        table[(f"{pkg}.numeric", "_frombuffer")] = numeric._frombuffer  # type: ignore[attr-defined]
     for name in ("__generator_ctor", "__bit_generator_ctor", "__randomstate_ctor"):
         if hasattr(rpickle, name):
             table[("numpy.random._pickle", name)] = getattr(rpickle, name)
@@ -107,6 +107,11 @@ _PLAIN[("_codecs", "encode")] = codecs.encode  # bytes in protocol-2 pickles
 
 class _Unpickler(pickle._Unpickler):  # the pure-Python unpickler: its opcodes can be overridden
     dispatch = dict(pickle._Unpickler.dispatch)
+    # Set by the pure-Python unpickler's __init__ / load; declared here for type checkers.
+    read: Callable[[int], bytes]
+    readinto: Callable[[bytearray], int]
+    append: Callable[[Any], None]
+    _unframer: Any
 
     def __init__(self, file: IO[bytes], path: Path | None) -> None:
         super().__init__(file)
@@ -131,8 +136,8 @@ class _Unpickler(pickle._Unpickler):  # the pure-Python unpickler: its opcodes c
         def build(buf: Any, dtype: Any, shape: Any, order: str = "C") -> np.ndarray:
             if isinstance(buf, _Extent):
                 self.mapped_bytes += buf.nbytes
-                return np.memmap(self._path, dtype=dtype, mode="r", offset=buf.offset,
-                                 shape=tuple(shape), order=order)  # type: ignore[arg-type]
+                return np.memmap(self._path, dtype=dtype, mode="r",  # type: ignore[call-overload]
+                                 offset=buf.offset, shape=tuple(shape), order=order)
             return frombuffer(buf, dtype, shape, order)
 
         return build
@@ -150,7 +155,7 @@ class _Unpickler(pickle._Unpickler):  # the pure-Python unpickler: its opcodes c
         self._src.seek(n, os.SEEK_CUR)
         self.append(_Extent(offset, n))
 
-    dispatch[pickle.BYTEARRAY8[0]] = load_bytearray8
+    dispatch[pickle.BYTEARRAY8[0]] = load_bytearray8  # type: ignore[assignment]
 
 
 # -- reading an SB3 buffer ---------------------------------------------------------------------

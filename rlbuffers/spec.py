@@ -132,7 +132,7 @@ def check_batch(name: str, spec: FieldSpec, value: Any, batch_size: int | None) 
                 f"field {name!r}: ragged field expects a sequence of arrays, got "
                 f"one array of shape {value.shape}"
             )
-        rows = [check_row(name, spec, v) for v in value]
+        rows: list[np.ndarray] | np.ndarray = [check_row(name, spec, v) for v in value]
         n = len(rows)
     else:
         arr = _cast(name, spec, value)

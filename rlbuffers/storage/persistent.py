@@ -17,7 +17,7 @@ import logging
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zarr
@@ -27,10 +27,14 @@ from rlbuffers.errors import CorruptChunkError
 from rlbuffers.spec import FieldSpec
 from rlbuffers.storage.location import Location
 
+if TYPE_CHECKING:
+    from zarr.core.array_spec import ArrayConfigParams
+
 log = logging.getLogger(__name__)
 
 STAGING = ".staging"
-_CONFIG = {"write_empty_chunks": True}  # a chunk of zeros must still replace an older chunk
+#: A chunk of zeros must still replace an older chunk.
+_CONFIG: ArrayConfigParams = {"write_empty_chunks": True}
 
 
 @contextmanager
@@ -182,7 +186,8 @@ class PersistentTier:
             raise CorruptChunkError(name, c, f"{type(e).__name__}: {e}") from e
         spec = self.specs[name]
         if spec.ragged:
-            return [np.frombuffer(v, dtype=spec.dtype).reshape(-1, *spec.row_shape) for v in data]
+            return [np.frombuffer(v, dtype=spec.dtype).reshape(-1, *spec.row_shape)
+                    for v in np.asarray(data, dtype=object)]
         return data
 
     def _source(self, name: str, c: int) -> tuple[zarr.Array, str | None]:
