@@ -52,6 +52,7 @@ class RowBatch(WindowStage):
     """Groups ``rows_per_batch`` packed :class:`Row` s into one batch with ``collate_fn``."""
 
     kind = "row_batch"
+    needs_rng = False
 
     def __init__(self, upstream: Stage, rows_per_batch: int,
                  collate_fn: Callable[[list[list[np.ndarray]], int], dict[str, Any]]) -> None:

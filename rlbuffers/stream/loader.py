@@ -22,10 +22,14 @@ from rlbuffers.stream.errors import StreamStateError
 from rlbuffers.stream.padding import AttentionKind, collate
 from rlbuffers.stream.shards import resolve_shards
 from rlbuffers.stream.sources import IndexSource, ShardSource
-from rlbuffers.stream.stages import BlockShuffle, Stage
+from rlbuffers.stream.stages import BlockShuffle, Stage, WindowStage
 from rlbuffers.stream.tokenize import TextTokenizer, Tokenize
 
 logger = logging.getLogger(__name__)
+
+
+SPEED_ONLY_FIELDS = ("read_ahead_tokenize_batches", "read_ahead_batch_windows")
+"""Config fields that change speed, never the batches: left out of the state's fingerprint."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,13 @@ class StreamConfig:
     """Shuffle the shard (or item) order every epoch."""
     tokenize_batch_texts: int = 256
     """Texts per tokenizer batch call."""
+    read_ahead_tokenize_batches: int = 4
+    """Tokenizer batches read from the source, shuffled and JSON-decoded ahead of the
+    tokenizer by a background thread (the Rust tokenizer releases the GIL, so reading and
+    encoding overlap); ``0``: no thread. Speed only: batches and states are identical."""
+    read_ahead_batch_windows: int = 1
+    """Packing (or bucketing) windows tokenized ahead of packing and collation by a second
+    background thread; ``0``: no thread. Speed only, like ``read_ahead_tokenize_batches``."""
     text_field: str = "text"
     """The JSON field holding the text of ``json`` samples."""
     overflow: Literal["split", "truncate"] = "split"
@@ -78,11 +89,9 @@ class StreamConfig:
     """Unreadable shard: raise, or log and skip the rest of the shard."""
 
     def __post_init__(self) -> None:
-        positive = ["max_length", "rows_per_batch", "bucket_window_sequences",
-                    "packing_window_sequences", "tokenize_batch_texts"]
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"StreamConfig.{name}: expected >= 1, got {getattr(self, name)}")
+        self._check_at_least(1, ["max_length", "rows_per_batch", "bucket_window_sequences",
+                                 "packing_window_sequences", "tokenize_batch_texts"])
+        self._check_at_least(0, SPEED_ONLY_FIELDS)
         for name in ("batch_size", "max_tokens", "pad_to_multiple_of", "batches_per_epoch"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -97,6 +106,12 @@ class StreamConfig:
         if self.uneven_shards not in ("wrap", "drop"):
             raise ValueError(f"StreamConfig.uneven_shards: expected 'wrap' or 'drop', "
                              f"got {self.uneven_shards!r}")
+
+    def _check_at_least(self, low: int, names: Sequence[str]) -> None:
+        for name in names:
+            if getattr(self, name) < low:
+                raise ValueError(f"StreamConfig.{name}: expected >= {low}, "
+                                 f"got {getattr(self, name)}")
 
     @property
     def attention_kind(self) -> AttentionKind:
@@ -120,20 +135,26 @@ def build_pipeline(source: Stage, tokenizer: TextTokenizer | None, cfg: StreamCo
     stage: Stage = source
     if cfg.shuffle_buffer_samples > 1:
         stage = BlockShuffle(stage, cfg.shuffle_buffer_samples, seed=cfg.seed, epoch=epoch)
-    stage = Tokenize(stage, tokenizer, text_field=cfg.text_field,
-                     tokenize_batch_texts=cfg.tokenize_batch_texts)
+    tokenize = Tokenize(stage, tokenizer, text_field=cfg.text_field,
+                        tokenize_batch_texts=cfg.tokenize_batch_texts)
+    tokenize.read_ahead_windows = cfg.read_ahead_tokenize_batches
     collate_fn = functools.partial(_collate, cfg)
+    batcher: WindowStage
     if cfg.mode == "pack":
-        stage = Pack(stage, max_length=cfg.max_length,
-                     packing_window_sequences=cfg.packing_window_sequences,
-                     overflow=cfg.overflow, seed=cfg.seed, epoch=epoch)
-        return RowBatch(stage, cfg.rows_per_batch, collate_fn)
-    return PadBatch(stage, max_length=cfg.max_length,
-                    bucket_window_sequences=cfg.bucket_window_sequences,
-                    batch_size=cfg.batch_size, max_tokens=cfg.max_tokens,
-                    sort_by_length=cfg.sort_by_length, overflow=cfg.overflow,
-                    pad_to_multiple_of=cfg.pad_to_multiple_of, collate_fn=collate_fn,
-                    seed=cfg.seed, epoch=epoch)
+        batcher = Pack(tokenize, max_length=cfg.max_length,
+                       packing_window_sequences=cfg.packing_window_sequences,
+                       overflow=cfg.overflow, seed=cfg.seed, epoch=epoch)
+    else:
+        batcher = PadBatch(tokenize, max_length=cfg.max_length,
+                           bucket_window_sequences=cfg.bucket_window_sequences,
+                           batch_size=cfg.batch_size, max_tokens=cfg.max_tokens,
+                           sort_by_length=cfg.sort_by_length, overflow=cfg.overflow,
+                           pad_to_multiple_of=cfg.pad_to_multiple_of, collate_fn=collate_fn,
+                           seed=cfg.seed, epoch=epoch)
+    batcher.read_ahead_windows = cfg.read_ahead_batch_windows
+    if cfg.mode == "pack":
+        return RowBatch(batcher, cfg.rows_per_batch, collate_fn)
+    return batcher
 
 
 @dataclass(frozen=True)
@@ -289,8 +310,10 @@ class StreamLoader:
 
     # -- state -------------------------------------------------------------------------
     def _fingerprint(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self.config), "rank": self.rank,
-                "world_size": self.world_size, "num_workers": self.num_workers}
+        config = {k: v for k, v in dataclasses.asdict(self.config).items()
+                  if k not in SPEED_ONLY_FIELDS}
+        return {**config, "rank": self.rank, "world_size": self.world_size,
+                "num_workers": self.num_workers}
 
     def state_dict(self) -> dict[str, Any]:
         """Plain data: epoch, batches yielded in it, per-slot pipeline states (source cursor:

@@ -228,23 +228,50 @@ def open_shard(url: str) -> BinaryIO:
         raise ShardError(f"shard {url!r}: cannot open ({exn})") from exn
 
 
+def _manifest_count(url: str) -> int | None:
+    """Samples that ``shards.json`` beside a local shard says it holds (None if unknown)."""
+    if "://" in url or url.startswith("pipe:"):
+        return None
+    path = Path(url)
+    try:
+        manifest = json.loads((path.parent / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    for shard in manifest.get("shards", []):
+        if shard.get("name") == path.name:
+            return int(shard["samples"])
+    return None
+
+
 def iter_shard(url: str, *, skip_samples: int = 0) -> Iterator[dict[str, Any]]:
     """The samples of the shard at ``url`` in stored order, after skipping ``skip_samples``
     (skipped samples are still read: tar streams do not seek).
 
+    ``tarfile`` reads a tar stream that ends early, or whose later header is damaged, as if
+    the archive ended there; so for a local shard listed in a ``shards.json`` beside it (as
+    :func:`write_shards` leaves), the number of samples read is checked against the manifest.
+
     Raises:
-        ShardError: the shard cannot be opened or is not a readable tar (URL named).
+        ShardError: the shard cannot be opened, is not a readable tar, or holds fewer or more
+            samples than its manifest says (URL named).
     """
+    expected = _manifest_count(url)
     stream = open_shard(url)
+    read = skip_samples
     try:
         members = ({**m, "__url__": url} for m in tar_file_iterator(stream))
-        yield from itertools.islice(group_by_keys(members), skip_samples, None)
+        for sample in itertools.islice(group_by_keys(members), skip_samples, None):
+            read += 1
+            yield sample
     except ShardError:
         raise
     except Exception as exn:  # tarfile / decoding errors of any kind: name the shard
         raise ShardError(f"shard {url!r}: cannot read ({type(exn).__name__}: {exn})") from exn
     finally:
         stream.close()
+    if expected is not None and read != expected:
+        raise ShardError(f"shard {url!r}: {MANIFEST_NAME} lists {expected} samples, read "
+                         f"{read} (truncated or corrupt)")
 
 
 def read_manifest(out_dir: str | os.PathLike[str]) -> dict[str, Any]:

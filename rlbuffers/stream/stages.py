@@ -57,6 +57,7 @@ def stage_rng(seed: int, salt: int, epoch: int, window: int) -> np.random.Genera
     return np.random.default_rng([seed, salt, epoch, window])
 
 
+_NO_RNG = np.random.default_rng(0)  # given to stages with needs_rng = False, which ignore it
 _END, _ITEM, _ERROR = 0, 1, 2
 
 
@@ -86,15 +87,19 @@ class _Producer(threading.Thread):
             self.put((_END, None))
         except BaseException as exn:  # forwarded to the consumer, never swallowed
             self.put((_ERROR, exn))
+        finally:
+            close = getattr(self.items, "close", None)
+            if close is not None:
+                close()  # here, so that nested read-ahead threads stop before this one ends
 
 
 def prefetch(items: Iterator[Any], depth: int) -> Iterator[Any]:
     """Iterate ``items`` in a background thread, at most ``depth`` ahead (a bounded queue).
 
     Exceptions from ``items`` are re-raised here; closing this generator stops and joins the
-    thread (after the item it is producing), so the upstream objects are never used by two
-    threads at once. Useful where the producer releases the GIL (tokenizers' Rust batch
-    encode) or waits on I/O.
+    thread (after the item it is producing; the thread closes ``items`` itself), so the
+    upstream objects are never used by two threads at once. Useful where the consumer releases
+    the GIL (tokenizers' Rust batch encode) or the producer waits on I/O.
     """
     producer = _Producer(items, depth)
     producer.start()
@@ -134,10 +139,19 @@ class WindowStage(Stage):
     :meth:`process` (a pure function of the items, the epoch and the window index) and emits
     them. The state is ``{window, emitted, upstream: <upstream state at window start>}``.
 
-    Memory: at most ``window_items`` inputs plus their outputs.
+    Read-ahead: with ``read_ahead_windows = k > 0`` a background thread reads the upstream
+    items of up to ``k`` windows ahead, runs :meth:`prepare` on them and records the upstream
+    state at each window's end, while this stage's consumer runs :meth:`process` (e.g. the
+    tokenizer, which releases the GIL). The outputs and states are the same as without it: a
+    state only ever names windows the consumer has processed.
+
+    Memory: at most ``window_items`` inputs plus their outputs (``1 + k`` windows of inputs
+    with read-ahead).
     """
 
     kind = "window"
+    needs_rng = True
+    """False: :meth:`process` ignores its ``rng`` (seeding a generator per window is skipped)."""
 
     def __init__(self, upstream: Stage, window_items: int, *, seed: int = 0, epoch: int = 0,
                  salt: int = 0) -> None:
@@ -151,7 +165,12 @@ class WindowStage(Stage):
         self._window = 0
         self._emitted = 0
         self._start: dict[str, Any] | None = None  # None: wherever upstream is now
-        self.prefetch_windows = 0
+        self.read_ahead_windows = 0
+
+    def prepare(self, items: list[Any]) -> list[Any]:
+        """Per-item work on one window's inputs that needs no RNG (runs in the read-ahead
+        thread when there is one); the result is what :meth:`process` gets."""
+        return items
 
     @abstractmethod
     def process(self, items: list[Any], rng: np.random.Generator) -> list[Any]:
@@ -167,30 +186,35 @@ class WindowStage(Stage):
         else:
             self.upstream.load_state_dict(self._start)
         skip = self._emitted
-        windows = self._windows(iter(self.upstream), self._window)
-        if self.prefetch_windows:
-            windows = prefetch(windows, self.prefetch_windows)
-        for outputs, end in windows:
-            if skip >= len(outputs):
-                self._next_window(end)
-            for i in range(skip, len(outputs)):
-                if i == len(outputs) - 1:
-                    self._next_window(end)
-                else:
-                    self._emitted = i + 1
-                yield self.emit(outputs[i])
+        emit = self.emit
+        for outputs, end in self._windows(iter(self.upstream), self._window):
+            last = len(outputs) - 1
+            for i in range(skip, last):
+                self._emitted = i + 1
+                yield emit(outputs[i])
+            self._next_window(end)  # before the last output: its receiver is past the window
+            if skip <= last:
+                yield emit(outputs[last])
             skip = 0
 
     def _windows(self, source: Iterator[Any], window: int
                  ) -> Iterator[tuple[list[Any], dict[str, Any]]]:
         """(outputs, upstream state at the window end) per window, from ``window`` on."""
+        inputs = self._inputs(source)
+        if self.read_ahead_windows:
+            inputs = prefetch(inputs, self.read_ahead_windows)
+        for items, end in inputs:
+            rng = stage_rng(self.seed, self.salt, self.epoch, window) if self.needs_rng else _NO_RNG
+            yield self.process(items, rng), end
+            window += 1
+
+    def _inputs(self, source: Iterator[Any]) -> Iterator[tuple[list[Any], dict[str, Any]]]:
+        """(prepared items, upstream state at the window end) per window."""
         while True:
             items = list(itertools.islice(source, self.window_items))
             if not items:
                 return
-            outputs = self.process(items, stage_rng(self.seed, self.salt, self.epoch, window))
-            yield outputs, self.upstream.state_dict()
-            window += 1
+            yield self.prepare(items), self.upstream.state_dict()
 
     def _next_window(self, end: dict[str, Any]) -> None:
         self._window += 1

@@ -93,7 +93,9 @@ class TextTokenizer:
         tok = self.tokenizer
         encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
         encs = encode(texts, add_special_tokens=self.add_special_tokens)
-        eos = [] if self.eos_token_id is None else [self.eos_token_id]
+        if self.eos_token_id is None:
+            return [np.array(e.ids, dtype=np.int32) for e in encs]
+        eos = [self.eos_token_id]
         return [np.array(e.ids + eos, dtype=np.int32) for e in encs]
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
@@ -150,6 +152,7 @@ class Tokenize(WindowStage):
     """
 
     kind = "tokenize"
+    needs_rng = False
 
     def __init__(self, upstream: Stage, tokenizer: TextTokenizer | None, *,
                  text_field: str = "text", tokenize_batch_texts: int = 256) -> None:
@@ -157,9 +160,17 @@ class Tokenize(WindowStage):
         self.tokenizer = tokenizer
         self.text_field = text_field
 
-    def process(self, items: list[Any], rng: np.random.Generator) -> list[Any]:
+    def prepare(self, items: list[Any]) -> list[Any]:
+        """The texts of a window (JSON decoded here, in the read-ahead thread if any), or the
+        items unchanged when they all are token arrays."""
         if all(isinstance(x, np.ndarray) for x in items):
+            return items
+        field = self.text_field
+        return [x if isinstance(x, str) else text_of(x, field) for x in items]
+
+    def process(self, items: list[Any], rng: np.random.Generator) -> list[Any]:
+        if not items or not isinstance(items[0], str):
             return items
         if self.tokenizer is None:
             raise ValueError("tokenizer: expected a TextTokenizer for text items, got None")
-        return self.tokenizer.encode_batch([text_of(x, self.text_field) for x in items])
+        return self.tokenizer.encode_batch(items)

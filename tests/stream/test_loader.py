@@ -176,3 +176,55 @@ def test_config_validation():
         StreamConfig(mode="pad")
     with pytest.raises(ValueError, match="overflow"):
         StreamConfig(overflow="drop")
+    with pytest.raises(ValueError, match="read_ahead_tokenize_batches"):
+        StreamConfig(read_ahead_tokenize_batches=-1)
+
+
+SERIAL = {"read_ahead_tokenize_batches": 0, "read_ahead_batch_windows": 0}
+
+
+@pytest.mark.parametrize("base", [PACK, PAD], ids=["pack", "pad"])
+def test_read_ahead_threads_change_nothing_but_speed(shard_dir, tokenizer, base):
+    import dataclasses
+    import threading
+
+    serial = dataclasses.replace(base, **SERIAL)
+    deep = dataclasses.replace(base, read_ahead_tokenize_batches=1, read_ahead_batch_windows=3)
+    assert base.read_ahead_tokenize_batches > 0 and base.read_ahead_batch_windows > 0
+
+    def make(cfg):
+        return lambda: StreamLoader.from_shards(shard_dir, tokenizer, cfg)
+    ref = [fingerprint(b) for b in make(serial)()]
+    assert [fingerprint(b) for b in make(base)()] == ref
+    assert [fingerprint(b) for b in make(deep)()] == ref
+    for k in (0, 1, 5, len(ref) - 1):
+        assert resumed(make(base), k) == ref
+    # a state taken with threads loads into a loader without them, and the other way round
+    for src, dst in ((base, serial), (serial, deep)):
+        loader = make(src)()
+        it = iter(loader)
+        head = [fingerprint(next(it)) for _ in range(4)]
+        state = json.loads(json.dumps(loader.state_dict()))
+        again = make(dst)()
+        again.load_state_dict(state)
+        assert head + [fingerprint(b) for b in again] == ref
+    # an abandoned iterator stops and joins its read-ahead threads once it is closed
+    before = threading.active_count()
+    it = iter(make(base)())
+    next(it)
+    assert threading.active_count() > before
+    it.close()
+    assert threading.active_count() == before
+
+
+def test_read_ahead_thread_forwards_shard_errors(tmp_path: Path, shard_dir, tokenizer):
+    import shutil
+
+    from rlbuffers.stream import ShardError
+
+    for i, url in enumerate(resolve_shards(shard_dir)):
+        shutil.copy(url, tmp_path / f"s{i}.tar")
+    (tmp_path / "s9.tar").write_bytes(b"not a tar" * 300)
+    loader = StreamLoader.from_shards(tmp_path, tokenizer, PACK)
+    with pytest.raises(ShardError, match="s9.tar"):
+        list(loader)

