@@ -40,8 +40,14 @@ from rlbuffers.samplers import (
 from rlbuffers.save_job import SAVE_RUN_BYTES, SaveJob, rows_nbytes
 from rlbuffers.spec import FieldSpec, check_batch, check_names, check_row
 from rlbuffers.storage.location import Location
-from rlbuffers.storage.manifest import FORMAT_VERSION, MANIFEST, read_manifest, write_manifest
-from rlbuffers.storage.persistent import PersistentTier
+from rlbuffers.storage.manifest import (
+    FORMAT_VERSION,
+    MANIFEST,
+    field_chunk_rows,
+    read_manifest,
+    write_manifest,
+)
+from rlbuffers.storage.persistent import PersistentTier, chunk_rows
 from rlbuffers.storage.reader import ChunkReader
 from rlbuffers.storage.working import FixedColumn, WorkingTier
 
@@ -131,7 +137,9 @@ class ReplayBuffer:
         self.chunk_transitions: int = manifest["chunk_transitions"]
         self._load_state(manifest)
         self._specs = {**self._fields, **self._internal}
-        self._persistent = PersistentTier(loc, self._specs, self.chunk_transitions, self.capacity)
+        #: field -> transitions per stored chunk (a multiple of ``chunk_transitions``)
+        self._chunk_rows = field_chunk_rows(manifest)
+        self._persistent = PersistentTier(loc, self._specs, self._chunk_rows, self.capacity)
         self._persistent.generation = self.generation
         self._dirty: dict[str, set[int]] = {n: set() for n in self._specs}
         self._lock = threading.Lock()  # guards working-tier writes against a background save
@@ -184,8 +192,10 @@ class ReplayBuffer:
             capacity: most transitions held; the oldest are overwritten beyond it.
             fields: name -> :class:`FieldSpec`. Fields named ``terminated``, ``truncated`` or
                 ``done`` (``FieldSpec((), "bool")``) end an episode when True.
-            chunk_transitions: transitions per stored chunk; None picks ~4 MiB raw per chunk of
-                the largest field.
+            chunk_transitions: transitions per stored chunk of the largest field and of ragged
+                fields (the unit of incremental saves); None picks ~4 MiB raw per chunk of the
+                largest field. Smaller fixed fields store whole multiples of it, about as many
+                bytes per chunk (see :func:`rlbuffers.storage.persistent.chunk_rows`).
             codec: ``"blosc-zstd"`` (default), ``"blosc-lz4"``, ``"zstd"`` or ``"none"``, or a
                 field -> codec mapping (missing fields get the default).
             sampler: :class:`UniformSampler` (default), :class:`PrioritizedSampler` or
@@ -223,12 +233,13 @@ class ReplayBuffer:
         if sampler.uses_priorities:
             internal[PRIORITY] = FieldSpec((), "float64")
         codecs.update({n: DEFAULT_CODEC for n in internal})
+        rows = chunk_rows({**fields, **internal}, int(chunk), int(capacity))
         PersistentTier.create(
             loc,
             {**fields, **internal},
             codecs,
             capacity=int(capacity),
-            chunk=int(chunk),
+            chunks=rows,
             attrs={"rlbuffers": {"format_version": FORMAT_VERSION, "manifest": MANIFEST}},
         )
         manifest = {
@@ -237,6 +248,7 @@ class ReplayBuffer:
             "buffer_id": uuid.uuid4().hex,
             "capacity": int(capacity),
             "chunk_transitions": int(chunk),
+            "field_chunk_transitions": rows,
             "fields": {n: {**s.to_dict(), "codec": codecs[n]} for n, s in fields.items()},
             "internal": {n: s.to_dict() for n, s in internal.items()},
             "generation": 0,
@@ -289,7 +301,7 @@ class ReplayBuffer:
         """Open (or create) the working tier and bring it in line with the last commit."""
         tier, gen, wdir = self._persistent, self.generation, self._working_dir
         tier.apply(gen)  # finishes an interrupted commit; drops uncommitted staging
-        all_chunks = set(range(tier.n_chunks))
+        all_chunks = set(range(-(-self.capacity // self.chunk_transitions)))
         try:
             self._working = WorkingTier(
                 wdir, self._specs, self.capacity, self.chunk_transitions, create=False,
@@ -312,15 +324,25 @@ class ReplayBuffer:
             self._rebuild(sorted(rebuild))
         self._working.write_state(gen, [])
 
+    def _stored(self, name: str, chunks: set[int] | list[int]) -> list[int]:
+        """The stored chunks of ``name`` that hold the base chunks ``chunks``."""
+        m = self._chunk_rows[name] // self.chunk_transitions
+        return sorted({c // m for c in chunks})
+
     def _rebuild(self, chunks: list[int]) -> None:
+        """Rewrite base chunks ``chunks`` of the working tier from the last commit (fields
+        with larger stored chunks rewrite the whole stored chunk: the rest of it is
+        unchanged since the commit, so rewriting it is harmless)."""
         assert self._working is not None
         filled = min(self.total_added, self.capacity)
         log.info("rebuilding %d chunk(s) of the working tier from %s", len(chunks), self.path)
-        for c in chunks:
-            for name, col in self._working.columns.items():
+        for name, col in self._working.columns.items():
+            k = self._chunk_rows[name]
+            for c in chunks:
                 col.reset_chunk(c)
-                if c * self.chunk_transitions < filled:
-                    col.write(c * self.chunk_transitions, self._persistent.read_chunk(name, c))
+            for c in self._stored(name, chunks):
+                if c * k < filled:
+                    col.write(c * k, self._persistent.read_chunk(name, c))
 
     # -- adding -----------------------------------------------------------------------------
     def add(self, **transition: Any) -> None:
@@ -614,7 +636,7 @@ class ReplayBuffer:
 
     def _start_job(self, meta: dict[str, Any], full: bool) -> SaveJob:
         filled = set(range(-(-min(self.total_added, self.capacity) // self.chunk_transitions)))
-        todo = {n: sorted(filled if full else self._dirty[n]) for n in self._specs}
+        todo = {n: self._stored(n, filled if full else self._dirty[n]) for n in self._specs}
         self._dirty = {n: set() for n in self._specs}
         state = dict(
             generation=self.generation + 1,
@@ -627,13 +649,15 @@ class ReplayBuffer:
             sampler=self.sampler.state_dict(),
             rng=self._rng.bit_generator.state,
         )
-        self._job = SaveJob(self.generation + 1, todo, state, self._lock, self.chunk_transitions)
+        self._job = SaveJob(self.generation + 1, todo, state, self._lock, self._chunk_rows,
+                            self.chunk_transitions)
         return self._job
 
     def _read_chunks(self, name: str, first: int, count: int) -> Any:
+        """Rows of stored chunks ``[first, first + count)`` of ``name`` from the working tier."""
         assert self._working is not None
-        a = first * self.chunk_transitions
-        b = min(a + count * self.chunk_transitions, self.capacity)
+        a = first * self._chunk_rows[name]
+        b = min(a + count * self._chunk_rows[name], self.capacity)
         return self._working.columns[name].read_range(a, b)
 
     def _run_job(self, job: SaveJob) -> SaveReport:
@@ -644,7 +668,7 @@ class ReplayBuffer:
         try:
             tier.drop_staging()
             for name in job.todo:
-                chunk_bytes = self.chunk_transitions * self._specs[name].estimate_bytes()
+                chunk_bytes = self._chunk_rows[name] * self._specs[name].estimate_bytes()
                 for first, count in job.runs(name, max(1, SAVE_RUN_BYTES // chunk_bytes)):
                     data = job.take(name, first, count, self._read_chunks)
                     nbytes += tier.stage_chunks(gen, name, first, data)
@@ -658,7 +682,7 @@ class ReplayBuffer:
             job.abandon()
             with self._lock:
                 for name, cs in job.todo.items():
-                    self._dirty[name] |= set(cs)
+                    self._dirty[name] |= job.base_chunks(name, cs)
                 self._job = None
             raise
         with self._lock:

@@ -41,10 +41,11 @@ def render(r: dict[str, Any]) -> str:
         f"size        {r['size']:,} / {r['capacity']:,} transitions "
         f"({r['total_added']:,} added, {r['episodes']:,} episodes ended)",
         f"last commit generation {r['generation']} at {r['committed_at']}",
-        f"chunks      {r['chunk_transitions']:,} transitions each; "
+        f"chunks      {r['chunk_transitions']:,} transitions per base chunk; "
         f"stored {_size(r['stored_bytes'])}",
         "",
-        f"{'field':<16}{'shape':<18}{'dtype':<9}{'codec':<12}{'stored':>11}{'raw':>11}{'ratio':>8}",
+        f"{'field':<16}{'shape':<18}{'dtype':<9}{'codec':<12}{'stored':>11}{'raw':>11}{'ratio':>8}"
+        f"{'chunk':>9}",
     ]
     for name, f in r["fields"].items():
         shape = str(tuple(f["shape"]))
@@ -52,6 +53,7 @@ def render(r: dict[str, Any]) -> str:
         lines.append(
             f"{name:<16}{shape:<18}{f['dtype']:<9}{f['codec']:<12}"
             f"{_size(f['stored_bytes']):>11}{_size(f['raw_bytes']):>11}{ratio:>8}"
+            f"{f['chunk_transitions']:>9,}"
         )
     sampler = {k: v for k, v in r["sampler"].items() if k != "priorities"}
     lines += ["", "sampler     " + ", ".join(f"{k}={v}" for k, v in sampler.items())]

@@ -15,7 +15,7 @@ import numpy as np
 from rlbuffers.errors import CorruptChunkError
 from rlbuffers.spec import FieldSpec
 from rlbuffers.storage.location import Location
-from rlbuffers.storage.manifest import read_manifest
+from rlbuffers.storage.manifest import field_chunk_rows, read_manifest
 from rlbuffers.storage.persistent import PersistentTier
 
 PRIORITY = "_priority"
@@ -46,17 +46,17 @@ class _Stats:
         return {"count": self.n, "mean": self.mean, "std": std, "min": self.lo, "max": self.hi}
 
 
-def _filled_chunks(m: dict[str, Any]) -> list[tuple[int, int]]:
-    """(chunk, valid rows in it) for every chunk holding committed transitions."""
+def _filled_chunks(m: dict[str, Any], k: int) -> list[tuple[int, int]]:
+    """(chunk, valid rows in it) for every chunk of ``k`` transitions holding committed
+    transitions."""
     filled = min(m["total_added"], m["capacity"])
-    k = m["chunk_transitions"]
     return [(c, min(k, filled - c * k)) for c in range(-(-filled // k))]
 
 
 def _column_stats(tier: PersistentTier, name: str, m: dict[str, Any]) -> tuple[_Stats, int]:
     """Stats of a scalar column (or total raw bytes of a ragged one) over committed slots."""
     stats, raw = _Stats(), 0
-    for c, n in _filled_chunks(m):
+    for c, n in _filled_chunks(m, tier.chunks[name]):
         data = tier.read_chunk(name, c)[:n]
         if tier.specs[name].ragged:
             raw += sum(int(a.nbytes) for a in data)
@@ -77,7 +77,8 @@ def inspect_path(
         a JSON-serialisable dict with ``path``, ``format_version``, ``generation``,
         ``committed_at`` (ISO 8601, UTC), ``capacity``, ``size``, ``total_added``, ``episodes``,
         ``chunk_transitions``, ``fields`` (name -> ``shape``, ``dtype``, ``codec``,
-        ``stored_bytes``, ``raw_bytes``, ``ratio``, ``chunks``), ``stored_bytes``, ``sampler``
+        ``stored_bytes``, ``raw_bytes``, ``ratio``, ``chunks``, ``chunk_transitions``),
+        ``stored_bytes``, ``sampler``
         (its settings, plus priority stats if prioritized), ``reward`` (stats, if a ``reward``
         field exists), ``metadata``, and with ``verify`` a ``corrupt`` list of
         ``{field, chunk, reason}``.
@@ -93,7 +94,7 @@ def inspect_path(
     loc = Location(path, storage_options)
     m = read_manifest(loc)
     specs = {n: FieldSpec.from_dict(d) for n, d in {**m["fields"], **m["internal"]}.items()}
-    tier = PersistentTier(loc, specs, m["chunk_transitions"], m["capacity"])
+    tier = PersistentTier(loc, specs, field_chunk_rows(m), m["capacity"])
     tier.generation = m["generation"]
     report: dict[str, Any] = {
         "path": str(loc),
@@ -141,5 +142,6 @@ def _fields_report(tier: PersistentTier, m: dict[str, Any], skip: set[tuple[str,
             "raw_bytes": raw,
             "ratio": round(raw / stored, 3) if stored else None,
             "chunks": len(tier.stored_chunks(name)),
+            "chunk_transitions": tier.chunks[name],
         }
     return out

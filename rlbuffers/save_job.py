@@ -29,25 +29,34 @@ ChunkReader = Callable[[str, int, int], Any]
 
 @dataclass
 class SaveJob:
-    """What one save writes. ``todo``: column -> sorted chunk indices; ``state``: manifest
-    fields; ``chunk_rows``: transitions per chunk."""
+    """What one save writes. ``todo``: column -> sorted stored-chunk indices; ``state``:
+    manifest fields; ``chunk_rows``: column -> transitions per stored chunk, a multiple of
+    ``base_rows``, the transitions per base chunk (the unit writers mark dirty)."""
 
     generation: int
     todo: dict[str, list[int]]
     state: dict[str, Any]
     lock: threading.Lock
-    chunk_rows: int
+    chunk_rows: dict[str, int]
+    base_rows: int
     pending: set[tuple[str, int]] = field(default_factory=set)
     snapshots: dict[tuple[str, int], Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.pending = {(n, c) for n, cs in self.todo.items() for c in cs}
 
+    def base_chunks(self, name: str, stored: Iterable[int]) -> set[int]:
+        """The base chunks that stored chunks ``stored`` of ``name`` hold."""
+        m = self.chunk_rows[name] // self.base_rows
+        return {b for c in stored for b in range(c * m, (c + 1) * m)}
+
     def protect(self, names: Iterable[str], chunks: Iterable[int], read: ChunkReader) -> None:
-        """Copy aside the chunks about to be overwritten that the save has not read yet.
-        Call with ``lock`` held, before writing."""
+        """Copy aside the stored chunks holding base chunks ``chunks``, about to be
+        overwritten, that the save has not read yet. Call with ``lock`` held, before writing."""
+        chunks = list(chunks)
         for name in names:
-            for c in chunks:
+            m = self.chunk_rows[name] // self.base_rows
+            for c in {c // m for c in chunks}:
                 key = (name, c)
                 if key in self.pending and key not in self.snapshots:
                     self.snapshots[key] = read(name, c, 1)
@@ -74,7 +83,7 @@ class SaveJob:
                 self.pending.discard((name, c))
                 snap = self.snapshots.pop((name, c), None)
                 if snap is not None:
-                    a = (c - first) * self.chunk_rows
+                    a = (c - first) * self.chunk_rows[name]
                     rows[a : a + len(snap)] = snap
             return rows
 

@@ -17,7 +17,7 @@ def slow_stage(monkeypatch):
     real = PersistentTier.stage_chunks
 
     def slow(self, generation, name, c, data):
-        time.sleep(0.02 * -(-len(data) // self.chunk))
+        time.sleep(0.02 * -(-len(data) // self.chunks[name]))
         return real(self, generation, name, c, data)
 
     monkeypatch.setattr(PersistentTier, "stage_chunks", slow)

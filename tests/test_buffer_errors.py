@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -111,6 +112,27 @@ def test_not_a_buffer_and_newer_format(tmp_path, buf):
     (buf.path / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(FormatVersionError, match="format version 99 is newer"):
         ReplayBuffer.open(buf.path)
+
+
+def test_format_1_buffer_still_opens(tmp_path):
+    # Format 1 chunked every field by chunk_transitions and had no field_chunk_transitions.
+    # A buffer whose fields are all 8-byte scalars is laid out that way by format 2 as well,
+    # so dropping the key and the version makes a genuine format-1 buffer.
+    fields = {"x": FieldSpec((), np.int64)}
+    b = ReplayBuffer.create(tmp_path / "v1", capacity=12, fields=fields, chunk_transitions=4)
+    b.extend({"x": np.arange(10, dtype=np.int64)})
+    b.save()
+    b.close()
+    m = json.loads((tmp_path / "v1" / "manifest.json").read_text())
+    assert set(m["field_chunk_transitions"].values()) == {4}
+    del m["field_chunk_transitions"]
+    m["format_version"] = 1
+    (tmp_path / "v1" / "manifest.json").write_text(json.dumps(m))
+    shutil.rmtree(tmp_path / "v1" / ".working")  # force a rebuild from the persistent tier
+    back = ReplayBuffer.open(tmp_path / "v1")
+    assert len(back) == 10
+    np.testing.assert_array_equal(back[np.arange(10)]["x"], np.arange(10))
+    back.close()
 
 
 def test_read_only_refuses_writes(buf):

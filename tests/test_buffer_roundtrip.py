@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import zarr
 
-from rlbuffers import ReplayBuffer
+from rlbuffers import FieldSpec, ReplayBuffer
+from rlbuffers.inspect import inspect_path
 from tests.conftest import assert_rows_are, make_batch
 
 
@@ -108,11 +109,15 @@ def test_incremental_save_writes_only_changed_chunks(tmp_path, fields):
     full = buf.save()
     buf.extend(make_batch(100, 3))  # slots 0..2 -> chunk 0 only
     inc = buf.save()
-    n_cols = len(fields) + 1  # + the internal episode-id column
-    assert full.chunks_written == 10 * n_cols
-    assert inc.chunks_written == 1 * n_cols
+    # Ragged fields (tokens, points) keep 10-transition chunks. The fixed fields (frame, obs,
+    # reward, action, terminated, and the internal episode id) are each smaller in all than one
+    # chunk of the largest field (points: 10 x 256 guessed rows x 16 bytes), so each is stored
+    # as one chunk of all 100 transitions.
+    n_ragged, n_fixed = 2, 6
+    assert full.chunks_written == n_ragged * 10 + n_fixed * 1
+    assert inc.chunks_written == n_ragged + n_fixed  # chunk 0 of every field
     assert buf.save().chunks_written == 0
-    assert buf.save(full=True).chunks_written == 10 * n_cols
+    assert buf.save(full=True).chunks_written == n_ragged * 10 + n_fixed
 
 
 def test_read_only_mode(tmp_path, fields):
@@ -147,3 +152,32 @@ def test_episode_ids_follow_terminated_flags(tmp_path, fields):
     buf.save()
     buf.close()
     assert ReplayBuffer.open(tmp_path / "b").episodes == 4
+
+
+def test_small_fields_store_several_base_chunks_per_chunk(tmp_path):
+    """Atari-like rows: obs (4,096 bytes) keeps 16-transition chunks of 64 KiB; 8-byte actions
+    store 64 KiB / (16 x 8) = 512 base chunks per chunk; 1-byte flags would take 4,096, capped
+    at the capacity (1,250 base chunks). A +2% save writes one chunk of each small field."""
+    fields = {"obs": FieldSpec((4, 4, 16, 16), "uint8"), "action": FieldSpec((), "int64"),
+              "terminated": FieldSpec((), "bool")}
+    path = tmp_path / "b"
+    buf = ReplayBuffer.create(path, capacity=20_000, fields=fields, chunk_transitions=16)
+    ids = np.arange(20_000)
+    batch = {"obs": (ids % 251).astype(np.uint8)[:, None, None, None, None]
+             + np.zeros((1, 4, 4, 16, 16), np.uint8),
+             "action": ids.astype(np.int64), "terminated": ids % 100 == 99}
+    buf.extend(batch)
+    buf.save()
+    report = inspect_path(path)["fields"]
+    assert [report[n]["chunk_transitions"] for n in fields] == [16, 8192, 20_000]
+    assert [report[n]["chunks"] for n in fields] == [1250, 3, 1]
+    buf.extend({k: v[:400] for k, v in batch.items()})  # slots 0..399: 25 obs chunks
+    inc = buf.save()
+    assert inc.chunks_written == 25 + 1 + 1 + 1  # obs, action, terminated, episode id
+    buf.close()
+    with ReplayBuffer.open(path) as b:
+        got = b[:]
+    want = np.concatenate([ids[400:], ids[:400]])
+    np.testing.assert_array_equal(got["action"], want)
+    np.testing.assert_array_equal(got["obs"][:, 0, 0, 0, 0], want % 251)
+    np.testing.assert_array_equal(got["terminated"], want % 100 == 99)

@@ -15,8 +15,10 @@ from rlbuffers.errors import FormatVersionError, NotABufferError
 from rlbuffers.storage.location import Location
 
 MANIFEST = "manifest.json"
-#: Version of the on-disk format this code writes; it reads this and older.
-FORMAT_VERSION = 1
+#: Version of the on-disk format this code writes; it reads this and older. Version 2 added
+#: per-field chunk sizes (``field_chunk_transitions``); version 1 chunked every field by
+#: ``chunk_transitions``.
+FORMAT_VERSION = 2
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write ``data`` as JSON to the local file ``path`` atomically."""
@@ -52,3 +54,11 @@ def read_manifest(loc: Location) -> dict[str, Any]:
             f"({FORMAT_VERSION}); upgrade rlbuffers"
         )
     return data
+
+
+def field_chunk_rows(data: dict[str, Any]) -> dict[str, int]:
+    """Field name (internal fields included) -> transitions per stored chunk, from a manifest
+    (format 1 manifests chunk every field by ``chunk_transitions``)."""
+    names = [*data["fields"], *data["internal"]]
+    rows = data.get("field_chunk_transitions") or {}
+    return {n: int(rows.get(n, data["chunk_transitions"])) for n in names}

@@ -45,22 +45,55 @@ def _quiet() -> Iterator[None]:
         yield
 
 
+def chunk_rows(
+    specs: dict[str, FieldSpec], base: int, capacity: int
+) -> dict[str, int]:
+    """Transitions per stored chunk of each field.
+
+    Every field's chunk is a whole number of ``base`` chunks (the unit ``add`` marks dirty), so
+    base chunk ``c`` lies in stored chunk ``c // (rows // base)``. The largest field (by
+    :meth:`FieldSpec.estimate_bytes`) and ragged fields keep ``base``; a smaller fixed field
+    (rewards, actions, flags, priorities) takes as many base chunks as make about the raw bytes
+    of one chunk of the largest field, at most the whole capacity. An incremental save then
+    writes one or two files for it instead of one per changed base chunk.
+
+    Args:
+        specs: field name -> spec (internal fields included).
+        base: transitions per base chunk (``chunk_transitions``).
+        capacity: transitions held.
+
+    Returns:
+        field name -> transitions per stored chunk (a multiple of ``base``).
+    """
+    n_base = -(-capacity // base)
+    target = base * max(spec.estimate_bytes() for spec in specs.values())
+    out = {}
+    for name, spec in specs.items():
+        m = 1 if spec.ragged else target // (base * max(spec.item_bytes, 1))
+        out[name] = base * int(max(1, min(m, n_base)))
+    return out
+
+
 class PersistentTier:
-    """The Zarr group at ``loc``: create, stage and apply chunk writes, read and verify chunks."""
+    """The Zarr group at ``loc``: create, stage and apply chunk writes, read and verify chunks.
+
+    ``chunks``: field name -> transitions per stored chunk (see :func:`chunk_rows`); chunk
+    indices passed to and returned by this class count in those units, per field.
+    """
 
     def __init__(
-        self, loc: Location, specs: dict[str, FieldSpec], chunk: int, capacity: int
+        self, loc: Location, specs: dict[str, FieldSpec], chunks: dict[str, int], capacity: int
     ) -> None:
-        self.loc, self.specs, self.chunk, self.capacity = loc, specs, chunk, capacity
+        self.loc, self.specs, self.chunks, self.capacity = loc, specs, chunks, capacity
         self._arrays: dict[str, zarr.Array] = {}
         self._staged: dict[str, zarr.Array] = {}  # staging arrays of the save in progress
         #: generation of the manifest the reader trusts: its staged chunks win over older ones
         #: while a writer is still moving them into place (see :meth:`apply`).
         self.generation: int | None = None
 
-    @property
-    def n_chunks(self) -> int:
-        return -(-self.capacity // self.chunk)
+    def n_chunks(self, name: str) -> int:
+        """Stored chunks of field ``name`` (committed or not)."""
+        return -(-self.capacity // self.chunks[name])
 
     @classmethod
     def create(
@@ -70,13 +103,15 @@ class PersistentTier:
         codecs: dict[str, str],
         *,
         capacity: int,
-        chunk: int,
+        chunks: dict[str, int],
         attrs: dict[str, Any],
     ) -> PersistentTier:
         """Create the group and one empty array per field (shape ``[capacity, *shape]``;
-        ragged fields: ``[capacity]`` of variable-length bytes)."""
+        ragged fields: ``[capacity]`` of variable-length bytes), chunked by ``chunks[field]``
+        transitions."""
         group = zarr.open_group(**loc.zarr_args(), mode="w", zarr_format=3, attributes=attrs)
         for name, spec in specs.items():
+            chunk = chunks[name]
             with _quiet():
                 group.create_array(
                     name,
@@ -88,7 +123,7 @@ class PersistentTier:
                     attributes={"rlbuffers_field": spec.to_dict(), "codec": codecs[name]},
                     config=_CONFIG,
                 )
-        return cls(loc, specs, chunk, capacity)
+        return cls(loc, specs, chunks, capacity)
 
     def _open(self, rel: str, mode: str = "r") -> zarr.Array:
         with _quiet():
@@ -129,13 +164,14 @@ class PersistentTier:
             if not self.loc.exists(f"{dst}/zarr.json"):
                 self.loc.copy(f"{name}/zarr.json", f"{dst}/zarr.json")
             stage = self._staged[dst] = self._open(dst, mode="r+")
-        a = c * self.chunk
+        k = self.chunks[name]
+        a = c * k
         if self.specs[name].ragged:
             blob = np.empty(len(data), dtype=object)
             blob[:] = [np.ascontiguousarray(v).tobytes() for v in data]
             data = blob
         stage[a : a + len(data)] = data
-        last = c + -(-len(data) // self.chunk)
+        last = c + -(-len(data) // k)
         return sum(self.loc.size(f"{dst}/{self.chunk_key(name, k)}") for k in range(c, last))
 
     def seal(self, generation: int) -> None:
@@ -176,7 +212,8 @@ class PersistentTier:
         Raises:
             CorruptChunkError: the checksum does not match or the chunk cannot be decoded.
         """
-        a, b = c * self.chunk, min((c + 1) * self.chunk, self.capacity)
+        k = self.chunks[name]
+        a, b = c * k, min((c + 1) * k, self.capacity)
         try:
             src, staged = self._source(name, c)
             data = src[a:b]

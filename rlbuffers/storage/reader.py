@@ -37,7 +37,7 @@ class ChunkReader:
 
     def gather(self, name: str, slots: np.ndarray) -> Any:
         """Rows at ``slots`` (int64[N]): an array ``[N, *shape]`` or, for ragged fields, a list."""
-        k = self.tier.chunk
+        k = self.tier.chunks[name]
         spec = self.tier.specs[name]
         slots = np.asarray(slots, dtype=np.int64).ravel()
         if spec.ragged:
