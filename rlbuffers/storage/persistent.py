@@ -86,6 +86,7 @@ class PersistentTier:
     ) -> None:
         self.loc, self.specs, self.chunks, self.capacity = loc, specs, chunks, capacity
         self._arrays: dict[str, zarr.Array] = {}
+        self._meta: dict[str, tuple[int, Any]] = {}  # name -> (ndim, array metadata); never changes
         self._staged: dict[str, zarr.Array] = {}  # staging arrays of the save in progress
         #: generation of the manifest the reader trusts: its staged chunks win over older ones
         #: while a writer is still moving them into place (see :meth:`apply`).
@@ -139,8 +140,11 @@ class PersistentTier:
 
     def chunk_key(self, name: str, c: int) -> str:
         """Path of chunk ``c`` of field ``name`` relative to its array directory."""
-        arr = self.array(name)
-        return arr.metadata.encode_chunk_key((c,) + (0,) * (arr.ndim - 1))
+        ndim, meta = self._meta.get(name) or (None, None)
+        if meta is None:
+            arr = self.array(name)
+            ndim, meta = self._meta[name] = (arr.ndim, arr.metadata)
+        return meta.encode_chunk_key((c,) + (0,) * (ndim - 1))
 
     # -- saving ---------------------------------------------------------------------------
     def staging_dir(self, generation: int) -> str:
