@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -143,19 +144,29 @@ class Location:
             self.fs.rm(self.full(rel), recursive=True)
 
     def sync_tree(self, rel: str) -> None:
-        """fsync every file and directory below ``rel`` (local only; PUTs are durable). The
-        fsyncs run in parallel threads, so the filesystem can commit them in few journal
-        transactions instead of one per file."""
+        """fsync every file and directory below ``rel`` (local only; PUTs are durable)."""
         if not self.local or not (self.root / rel).exists():
             return
         paths = []
         for dirpath, _, names in os.walk(self.root / rel):
             paths += [os.path.join(dirpath, name) for name in names]
             paths.append(dirpath)
-        with ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="rlbuffers-fsync") as pool:
-            for _ in pool.map(fsync_path, paths):
-                pass
+        _fsync_all(paths)
 
-    def sync_dir(self, rel: str) -> None:
-        if self.local and (self.root / rel).is_dir():
-            fsync_path(self.root / rel)
+    def sync_dirs(self, rels: Iterable[str]) -> None:
+        """fsync the directories ``rels`` (local only), so renames into them and their
+        creation survive power loss."""
+        if self.local:
+            _fsync_all([self.root / rel for rel in rels if (self.root / rel).is_dir()])
+
+
+def _fsync_all(paths: list[Any]) -> None:
+    """fsync ``paths`` in parallel threads, so the filesystem can commit them in few journal
+    transactions instead of one per path (a sequential loop waits for one commit each)."""
+    if len(paths) <= 1:
+        for path in paths:
+            fsync_path(path)
+        return
+    with ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="rlbuffers-fsync") as pool:
+        for _ in pool.map(fsync_path, paths):
+            pass

@@ -191,12 +191,17 @@ class PersistentTier:
         """
         staging = self.staging_dir(generation)
         moved = 0
+        touched: set[str] = set()  # directories whose entries the renames changed
         for name in self.specs:
             for rel in self.loc.files(f"{staging}/{name}"):
                 if rel != "zarr.json":
                     self.loc.move(f"{staging}/{name}/{rel}", f"{name}/{rel}")
                     moved += 1
-            self.loc.sync_dir(name)
+                    parts = f"{name}/{rel}".split("/")[:-1]  # parent dirs (new ones too)
+                    touched.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+        # The renames must be durable before the staging copies go: the reader falls back to
+        # staging only while it exists.
+        self.loc.sync_dirs(sorted(touched))
         self.drop_staging()
         self._arrays.clear()
         return moved

@@ -1,4 +1,4 @@
-"""Streaming token pipeline: webdataset shards -> shuffle -> tokenize (cached) -> packing or
+"""Streaming token pipeline: webdataset shards -> tokenize (cached) -> shuffle -> packing or
 dynamic padding -> batches, with an exact, plain-data ``state_dict`` for mid-epoch resume.
 
 See ``docs/stream.md``.

@@ -37,7 +37,8 @@ def _parse_bytes(text: str) -> int:
 def _write(args: argparse.Namespace) -> int:
     try:
         paths = write_shards(args.inputs, args.out, max_shard_bytes=args.max_shard_bytes,
-                             max_shard_samples=args.max_shard_samples, prefix=args.prefix,
+                             max_shard_samples=args.max_shard_samples,
+                             records_per_sample=args.records_per_sample, prefix=args.prefix,
                              progress=not args.no_progress)
     except (ShardError, ValueError, OSError) as exn:
         print(f"error: {exn}", file=sys.stderr)
@@ -75,6 +76,9 @@ def add_shards_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
                    help="largest shard file in bytes, e.g. 256MiB (default)")
     w.add_argument("--max-shard-samples", type=int, default=2**31,
                    help="most samples per shard")
+    w.add_argument("--records-per-sample", type=int, default=1,
+                   help="records stored together in one jsonl tar member (faster reading of "
+                        "short records); 1 (default): one tar sample per record")
     w.add_argument("--prefix", default="shard", help="shard file name prefix")
     w.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     w.set_defaults(func=_write)

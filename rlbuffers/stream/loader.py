@@ -1,10 +1,10 @@
-"""The resumable streaming loader: source -> shuffle -> tokenize -> pack or pad -> batches,
+"""The resumable streaming loader: source -> tokenize -> shuffle -> pack or pad -> batches,
 in-process or across torch DataLoader workers, with an exact ``state_dict``.
 
 Exact resume: stopping after ``k`` batches, saving :meth:`StreamLoader.state_dict` (plain
 data, JSON round-trip safe) and loading it into a loader built with the same arguments yields
 exactly the batches an uninterrupted run yields from batch ``k + 1`` on. The work to resume is
-one window per stage (shuffle block, tokenize batch, packing window) plus skipping into one
+one window per stage (tokenize batch, shuffle block, packing window) plus skipping into one
 shard, whatever the position in the epoch.
 """
 
@@ -59,7 +59,7 @@ class StreamConfig:
     tokenize_batch_texts: int = 256
     """Texts per tokenizer batch call."""
     read_ahead_tokenize_batches: int = 4
-    """Tokenizer batches read from the source, shuffled and JSON-decoded ahead of the
+    """Tokenizer batches read from the source and JSON-decoded ahead of the
     tokenizer by a background thread (the Rust tokenizer releases the GIL, so reading and
     encoding overlap); ``0``: no thread. Speed only: batches and states are identical."""
     read_ahead_batch_windows: int = 1
@@ -130,22 +130,24 @@ def _collate(cfg: StreamConfig, rows: list[list[Any]], truncated: int) -> dict[s
 
 def build_pipeline(source: Stage, tokenizer: TextTokenizer | None, cfg: StreamConfig, *,
                    epoch: int = 0) -> Stage:
-    """The batch stages over ``source``: block shuffle -> tokenize -> pack + row batches, or
-    pad batches. Yields batch dicts (see :mod:`rlbuffers.stream.padding`)."""
-    stage: Stage = source
-    if cfg.shuffle_buffer_samples > 1:
-        stage = BlockShuffle(stage, cfg.shuffle_buffer_samples, seed=cfg.seed, epoch=epoch)
-    tokenize = Tokenize(stage, tokenizer, text_field=cfg.text_field,
+    """The batch stages over ``source``: tokenize -> block shuffle (of token arrays) -> pack +
+    row batches, or pad batches. Tokenizing before the shuffle feeds the tokenizer texts in
+    shard order, which its word cache serves faster. Yields batch dicts (see
+    :mod:`rlbuffers.stream.padding`)."""
+    tokenize = Tokenize(source, tokenizer, text_field=cfg.text_field,
                         tokenize_batch_texts=cfg.tokenize_batch_texts)
     tokenize.read_ahead_windows = cfg.read_ahead_tokenize_batches
+    stage: Stage = tokenize
+    if cfg.shuffle_buffer_samples > 1:
+        stage = BlockShuffle(stage, cfg.shuffle_buffer_samples, seed=cfg.seed, epoch=epoch)
     collate_fn = functools.partial(_collate, cfg)
     batcher: WindowStage
     if cfg.mode == "pack":
-        batcher = Pack(tokenize, max_length=cfg.max_length,
+        batcher = Pack(stage, max_length=cfg.max_length,
                        packing_window_sequences=cfg.packing_window_sequences,
                        overflow=cfg.overflow, seed=cfg.seed, epoch=epoch)
     else:
-        batcher = PadBatch(tokenize, max_length=cfg.max_length,
+        batcher = PadBatch(stage, max_length=cfg.max_length,
                            bucket_window_sequences=cfg.bucket_window_sequences,
                            batch_size=cfg.batch_size, max_tokens=cfg.max_tokens,
                            sort_by_length=cfg.sort_by_length, overflow=cfg.overflow,

@@ -124,7 +124,8 @@ class TextTokenizer:
 
 def text_of(item: Any, text_field: str) -> str:
     """The text of one pipeline item: a ``str``, or a shard sample with ``txt`` (UTF-8) or
-    ``json`` (the record's ``text_field``).
+    ``json`` (the record's ``text_field``, or the record itself when it is a JSON string, as
+    grouped shards store texts).
 
     Raises:
         ShardError: the sample has neither, or its JSON lacks ``text_field`` (key and URL named).
@@ -135,6 +136,8 @@ def text_of(item: Any, text_field: str) -> str:
         return item["txt"].decode("utf-8")
     if "json" in item:
         record = json.loads(item["json"])
+        if isinstance(record, str):
+            return record
         value = record.get(text_field) if isinstance(record, dict) else None
         if isinstance(value, str):
             return value

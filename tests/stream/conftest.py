@@ -47,3 +47,12 @@ def shard_dir(tmp_path_factory: pytest.TempPathFactory, texts: list[str]) -> Pat
     write_shards([{"text": t, "i": i} for i, t in enumerate(texts)], out,
                  max_shard_bytes=30_000, progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def grouped_shard_dir(tmp_path_factory: pytest.TempPathFactory, texts: list[str]) -> Path:
+    """The records of ``shard_dir``, 7 per tar member (``records_per_sample=7``)."""
+    out = tmp_path_factory.mktemp("grouped_shards")
+    write_shards([{"text": t, "i": i} for i, t in enumerate(texts)], out,
+                 max_shard_bytes=30_000, records_per_sample=7, progress=False)
+    return out

@@ -27,6 +27,12 @@ def test_shards_write_and_ls(tmp_path: Path, capsys):
     assert "wrote 60 samples" in capsys.readouterr().out
     assert run(["shards", "ls", str(out)]) == 0
     assert capsys.readouterr().out.strip().endswith("total\t60")
+    grouped = tmp_path / "grouped"
+    assert run(["shards", "write", str(src), "--out", str(grouped), "--records-per-sample", "8",
+                "--no-progress"]) == 0
+    assert [s["json"] for u in resolve_shards(grouped) for s in iter_shard(u)] == [
+        s["json"] for u in urls for s in iter_shard(u)]
+    assert "wrote 60 samples" in capsys.readouterr().out
 
 
 def test_shards_write_reports_errors(tmp_path: Path, capsys):

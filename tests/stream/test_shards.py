@@ -14,6 +14,7 @@ from rlbuffers.stream import (
     read_manifest,
     resolve_shards,
     split_shards,
+    text_of,
     write_shards,
 )
 
@@ -65,6 +66,48 @@ def test_max_shard_samples_and_bad_arguments(tmp_path: Path):
         write_shards(["a"], tmp_path / "x", max_shard_bytes=100)
     with pytest.raises(ValueError, match="max_shard_samples"):
         write_shards(["a"], tmp_path / "y", max_shard_samples=0)
+
+
+def test_grouped_records_read_back_as_one_sample_each(tmp_path: Path):
+    jl = tmp_path / "a.jsonl"
+    jl.write_text("".join(json.dumps({"text": f"doc {i}", "i": i}) + "\n" for i in range(11)))
+    items = [str(jl), tmp_path / "b.txt"]
+    (tmp_path / "b.txt").write_text("a text file\nwith a newline")
+    plain = read_all([str(p) for p in write_shards(items, tmp_path / "plain", progress=False)])
+    paths = write_shards(items, tmp_path / "g", records_per_sample=4, progress=False)
+    grouped = read_all([str(p) for p in paths])
+    # same records, same keys; texts come back as JSON strings (text_of reads both)
+    assert [s["__key__"] for s in grouped] == [s["__key__"] for s in plain]
+    assert [json.loads(s["json"]) for s in grouped[:11]] == [
+        json.loads(s["json"]) for s in plain[:11]]
+    assert json.loads(grouped[11]["json"]) == plain[11]["txt"].decode()
+    assert text_of(grouped[11], "text") == "a text file\nwith a newline"
+    # 12 records in 3 tar members of 4 records each
+    with tarfile.open(paths[0]) as tar:
+        assert [m.name for m in tar.getmembers()] == [
+            "000000000000.jsonl", "000000000004.jsonl", "000000000008.jsonl"]
+    assert read_manifest(tmp_path / "g")["samples"] == 12
+    # skipping counts records, also into the middle of a member
+    for k in (0, 3, 4, 5, 11, 12):
+        assert [s["__key__"] for s in iter_shard(str(paths[0]), skip_samples=k)] == [
+            s["__key__"] for s in plain[k:]]
+
+
+def test_grouped_records_respect_shard_limits(tmp_path: Path):
+    items = [{"text": "x" * (i * 37 % 3000)} for i in range(200)]
+    limit = 40_000
+    paths = write_shards(items, tmp_path / "a", max_shard_bytes=limit, records_per_sample=5,
+                         progress=False)
+    assert len(paths) > 5 and all(p.stat().st_size <= limit for p in paths)
+    assert [json.loads(s["json"]) for s in read_all([str(p) for p in paths])] == items
+    manifest = read_manifest(tmp_path / "a")
+    assert [s["samples"] for s in manifest["shards"]] == [
+        sum(1 for _ in iter_shard(str(p))) for p in paths]
+    paths = write_shards(items[:10], tmp_path / "b", max_shard_samples=3, records_per_sample=5,
+                         progress=False)
+    assert [len(read_all([str(p)])) for p in paths] == [3, 3, 3, 1]
+    with pytest.raises(ValueError, match="records_per_sample"):
+        write_shards(["a"], tmp_path / "c", records_per_sample=0)
 
 
 def test_malformed_inputs_are_named(tmp_path: Path):
