@@ -47,7 +47,7 @@ from rlbuffers.storage.manifest import (
     read_manifest,
     write_manifest,
 )
-from rlbuffers.storage.persistent import PersistentTier, chunk_rows
+from rlbuffers.storage.persistent import PersistentTier, chunk_rows, stored_of
 from rlbuffers.storage.reader import ChunkReader
 from rlbuffers.storage.working import FixedColumn, WorkingTier
 
@@ -326,8 +326,7 @@ class ReplayBuffer:
 
     def _stored(self, name: str, chunks: set[int] | list[int]) -> list[int]:
         """The stored chunks of ``name`` that hold the base chunks ``chunks``."""
-        m = self._chunk_rows[name] // self.chunk_transitions
-        return sorted({c // m for c in chunks})
+        return sorted(stored_of(chunks, self._chunk_rows[name], self.chunk_transitions))
 
     def _rebuild(self, chunks: list[int]) -> None:
         """Rewrite base chunks ``chunks`` of the working tier from the last commit (fields

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from rlbuffers.storage.persistent import base_of, stored_of
+
 #: Raw bytes of consecutive chunks read and handed to Zarr in one write during a save: Zarr
 #: encodes them concurrently, and this bounds the extra memory of a save (a run and its
 #: encoded chunks).
@@ -47,16 +49,14 @@ class SaveJob:
 
     def base_chunks(self, name: str, stored: Iterable[int]) -> set[int]:
         """The base chunks that stored chunks ``stored`` of ``name`` hold."""
-        m = self.chunk_rows[name] // self.base_rows
-        return {b for c in stored for b in range(c * m, (c + 1) * m)}
+        return base_of(stored, self.chunk_rows[name], self.base_rows)
 
     def protect(self, names: Iterable[str], chunks: Iterable[int], read: ChunkReader) -> None:
         """Copy aside the stored chunks holding base chunks ``chunks``, about to be
         overwritten, that the save has not read yet. Call with ``lock`` held, before writing."""
         chunks = list(chunks)
         for name in names:
-            m = self.chunk_rows[name] // self.base_rows
-            for c in {c // m for c in chunks}:
+            for c in stored_of(chunks, self.chunk_rows[name], self.base_rows):
                 key = (name, c)
                 if key in self.pending and key not in self.snapshots:
                     self.snapshots[key] = read(name, c, 1)

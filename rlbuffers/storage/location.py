@@ -163,10 +163,6 @@ class Location:
 def _fsync_all(paths: list[Any]) -> None:
     """fsync ``paths`` in parallel threads, so the filesystem can commit them in few journal
     transactions instead of one per path (a sequential loop waits for one commit each)."""
-    if len(paths) <= 1:
-        for path in paths:
-            fsync_path(path)
-        return
     with ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="rlbuffers-fsync") as pool:
         for _ in pool.map(fsync_path, paths):
             pass

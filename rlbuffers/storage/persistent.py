@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +74,19 @@ def chunk_rows(
     return out
 
 
+def stored_of(base_chunks: Iterable[int], rows: int, base: int) -> set[int]:
+    """The stored chunks (of ``rows`` transitions) holding the base chunks ``base_chunks`` (of
+    ``base`` transitions; ``rows`` is a multiple of ``base``)."""
+    m = rows // base
+    return {c // m for c in base_chunks}
+
+
+def base_of(stored: Iterable[int], rows: int, base: int) -> set[int]:
+    """The base chunks that the stored chunks ``stored`` hold (inverse of :func:`stored_of`)."""
+    m = rows // base
+    return {b for c in stored for b in range(c * m, (c + 1) * m)}
+
+
 class PersistentTier:
     """The Zarr group at ``loc``: create, stage and apply chunk writes, read and verify chunks.
 
@@ -91,10 +104,6 @@ class PersistentTier:
         #: generation of the manifest the reader trusts: its staged chunks win over older ones
         #: while a writer is still moving them into place (see :meth:`apply`).
         self.generation: int | None = None
-
-    def n_chunks(self, name: str) -> int:
-        """Stored chunks of field ``name`` (committed or not)."""
-        return -(-self.capacity // self.chunks[name])
 
     @classmethod
     def create(
@@ -140,10 +149,10 @@ class PersistentTier:
 
     def chunk_key(self, name: str, c: int) -> str:
         """Path of chunk ``c`` of field ``name`` relative to its array directory."""
-        ndim, meta = self._meta.get(name) or (None, None)
-        if meta is None:
+        if name not in self._meta:
             arr = self.array(name)
-            ndim, meta = self._meta[name] = (arr.ndim, arr.metadata)
+            self._meta[name] = (arr.ndim, arr.metadata)
+        ndim, meta = self._meta[name]
         return meta.encode_chunk_key((c,) + (0,) * (ndim - 1))
 
     # -- saving ---------------------------------------------------------------------------
@@ -176,7 +185,7 @@ class PersistentTier:
             data = blob
         stage[a : a + len(data)] = data
         last = c + -(-len(data) // k)
-        return sum(self.loc.size(f"{dst}/{self.chunk_key(name, k)}") for k in range(c, last))
+        return sum(self.loc.size(f"{dst}/{self.chunk_key(name, i)}") for i in range(c, last))
 
     def seal(self, generation: int) -> None:
         """Make everything staged for ``generation`` durable (called before the commit)."""
