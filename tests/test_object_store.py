@@ -4,9 +4,9 @@ local disk: create, incremental saves, open from a fresh machine, inspect, inter
 import json
 import socket
 
-import boto3
 import numpy as np
 import pytest
+import s3fs
 from moto.server import ThreadedMotoServer
 
 from rlbuffers import ReplayBuffer
@@ -24,9 +24,9 @@ def s3():
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
-    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test",
-                          aws_secret_access_key="test", region_name="us-east-1")
-    client.create_bucket(Bucket="rlbuf")
+    fs = s3fs.S3FileSystem(key="test", secret="test", endpoint_url=endpoint,
+                           skip_instance_cache=True)
+    fs.mkdir("rlbuf")  # creates the bucket
     yield {"endpoint_url": endpoint, "key": "test", "secret": "test"}
     server.stop()
 
