@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlbuffers.errors import RLBuffersError
-from rlbuffers.inspect import inspect_path
+from rlbuffers.inspection import inspect_path
 
 
 def _size(n: float) -> str:

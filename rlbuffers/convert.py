@@ -42,7 +42,7 @@ from typing import IO, Any
 import numpy as np
 
 from rlbuffers.buffer import ReplayBuffer
-from rlbuffers.codecs import DEFAULT_CODEC
+from rlbuffers.compression import DEFAULT_CODEC
 from rlbuffers.errors import RLBuffersError
 from rlbuffers.spec import FieldSpec
 

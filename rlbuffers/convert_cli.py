@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from rlbuffers.codecs import DEFAULT_CODEC
+from rlbuffers.compression import DEFAULT_CODEC
 
 
 def add_convert_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -51,7 +51,7 @@ def _convert_sb3(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from rlbuffers.convert import convert_sb3
-    from rlbuffers.inspect import inspect_path
+    from rlbuffers.inspection import inspect_path
 
     bar = None if args.quiet else tqdm(unit=" transitions", unit_scale=True, file=sys.stderr)
 

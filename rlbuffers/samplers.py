@@ -1,5 +1,10 @@
 """Samplers: pure index policies. A sampler never reads transition data; it returns slots.
 
+The contract every sampler meets is :class:`Sampler` (a ``Protocol``). Samplers are registered
+by name (:func:`register_sampler`), the name is stored in the buffer's manifest with the
+sampler's settings, and :func:`sampler_from_state` rebuilds it on ``open``: a user-defined
+sampler saves and reopens like the built-in ones once registered.
+
 - :class:`UniformSampler`: every stored transition equally likely.
 - :class:`PrioritizedSampler`: proportional prioritized replay (Schaul et al., 2016).
 - :class:`SequenceSampler`: contiguous windows of ``length`` transitions that never cross an
@@ -12,12 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
-from rlbuffers.errors import BufferEmptyError
+from rlbuffers.errors import BufferEmptyError, FieldError
 from rlbuffers.segment_tree import SegmentTree
+from rlbuffers.spec import FieldSpec
+
+#: The column holding raw priorities (float64[capacity]) for samplers that declare it.
+PRIORITY = "_priority"
 
 
 @dataclass
@@ -52,16 +61,108 @@ class Draw:
     weights: np.ndarray
 
 
+@runtime_checkable
+class Sampler(Protocol):
+    """What a sampler must do. It holds settings, never transition data; randomness comes only
+    from the generator passed in, so the buffer's saved RNG state makes sampling resumable.
+
+    Class attributes:
+        name: the registry key, stored in the manifest as ``state_dict()["type"]``.
+        extra_columns: columns the buffer must keep for it (name -> spec), e.g.
+            ``{PRIORITY: FieldSpec((), "float64")}``; the buffer stores what :meth:`on_write`
+            returns there and reads it back through ``SampleContext.priorities``.
+    """
+
+    name: ClassVar[str]
+    extra_columns: ClassVar[dict[str, FieldSpec]]
+
+    def sample(self, batch_size: int, ctx: SampleContext, rng: np.random.Generator) -> Draw:
+        """Draw ``batch_size`` slots among the ``ctx.size`` stored transitions.
+
+        Raises:
+            BufferEmptyError: too few transitions to draw from.
+        """
+        ...
+
+    def on_write(self, slots: np.ndarray, ctx: SampleContext) -> np.ndarray | None:
+        """Called as new transitions land in ``slots`` (int64[k]); returns the values of the
+        sampler's extra column for them (float64[k]), or None if it has none."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain JSON data: ``{"type": name, **settings}``; enough for
+        :meth:`from_state_dict` to rebuild an equal sampler."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take the settings of :meth:`state_dict` (derived structures are rebuilt lazily)."""
+        ...
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> Sampler:
+        """A new sampler from :meth:`state_dict`."""
+        ...
+
+
+_REGISTRY: dict[str, type[Sampler]] = {}
+S = TypeVar("S", bound=type)
+
+
+def register_sampler(cls: S) -> S:
+    """Class decorator: register a :class:`Sampler` under ``cls.name``.
+
+    Raises:
+        ValueError: the name is taken by another class.
+    """
+    name = cls.name  # type: ignore[attr-defined]
+    if _REGISTRY.get(name, cls) is not cls:
+        raise ValueError(f"sampler name {name!r}: already registered by {_REGISTRY[name]}")
+    _REGISTRY[name] = cls  # type: ignore[assignment]
+    return cls
+
+
+def sampler_from_state(state: dict[str, Any]) -> Sampler:
+    """Rebuild a sampler from its ``state_dict()``.
+
+    Raises:
+        ValueError: ``state["type"]`` names no registered sampler.
+    """
+    kind = state.get("type")
+    if kind not in _REGISTRY:
+        raise ValueError(f"sampler type: expected one of {sorted(_REGISTRY)}, got {kind!r} "
+                         "(register a custom sampler with rlbuffers.samplers.register_sampler)")
+    return _REGISTRY[kind].from_state_dict(state)
+
+
+def check_priorities(priorities: Any, n: int) -> np.ndarray:
+    """``priorities`` as float64[n], checked finite and >= 0.
+
+    Raises:
+        FieldError: another length, negative or non-finite values.
+    """
+    pr = np.asarray(priorities, dtype=np.float64).ravel()
+    if pr.shape != (n,):
+        raise FieldError(f"priorities: expected shape ({n},) like indices, got {pr.shape}")
+    if not np.all(np.isfinite(pr)) or (pr < 0).any():
+        raise FieldError(
+            "priorities: expected finite values >= 0, got "
+            f"min {np.nanmin(pr) if len(pr) else 0}, non-finite {int((~np.isfinite(pr)).sum())}"
+        )
+    return pr
+
+
 def _need(ctx: SampleContext, n: int) -> None:
     if ctx.size < n:
         raise BufferEmptyError(f"cannot sample: buffer holds {ctx.size} transitions, need >= {n}")
 
 
+@register_sampler
 @dataclass
 class UniformSampler:
     """Uniform sampling with replacement over the stored transitions."""
 
-    uses_priorities = False
+    name: ClassVar[str] = "uniform"
+    extra_columns: ClassVar[dict[str, FieldSpec]] = {}
 
     def sample(self, batch_size: int, ctx: SampleContext, rng: np.random.Generator) -> Draw:
         _need(ctx, 1)
@@ -73,12 +174,17 @@ class UniformSampler:
         return None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"type": "uniform"}
+        return {"type": self.name}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> UniformSampler:
+        return cls()
 
+
+@register_sampler
 @dataclass
 class SequenceSampler:
     """Windows of ``length`` consecutive transitions from one episode, uniformly over all valid
@@ -90,7 +196,8 @@ class SequenceSampler:
     """
 
     length: int
-    uses_priorities = False
+    name: ClassVar[str] = "sequence"
+    extra_columns: ClassVar[dict[str, FieldSpec]] = {}
 
     def __post_init__(self) -> None:
         if int(self.length) < 1:
@@ -129,12 +236,17 @@ class SequenceSampler:
         return None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"type": "sequence", "length": self.length}
+        return {"type": self.name, "length": self.length}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.length = int(state["length"])
 
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> SequenceSampler:
+        return cls(length=int(state["length"]))
 
+
+@register_sampler
 @dataclass
 class PrioritizedSampler:
     """Proportional prioritized experience replay (Schaul et al., ICLR 2016, Sec. 3.3).
@@ -157,9 +269,10 @@ class PrioritizedSampler:
     beta: float = 0.4
     eps: float = 1e-6
     max_priority: float = 1.0
-    uses_priorities = True
-    _sum: SegmentTree | None = field(default=None, init=False, repr=False)
-    _min: SegmentTree | None = field(default=None, init=False, repr=False)
+    name: ClassVar[str] = "prioritized"
+    extra_columns: ClassVar[dict[str, FieldSpec]] = {PRIORITY: FieldSpec((), "float64")}
+    #: (sum tree, min tree) over ``p^alpha``, built on first use
+    _trees_: tuple[SegmentTree, SegmentTree] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.alpha >= 0:
@@ -170,16 +283,17 @@ class PrioritizedSampler:
             raise ValueError(f"PrioritizedSampler.eps: expected > 0, got {self.eps}")
 
     def _trees(self, ctx: SampleContext) -> tuple[SegmentTree, SegmentTree]:
-        """Build the sum and min trees from the stored priorities on first use (lazy, so that
+        """The sum and min trees, built from the stored priorities on first use (lazy, so that
         opening a buffer stays O(1))."""
-        if self._sum is None or self._min is None:
+        if self._trees_ is None:
             raw = ctx.priorities()
             scaled = np.where(raw > 0, raw, 0.0) ** self.alpha
-            self._sum = SegmentTree(ctx.capacity, np.add, 0.0)
-            self._sum.rebuild(np.where(raw > 0, scaled, 0.0))
-            self._min = SegmentTree(ctx.capacity, np.minimum, np.inf)
-            self._min.rebuild(np.where(raw > 0, scaled, np.inf))
-        return self._sum, self._min
+            tsum = SegmentTree(ctx.capacity, np.add, 0.0)
+            tsum.rebuild(np.where(raw > 0, scaled, 0.0))
+            tmin = SegmentTree(ctx.capacity, np.minimum, np.inf)
+            tmin.rebuild(np.where(raw > 0, scaled, np.inf))
+            self._trees_ = (tsum, tmin)
+        return self._trees_
 
     def sample(self, batch_size: int, ctx: SampleContext, rng: np.random.Generator) -> Draw:
         _need(ctx, 1)
@@ -194,27 +308,26 @@ class PrioritizedSampler:
     def on_write(self, slots: np.ndarray, ctx: SampleContext) -> np.ndarray:
         """New transitions in ``slots`` get ``max_priority``; returns their raw priorities."""
         raw = np.full(len(slots), self.max_priority, dtype=np.float64)
-        if self._sum is not None:
-            self._set(slots, raw)
+        if self._trees_ is not None:
+            self._set(self._trees_, slots, raw)
         return raw
 
     def update(self, slots: np.ndarray, priorities: np.ndarray, ctx: SampleContext) -> np.ndarray:
         """Set priorities ``|delta| + eps`` for ``slots``; returns the raw priorities stored."""
-        self._trees(ctx)
         raw = np.abs(np.asarray(priorities, dtype=np.float64)) + self.eps
-        self._set(slots, raw)
+        self._set(self._trees(ctx), slots, raw)
         self.max_priority = max(self.max_priority, float(raw.max(initial=0.0)))
         return raw
 
-    def _set(self, slots: np.ndarray, raw: np.ndarray) -> None:
-        assert self._sum is not None and self._min is not None
+    def _set(self, trees: tuple[SegmentTree, SegmentTree], slots: np.ndarray,
+             raw: np.ndarray) -> None:
         scaled = raw**self.alpha
-        self._sum.set(slots, scaled)
-        self._min.set(slots, scaled)
+        for tree in trees:
+            tree.set(slots, scaled)
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "type": "prioritized",
+            "type": self.name,
             "alpha": self.alpha,
             "beta": self.beta,
             "eps": self.eps,
@@ -224,27 +337,10 @@ class PrioritizedSampler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.alpha, self.beta = float(state["alpha"]), float(state["beta"])
         self.eps, self.max_priority = float(state["eps"]), float(state["max_priority"])
-        self._sum = self._min = None
+        self._trees_ = None
 
-
-Sampler = UniformSampler | PrioritizedSampler | SequenceSampler
-
-
-def sampler_from_state(state: dict[str, Any]) -> Sampler:
-    """Rebuild a sampler from its ``state_dict()``.
-
-    Raises:
-        ValueError: an unknown sampler type.
-    """
-    kind = state.get("type")
-    sampler: Sampler
-    if kind == "uniform":
-        sampler = UniformSampler()
-    elif kind == "prioritized":
-        sampler = PrioritizedSampler()
-    elif kind == "sequence":
-        sampler = SequenceSampler(length=int(state["length"]))
-    else:
-        raise ValueError(f"sampler type: expected uniform, prioritized or sequence, got {kind!r}")
-    sampler.load_state_dict(state)
-    return sampler
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> PrioritizedSampler:
+        sampler = cls()
+        sampler.load_state_dict(state)
+        return sampler

@@ -155,3 +155,32 @@ def check_names(fields: Sequence[str], given: Sequence[str]) -> None:
         raise FieldError(f"unknown field(s) {unknown}; the buffer's fields are {sorted(fields)}")
     if missing:
         raise FieldError(f"missing field(s) {missing}; every transition needs {sorted(fields)}")
+
+
+#: Boolean fields whose True value ends an episode.
+EPISODE_END_FIELDS = ("terminated", "truncated", "done")
+
+
+def check_field_specs(fields: Any, reserved: Sequence[str] = ()) -> None:
+    """Validate the ``fields`` mapping given to ``ReplayBuffer.create``.
+
+    Raises:
+        FieldError: no fields, a value that is not a :class:`FieldSpec`, a name that is empty,
+        starts with ``_`` or ``.``, contains ``/`` or is in ``reserved``, or an episode-end
+        flag (``terminated``, ``truncated``, ``done``) that is not ``FieldSpec((), "bool")``.
+    """
+    if not fields:
+        raise FieldError("fields: expected at least one field, got none")
+    for name, spec in fields.items():
+        if not isinstance(spec, FieldSpec):
+            raise FieldError(f"field {name!r}: expected a FieldSpec, got {type(spec).__name__}")
+        if not name or name.startswith(("_", ".")) or "/" in name or name in reserved:
+            raise FieldError(
+                f"field name {name!r}: must be non-empty, must not start with '_' or '.', "
+                f"contain '/', or be one of {tuple(reserved)}"
+            )
+        if name in EPISODE_END_FIELDS and (spec.shape != () or spec.dtype != np.bool_):
+            raise FieldError(
+                f"field {name!r}: episode-end flags must be FieldSpec((), 'bool'), "
+                f"got {spec.describe()}"
+            )

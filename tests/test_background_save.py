@@ -1,26 +1,32 @@
 """Background saves: the commit is the buffer as of the save call, while adds, samples and
-priority updates go on; a second save waits for the first; a failed one loses nothing."""
+priority updates go on; a second save waits for the first; a failed one loses nothing and is
+never silent."""
 
-import time
+import concurrent.futures
+import threading
 
 import numpy as np
 import pytest
 
 from rlbuffers import FieldSpec, PrioritizedSampler, ReplayBuffer
-from rlbuffers.storage.persistent import PersistentTier
+from rlbuffers.storage.zarr_tier import ZarrTier
 from tests.conftest import assert_rows_are, make_batch
 
 
 @pytest.fixture
 def slow_stage(monkeypatch):
-    """Make every chunk write take 20 ms so the save is still running while we add."""
-    real = PersistentTier.stage_chunks
+    """Hold every chunk write of a background save until the test opens the gate, so what the
+    test does meanwhile certainly overlaps the save. Returns the gate (a threading.Event)."""
+    gate = threading.Event()
+    real = ZarrTier.stage_chunks
 
-    def slow(self, generation, name, c, data):
-        time.sleep(0.02 * -(-len(data) // self.chunks[name]))
+    def held(self, generation, name, c, data):
+        if threading.current_thread() is not threading.main_thread():
+            assert gate.wait(timeout=60), "the test never opened the gate"
         return real(self, generation, name, c, data)
 
-    monkeypatch.setattr(PersistentTier, "stage_chunks", slow)
+    monkeypatch.setattr(ZarrTier, "stage_chunks", held)
+    return gate
 
 
 def test_commit_is_the_snapshot_at_save_time(tmp_path, fields, slow_stage):
@@ -35,6 +41,7 @@ def test_commit_is_the_snapshot_at_save_time(tmp_path, fields, slow_stage):
         assert_rows_are(buf[:], np.arange(max(0, 35 + 5 * k - 40), 35 + 5 * k))
         buf.sample(8)
     assert not fut.done()  # the adds really overlapped the save
+    slow_stage.set()
     report = fut.result()
     assert report.generation == 1 and buf.generation == 1
     with ReplayBuffer.open(path, mode="r") as ro:
@@ -61,6 +68,8 @@ def test_priority_updates_during_background_save(tmp_path, slow_stage):
     buf.update_priorities(np.arange(64), np.full(64, 2.0))
     fut = buf.save(background=True)
     buf.update_priorities(np.arange(64), np.arange(64, dtype=float))  # all chunks, mid-save
+    assert not fut.done()
+    slow_stage.set()
     fut.result()
     with ReplayBuffer.open(path, mode="r") as ro:
         s = ro.sample(2000)
@@ -73,12 +82,22 @@ def test_priority_updates_during_background_save(tmp_path, slow_stage):
         assert np.mean(s["x"]) > 40
 
 
-def test_second_save_waits_and_generations_are_ordered(tmp_path, fields, slow_stage):
+def test_second_save_waits_and_generations_are_ordered(tmp_path, fields, slow_stage,
+                                                       monkeypatch):
     buf = ReplayBuffer.create(tmp_path / "b", capacity=40, fields=fields, chunk_transitions=4)
     buf.extend(make_batch(0, 20))
     first = buf.save(background=True)
     buf.extend(make_batch(20, 3))
+    real_wait, running_when_waited = concurrent.futures.wait, []
+
+    def wait(fs, *a, **k):  # the second save waits here: the first is still held at the gate
+        running_when_waited.append(not first.done())
+        slow_stage.set()
+        return real_wait(fs, *a, **k)
+
+    monkeypatch.setattr(concurrent.futures, "wait", wait)
     second = buf.save(background=True)
+    assert running_when_waited == [True]
     assert first.done()
     assert (first.result().generation, second.result().generation) == (1, 2)
     buf.close()
@@ -93,14 +112,57 @@ def test_failed_background_save_keeps_changes_pending(tmp_path, fields, monkeypa
     def broken(self, *a, **k):
         raise OSError(28, "No space left on device")
 
-    real = PersistentTier.stage_chunks
-    monkeypatch.setattr(PersistentTier, "stage_chunks", broken)
+    real = ZarrTier.stage_chunks
+    monkeypatch.setattr(ZarrTier, "stage_chunks", broken)
     fut = buf.save(background=True)
     with pytest.raises(OSError, match="No space left"):
         fut.result()
     assert buf.generation == 0
-    monkeypatch.setattr(PersistentTier, "stage_chunks", real)
+    monkeypatch.setattr(ZarrTier, "stage_chunks", real)
     assert buf.save().generation == 1
     buf.close()
     with ReplayBuffer.open(tmp_path / "b") as b:
         assert_rows_are(b[:], np.arange(10))
+
+
+def _broken_background_save(buf, monkeypatch):
+    def broken(self, *a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ZarrTier, "stage_chunks", broken)
+    buf.save(background=True)  # nobody asks its future
+
+
+@pytest.mark.parametrize("then", ["close", "wait_for_save", "save"])
+def test_unseen_background_failure_raises_at_the_next_call(tmp_path, fields, monkeypatch, then):
+    path = tmp_path / "b"
+    buf = ReplayBuffer.create(path, capacity=20, fields=fields, chunk_transitions=4)
+    buf.extend(make_batch(0, 10))
+    buf.save()
+    buf.extend(make_batch(10, 5))
+    _broken_background_save(buf, monkeypatch)
+    with pytest.raises(OSError, match="No space left"):
+        getattr(buf, then)()
+    monkeypatch.undo()
+    if then == "close":  # raised after releasing its files: the buffer is closed
+        with pytest.raises(ValueError, match="closed"):
+            buf.sample(1)
+    else:  # raised once; the failed save's changes are still pending
+        buf.wait_for_save()
+        assert buf.save().generation == 2
+        buf.close()
+    with ReplayBuffer.open(path, mode="r") as ro:
+        want = np.arange(15) if then != "close" else np.arange(10)
+        assert_rows_are(ro[:], want)
+
+
+def test_background_failure_seen_through_the_future_is_not_raised_again(
+        tmp_path, fields, monkeypatch):
+    buf = ReplayBuffer.create(tmp_path / "b", capacity=20, fields=fields, chunk_transitions=4)
+    buf.extend(make_batch(0, 10))
+    monkeypatch.setattr(ZarrTier, "stage_chunks",
+                        lambda *a, **k: (_ for _ in ()).throw(OSError(5, "I/O error")))
+    fut = buf.save(background=True)
+    assert isinstance(fut.exception(), OSError)
+    monkeypatch.undo()
+    buf.close()  # no second report of the same failure

@@ -21,7 +21,7 @@ from rlbuffers import (
 )
 from rlbuffers.cli import main
 from rlbuffers.storage.location import Location
-from rlbuffers.storage.persistent import PersistentTier
+from rlbuffers.storage.zarr_tier import ZarrTier as PersistentTier
 from tests.conftest import assert_rows_are, make_batch
 
 
@@ -171,7 +171,7 @@ def test_failed_save_keeps_last_commit_and_retries(buf, monkeypatch):
 
 
 def _corrupt_first_chunk(path, field):
-    tier = PersistentTier(Location(path), {field: FieldSpec((3,), "float32")}, 4, 10)
+    tier = PersistentTier.open(Location(path))
     chunk_file = path / field / tier.chunk_key(field, 0)
     data = bytearray(chunk_file.read_bytes())
     data[len(data) // 2] ^= 0xFF

@@ -8,7 +8,7 @@ import pytest
 import zarr
 
 from rlbuffers import FieldSpec, ReplayBuffer
-from rlbuffers.inspect import inspect_path
+from rlbuffers.inspection import inspect_path
 from tests.conftest import assert_rows_are, make_batch
 
 

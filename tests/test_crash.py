@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from rlbuffers import ReplayBuffer
-from rlbuffers.inspect import inspect_path
+from rlbuffers.inspection import inspect_path
 from tests.crash_writer import CAPACITY, batch
 
 KILLS = 24

@@ -6,7 +6,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlbuffers.save_job import SaveJob
+from rlbuffers.storage.layout import ChunkLayout
+from rlbuffers.storage.save_job import SaveJob
 
 K = 4  # rows per chunk
 
@@ -19,7 +20,7 @@ def _read(name: str, first: int, count: int) -> np.ndarray:
 @given(chunks=st.sets(st.integers(0, 60), max_size=40), max_chunks=st.integers(1, 9))
 def test_runs_are_consecutive_bounded_and_cover_every_chunk_once(chunks, max_chunks):
     todo = sorted(chunks)
-    job = SaveJob(1, {"x": todo}, {}, threading.Lock(), {"x": K}, K)
+    job = SaveJob(1, {"x": todo}, None, threading.Lock(), ChunkLayout(10**6, K, {"x": K}))
     seen: list[int] = []
     runs = list(job.runs("x", max_chunks))
     for first, count in runs:
@@ -34,7 +35,7 @@ def test_runs_are_consecutive_bounded_and_cover_every_chunk_once(chunks, max_chu
        overwritten=st.sets(st.integers(0, 20)), max_chunks=st.integers(1, 5))
 def test_take_reads_runs_and_lays_snapshots_over_them(chunks, overwritten, max_chunks):
     todo = sorted(chunks)
-    job = SaveJob(1, {"x": todo}, {}, threading.Lock(), {"x": K}, K)
+    job = SaveJob(1, {"x": todo}, None, threading.Lock(), ChunkLayout(10**6, K, {"x": K}))
     job.protect(["x"], overwritten, lambda n, c, k: -_read(n, c, k))  # copied-aside contents
     for first, count in job.runs("x", max_chunks):
         rows = job.take("x", first, count, _read)
@@ -47,7 +48,7 @@ def test_take_reads_runs_and_lays_snapshots_over_them(chunks, overwritten, max_c
 
 
 def test_snapshots_overlay_ragged_rows():
-    job = SaveJob(1, {"t": [0, 1]}, {}, threading.Lock(), {"t": 2}, 2)
+    job = SaveJob(1, {"t": [0, 1]}, None, threading.Lock(), ChunkLayout(10**6, 2, {"t": 2}))
 
     def read(name, first, count):
         return [np.arange(i + 1) for i in range(first * 2, (first + count) * 2)]
@@ -63,7 +64,7 @@ def test_protect_maps_base_chunks_to_the_stored_chunk_holding_them(chunks, overw
     """Stored chunks of m base chunks (K rows each): overwriting base chunk b protects stored
     chunk b // m, and a failed save gives back exactly the base chunks its chunks hold."""
     todo = sorted(chunks)
-    job = SaveJob(1, {"x": todo}, {}, threading.Lock(), {"x": K * m}, K)
+    job = SaveJob(1, {"x": todo}, None, threading.Lock(), ChunkLayout(10**6, K, {"x": K * m}))
 
     def read(name, first, count):
         return np.arange(first * K * m, (first + count) * K * m, dtype=np.int64)

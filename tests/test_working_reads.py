@@ -33,7 +33,7 @@ def _filled(path: Path, n: int = 50, capacity: int = 40) -> ReplayBuffer:
 @given(slots=st.lists(st.integers(0, 39), min_size=1, max_size=300))
 def test_pread_gather_equals_map_gather(tmp_path_factory, slots):
     buf = _filled(tmp_path_factory.mktemp("b") / "b")
-    col = buf._working.columns["frame"]
+    col = buf._storage.working.columns["frame"]
     idx = np.array(slots, dtype=np.int64)
     by_map = col.gather(idx)
     col.random_reads = True
@@ -46,7 +46,7 @@ def test_pread_gather_equals_map_gather(tmp_path_factory, slots):
 
 def test_small_rows_keep_the_map(tmp_path):
     buf = _filled(tmp_path / "b")
-    col = buf._working.columns["value"]
+    col = buf._storage.working.columns["value"]
     col.random_reads = True  # 8-byte rows: a syscall each would cost more than the page
     assert not col.random_reads
     buf.close()
@@ -60,10 +60,10 @@ def test_tier_larger_than_memory_switches_to_pread(tmp_path, monkeypatch):
     tier_bytes = 40 * (2 * 48 * 48 + 8 + 8)  # frame, value, internal episode id
     monkeypatch.setattr(working, "memory_limit_bytes", lambda: 4 * tier_bytes)
     with ReplayBuffer.open(tmp_path / "b") as b:
-        assert not b._working.columns["frame"].random_reads
+        assert not b._storage.working.columns["frame"].random_reads
     monkeypatch.setattr(working, "memory_limit_bytes", lambda: tier_bytes // 4)
     with ReplayBuffer.open(tmp_path / "b") as b:
-        assert b._working.columns["frame"].random_reads
+        assert b._storage.working.columns["frame"].random_reads
         got = b[:]
         for name in ("frame", "value"):
             np.testing.assert_array_equal(got[name], expected[name])

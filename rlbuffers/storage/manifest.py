@@ -1,17 +1,23 @@
-"""The commit record of a buffer: ``manifest.json`` in the root of the Zarr group.
+"""The commit record of a buffer: ``manifest.json`` in the root of the Zarr group, read and
+written as a typed :class:`Manifest`.
 
 The manifest is the only file whose content says what is committed. It is written last in a
 save and replaced atomically (see :meth:`Location.write_atomic`), so readers see either the
-previous commit or the new one, never a mix.
+previous commit or the new one, never a mix. ``docs/format.md`` documents every key.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlbuffers.errors import FormatVersionError, NotABufferError
+from rlbuffers.ring import RingState
+from rlbuffers.spec import FieldSpec
+from rlbuffers.storage.layout import ChunkLayout
 from rlbuffers.storage.location import Location
 
 MANIFEST = "manifest.json"
@@ -20,17 +26,139 @@ MANIFEST = "manifest.json"
 #: ``chunk_transitions``.
 FORMAT_VERSION = 2
 
+
+@dataclass(frozen=True)
+class Manifest:
+    """One commit of a buffer.
+
+    Attributes:
+        buffer_id: random hex id given at create (ties a working tier to its buffer).
+        layout: capacity and chunk sizes (base and stored, per field).
+        fields: user field name -> spec. codecs: user field name -> codec name.
+        internal: internal column name (``_episode_id``, ``_priority``) -> spec.
+        ring: transitions ever added and episodes ended.
+        generation: commit number (0 at create, +1 per save).
+        committed_at: Unix time of the commit, seconds.
+        sampler: the sampler's ``state_dict()``. rng: the buffer generator's
+            ``bit_generator.state``. metadata: the user's JSON dict from ``save(metadata=)``.
+        format_version: the format this commit is in (kept when an older buffer is re-saved).
+    """
+
+    buffer_id: str
+    layout: ChunkLayout
+    fields: dict[str, FieldSpec]
+    codecs: dict[str, str]
+    internal: dict[str, FieldSpec]
+    ring: RingState
+    generation: int
+    committed_at: float
+    sampler: dict[str, Any]
+    rng: dict[str, Any]
+    metadata: dict[str, Any] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def capacity(self) -> int:
+        return self.layout.capacity
+
+    @property
+    def specs(self) -> dict[str, FieldSpec]:
+        """Every column: user fields, then internal ones."""
+        return {**self.fields, **self.internal}
+
+    def replace(self, **changes: Any) -> Manifest:
+        """A copy with ``changes`` (as :func:`dataclasses.replace`)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object stored in ``manifest.json``."""
+        ring = self.ring
+        out: dict[str, Any] = {
+            "format": "rlbuffers",
+            "format_version": self.format_version,
+            "buffer_id": self.buffer_id,
+            "capacity": self.capacity,
+            "chunk_transitions": self.layout.base_chunk_rows,
+            "fields": {n: {**s.to_dict(), "codec": self.codecs[n]} for n, s in self.fields.items()},
+            "internal": {n: s.to_dict() for n, s in self.internal.items()},
+            "generation": self.generation,
+            "cursor": ring.cursor,
+            "size": ring.size,
+            "total_added": ring.total_added,
+            "episodes": ring.episodes,
+            "episode_id": ring.episodes,
+            "metadata": self.metadata,
+            "committed_at": self.committed_at,
+            "sampler": self.sampler,
+            "rng": self.rng,
+        }
+        if self.format_version >= 2:
+            out["field_chunk_transitions"] = dict(self.layout.stored_chunk_rows)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = MANIFEST) -> Manifest:
+        """Parse (and upgrade) a manifest object read from ``where``.
+
+        Raises:
+            NotABufferError: not an rlbuffers manifest, or a key is missing or malformed.
+            FormatVersionError: written by a newer format version.
+        """
+        if not isinstance(data, dict) or data.get("format") != "rlbuffers":
+            raise NotABufferError(f"{where}: not an rlbuffers manifest")
+        version = data.get("format_version")
+        if not isinstance(version, int) or version > FORMAT_VERSION:
+            raise FormatVersionError(
+                f"{where}: format version {version} is newer than this rlbuffers reads "
+                f"({FORMAT_VERSION}); upgrade rlbuffers"
+            )
+        try:
+            data = upgrade(data)
+            capacity = int(data["capacity"])
+            return cls(
+                buffer_id=data.get("buffer_id", ""),
+                layout=ChunkLayout(capacity, int(data["chunk_transitions"]),
+                                   {n: int(k) for n, k in data["field_chunk_transitions"].items()}),
+                fields={n: FieldSpec.from_dict(d) for n, d in data["fields"].items()},
+                codecs={n: d["codec"] for n, d in data["fields"].items()},
+                internal={n: FieldSpec.from_dict(d) for n, d in data["internal"].items()},
+                ring=RingState(capacity, int(data["total_added"]), int(data["episodes"])),
+                generation=int(data["generation"]),
+                committed_at=float(data["committed_at"]),
+                sampler=dict(data["sampler"]),
+                rng=dict(data["rng"]),
+                metadata=dict(data["metadata"]),
+                format_version=version,
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise NotABufferError(
+                f"{where}: malformed manifest ({type(e).__name__}: {e})") from None
+
+
+def upgrade(data: dict[str, Any]) -> dict[str, Any]:
+    """Bring a manifest object of any older format up to the current one's keys (a copy).
+
+    Format 1 chunked every field by ``chunk_transitions``: it gets
+    ``field_chunk_transitions`` saying so.
+    """
+    data = dict(data)
+    if data["format_version"] < 2 or not data.get("field_chunk_transitions"):
+        names = [*data["fields"], *data["internal"]]
+        data["field_chunk_transitions"] = {n: data["chunk_transitions"] for n in names}
+    return data
+
+
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write ``data`` as JSON to the local file ``path`` atomically."""
     Location(path.parent).write_atomic(path.name, json.dumps(data, indent=1).encode())
 
 
-def write_manifest(loc: Location, data: dict[str, Any]) -> None:
-    """Commit ``data`` as the manifest at ``loc`` (atomic replace)."""
-    loc.write_atomic(MANIFEST, json.dumps(data, indent=1, sort_keys=True).encode())
+def write_manifest(loc: Location, manifest: Manifest) -> None:
+    """Commit ``manifest`` at ``loc`` (atomic replace, fsynced)."""
+    loc.write_atomic(MANIFEST, json.dumps(manifest.to_json(), indent=1, sort_keys=True).encode())
 
 
-def read_manifest(loc: Location) -> dict[str, Any]:
+def read_manifest(loc: Location) -> Manifest:
     """Read and check the manifest of the buffer at ``loc``.
 
     Raises:
@@ -45,20 +173,4 @@ def read_manifest(loc: Location) -> dict[str, Any]:
         raise NotABufferError(f"{loc}: not an rlbuffers buffer (no {MANIFEST})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise NotABufferError(f"{loc}/{MANIFEST}: not a valid manifest ({e})") from None
-    if not isinstance(data, dict) or data.get("format") != "rlbuffers":
-        raise NotABufferError(f"{loc}/{MANIFEST}: not an rlbuffers manifest")
-    version = data.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise FormatVersionError(
-            f"{loc}: format version {version} is newer than this rlbuffers reads "
-            f"({FORMAT_VERSION}); upgrade rlbuffers"
-        )
-    return data
-
-
-def field_chunk_rows(data: dict[str, Any]) -> dict[str, int]:
-    """Field name (internal fields included) -> transitions per stored chunk, from a manifest
-    (format 1 manifests chunk every field by ``chunk_transitions``)."""
-    names = [*data["fields"], *data["internal"]]
-    rows = data.get("field_chunk_transitions") or {}
-    return {n: int(rows.get(n, data["chunk_transitions"])) for n in names}
+    return Manifest.from_json(data, f"{loc}/{MANIFEST}")

@@ -1,43 +1,43 @@
 """Reads for buffers opened with ``mode="r"``: rows are gathered from the persistent tier
-through an LRU cache of decoded chunks whose capacity is in bytes, so a reader never touches
-the writer's working tier and its memory stays bounded."""
+through an LRU cache of decoded chunks whose capacity is in bytes
+(:class:`~rlbuffers.cache.ByteLRUCache`), so a reader never touches the writer's working tier
+and its memory stays bounded."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
-from cachetools import LRUCache
 
-from rlbuffers.storage.persistent import PersistentTier
+from rlbuffers.cache import ENTRY_OVERHEAD_BYTES, ByteLRUCache
+from rlbuffers.storage.zarr_tier import ZarrTier
 
 
 def _nbytes(chunk: Any) -> int:
+    """Bytes of a decoded chunk: an array, or a list of arrays (ragged)."""
     if isinstance(chunk, np.ndarray):
-        return int(chunk.nbytes)
-    return sum(int(a.nbytes) for a in chunk) + 64 * len(chunk)
+        return int(chunk.nbytes) + ENTRY_OVERHEAD_BYTES
+    return sum(int(a.nbytes) + 64 for a in chunk) + ENTRY_OVERHEAD_BYTES
 
 
 class ChunkReader:
-    """Row gathers over a :class:`PersistentTier` with a decoded-chunk cache of
-    ``cache_max_bytes`` bytes (default 256 MiB)."""
+    """Row gathers over a :class:`ZarrTier` with a decoded-chunk cache of ``cache_max_bytes``
+    bytes (default 256 MiB)."""
 
-    def __init__(self, tier: PersistentTier, cache_max_bytes: int = 256 * 2**20) -> None:
+    def __init__(self, tier: ZarrTier, cache_max_bytes: int = 256 * 2**20) -> None:
         self.tier = tier
-        self.cache: LRUCache[tuple[str, int], Any] = LRUCache(cache_max_bytes, getsizeof=_nbytes)
+        self.cache = ByteLRUCache(cache_max_bytes, getsizeof=_nbytes)
 
     def _chunk(self, name: str, c: int) -> Any:
-        key = (name, c)
-        chunk = self.cache.get(key)
+        chunk = self.cache.get((name, c))
         if chunk is None:
             chunk = self.tier.read_chunk(name, c)
-            if _nbytes(chunk) <= self.cache.maxsize:
-                self.cache[key] = chunk
+            self.cache.put((name, c), chunk)
         return chunk
 
     def gather(self, name: str, slots: np.ndarray) -> Any:
         """Rows at ``slots`` (int64[N]): an array ``[N, *shape]`` or, for ragged fields, a list."""
-        k = self.tier.chunks[name]
+        k = self.tier.layout.stored_chunk_rows[name]
         spec = self.tier.specs[name]
         slots = np.asarray(slots, dtype=np.int64).ravel()
         if spec.ragged:

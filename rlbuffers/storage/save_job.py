@@ -17,30 +17,35 @@ from typing import Any
 
 import numpy as np
 
-from rlbuffers.storage.persistent import base_of, stored_of
+from rlbuffers.storage.layout import ChunkLayout
 
 #: Raw bytes of consecutive chunks read and handed to Zarr in one write during a save: Zarr
 #: encodes them concurrently, and this bounds the extra memory of a save (a run and its
 #: encoded chunks).
 SAVE_RUN_BYTES = 32 * 2**20
 
-#: Reads the rows of chunks ``[first, first + count)`` of column ``name`` from the working
-#: tier: ``[n, *shape]`` (fixed) or a list of n arrays (ragged).
-ChunkReader = Callable[[str, int, int], Any]
+#: Reads the rows of stored chunks ``[first, first + count)`` of column ``name`` from the
+#: working tier: ``[n, *shape]`` (fixed) or a list of n arrays (ragged).
+ReadStored = Callable[[str, int, int], Any]
 
 
 @dataclass
 class SaveJob:
-    """What one save writes. ``todo``: column -> sorted stored-chunk indices; ``state``:
-    manifest fields; ``chunk_rows``: column -> transitions per stored chunk, a multiple of
-    ``base_rows``, the transitions per base chunk (the unit writers mark dirty)."""
+    """What one save writes.
+
+    Attributes:
+        generation: the generation it commits.
+        todo: column -> sorted stored-chunk indices to write.
+        commit: what it commits (a manifest, less ``committed_at``), frozen at the call.
+        lock: the lock writers hold while they write the working tier.
+        layout: base and stored chunk sizes.
+    """
 
     generation: int
     todo: dict[str, list[int]]
-    state: dict[str, Any]
+    commit: Any
     lock: threading.Lock
-    chunk_rows: dict[str, int]
-    base_rows: int
+    layout: ChunkLayout
     pending: set[tuple[str, int]] = field(default_factory=set)
     snapshots: dict[tuple[str, int], Any] = field(default_factory=dict)
 
@@ -49,14 +54,14 @@ class SaveJob:
 
     def base_chunks(self, name: str, stored: Iterable[int]) -> set[int]:
         """The base chunks that stored chunks ``stored`` of ``name`` hold."""
-        return base_of(stored, self.chunk_rows[name], self.base_rows)
+        return self.layout.base_of(name, stored)
 
-    def protect(self, names: Iterable[str], chunks: Iterable[int], read: ChunkReader) -> None:
+    def protect(self, names: Iterable[str], chunks: Iterable[int], read: ReadStored) -> None:
         """Copy aside the stored chunks holding base chunks ``chunks``, about to be
         overwritten, that the save has not read yet. Call with ``lock`` held, before writing."""
         chunks = list(chunks)
         for name in names:
-            for c in stored_of(chunks, self.chunk_rows[name], self.base_rows):
+            for c in self.layout.stored_of(name, chunks):
                 key = (name, c)
                 if key in self.pending and key not in self.snapshots:
                     self.snapshots[key] = read(name, c, 1)
@@ -73,7 +78,7 @@ class SaveJob:
             yield todo[i], n
             i += n
 
-    def take(self, name: str, first: int, count: int, read: ChunkReader) -> Any:
+    def take(self, name: str, first: int, count: int, read: ReadStored) -> Any:
         """The rows of chunks ``[first, first + count)`` as of the snapshot (takes ``lock``):
         one read of the whole range, with the chunks copied aside by :meth:`protect` laid
         over it."""
@@ -83,7 +88,7 @@ class SaveJob:
                 self.pending.discard((name, c))
                 snap = self.snapshots.pop((name, c), None)
                 if snap is not None:
-                    a = (c - first) * self.chunk_rows[name]
+                    a = (c - first) * self.layout.stored_chunk_rows[name]
                     rows[a : a + len(snap)] = snap
             return rows
 

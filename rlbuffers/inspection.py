@@ -13,12 +13,10 @@ from typing import Any
 import numpy as np
 
 from rlbuffers.errors import CorruptChunkError
-from rlbuffers.spec import FieldSpec
+from rlbuffers.samplers import PRIORITY
 from rlbuffers.storage.location import Location
-from rlbuffers.storage.manifest import field_chunk_rows, read_manifest
-from rlbuffers.storage.persistent import PersistentTier
-
-PRIORITY = "_priority"
+from rlbuffers.storage.manifest import Manifest
+from rlbuffers.storage.zarr_tier import ZarrTier
 
 
 class _Stats:
@@ -46,17 +44,10 @@ class _Stats:
         return {"count": self.n, "mean": self.mean, "std": std, "min": self.lo, "max": self.hi}
 
 
-def _filled_chunks(m: dict[str, Any], k: int) -> list[tuple[int, int]]:
-    """(chunk, valid rows in it) for every chunk of ``k`` transitions holding committed
-    transitions."""
-    filled = min(m["total_added"], m["capacity"])
-    return [(c, min(k, filled - c * k)) for c in range(-(-filled // k))]
-
-
-def _column_stats(tier: PersistentTier, name: str, m: dict[str, Any]) -> tuple[_Stats, int]:
+def _column_stats(tier: ZarrTier, name: str) -> tuple[_Stats, int]:
     """Stats of a scalar column (or total raw bytes of a ragged one) over committed slots."""
     stats, raw = _Stats(), 0
-    for c, n in _filled_chunks(m, tier.chunks[name]):
+    for c, n in tier.layout.filled_stored_chunks(name, tier.manifest.ring.size):
         data = tier.read_chunk(name, c)[:n]
         if tier.specs[name].ragged:
             raw += sum(int(a.nbytes) for a in data)
@@ -91,57 +82,54 @@ def inspect_path(
         a chunk read for statistics is corrupt (with ``verify``, corrupt chunks are listed
         instead and skipped).
     """
-    loc = Location(path, storage_options)
-    m = read_manifest(loc)
-    specs = {n: FieldSpec.from_dict(d) for n, d in {**m["fields"], **m["internal"]}.items()}
-    tier = PersistentTier(loc, specs, field_chunk_rows(m), m["capacity"])
-    tier.generation = m["generation"]
+    tier = ZarrTier.open(Location(path, storage_options))
+    m = tier.manifest
     report: dict[str, Any] = {
-        "path": str(loc),
-        "format_version": m["format_version"],
-        "generation": m["generation"],
-        "committed_at": dt.datetime.fromtimestamp(m["committed_at"], dt.timezone.utc).isoformat(),
-        "capacity": m["capacity"],
-        "size": m["size"],
-        "total_added": m["total_added"],
-        "episodes": m["episodes"],
-        "chunk_transitions": m["chunk_transitions"],
-        "metadata": m["metadata"],
+        "path": str(tier.loc),
+        "format_version": m.format_version,
+        "generation": m.generation,
+        "committed_at": dt.datetime.fromtimestamp(m.committed_at, dt.timezone.utc).isoformat(),
+        "capacity": m.capacity,
+        "size": m.ring.size,
+        "total_added": m.ring.total_added,
+        "episodes": m.ring.episodes,
+        "chunk_transitions": m.layout.base_chunk_rows,
+        "metadata": m.metadata,
     }
     corrupt = tier.verify() if verify else []
     report["fields"] = _fields_report(tier, m, skip={(f, c) for f, c, _ in corrupt})
-    report["stored_bytes"] = sum(tier.stored_bytes(n) for n in specs)
-    report["sampler"] = dict(m["sampler"])
+    report["stored_bytes"] = sum(sum(tier.stored_chunks(n).values()) for n in m.specs)
+    report["sampler"] = dict(m.sampler)
     bad_fields = {f for f, _, _ in corrupt}
-    if PRIORITY in specs and PRIORITY not in bad_fields:
-        report["sampler"]["priorities"] = _column_stats(tier, PRIORITY, m)[0].report()
-    if "reward" in m["fields"] and not specs["reward"].ragged and "reward" not in bad_fields:
-        report["reward"] = _column_stats(tier, "reward", m)[0].report()
+    if PRIORITY in m.specs and PRIORITY not in bad_fields:
+        report["sampler"]["priorities"] = _column_stats(tier, PRIORITY)[0].report()
+    if "reward" in m.fields and not m.fields["reward"].ragged and "reward" not in bad_fields:
+        report["reward"] = _column_stats(tier, "reward")[0].report()
     if verify:
         report["corrupt"] = [{"field": f, "chunk": c, "reason": r} for f, c, r in corrupt]
     return report
 
 
-def _fields_report(tier: PersistentTier, m: dict[str, Any], skip: set[tuple[str, int]]) -> dict:
+def _fields_report(tier: ZarrTier, m: Manifest, skip: set[tuple[str, int]]) -> dict:
     out = {}
-    for name, d in m["fields"].items():
-        spec = tier.specs[name]
-        stored = tier.stored_bytes(name)
+    for name, spec in m.fields.items():
+        chunks = tier.stored_chunks(name)
+        stored = sum(chunks.values())
         if spec.ragged:
             try:
-                raw = 0 if any(f == name for f, _ in skip) else _column_stats(tier, name, m)[1]
+                raw = 0 if any(f == name for f, _ in skip) else _column_stats(tier, name)[1]
             except CorruptChunkError:
                 raw = 0
         else:
-            raw = m["size"] * spec.item_bytes
+            raw = m.ring.size * spec.item_bytes
         out[name] = {
             "shape": list(spec.shape),
             "dtype": str(spec.dtype),
-            "codec": d["codec"],
+            "codec": m.codecs[name],
             "stored_bytes": stored,
             "raw_bytes": raw,
             "ratio": round(raw / stored, 3) if stored else None,
-            "chunks": len(tier.stored_chunks(name)),
-            "chunk_transitions": tier.chunks[name],
+            "chunks": len(chunks),
+            "chunk_transitions": m.layout.stored_chunk_rows[name],
         }
     return out

@@ -1,0 +1,76 @@
+"""Making a new, empty buffer on storage: check the arguments, plan the chunks, write the
+persistent tier and commit generation 0."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from rlbuffers.compression import DEFAULT_CODEC, check_codec
+from rlbuffers.errors import BufferExistsError
+from rlbuffers.ring import RingState
+from rlbuffers.spec import FieldSpec
+from rlbuffers.storage.layout import ChunkLayout, plan_stored_chunk_rows
+from rlbuffers.storage.location import Location
+from rlbuffers.storage.manifest import Manifest
+from rlbuffers.storage.zarr_tier import ZarrTier
+
+#: Target raw bytes of one chunk of the largest field when ``chunk_transitions`` is None.
+AUTO_CHUNK_BYTES = 4 * 2**20
+
+
+def positive_int(name: str, value: Any) -> int:
+    """``value`` as an int.
+
+    Raises:
+        ValueError: not an integer >= 1 (the message names ``name``).
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+    return int(value)
+
+
+def create_tier(
+    loc: Location,
+    *,
+    capacity: Any,
+    fields: Mapping[str, FieldSpec],
+    internal: dict[str, FieldSpec],
+    chunk_transitions: int | None,
+    codec: str | Mapping[str, str],
+    sampler_state: dict[str, Any],
+    seed: int | None,
+    overwrite: bool,
+) -> ZarrTier:
+    """Create an empty buffer at ``loc`` and commit it as generation 0 (arguments as for
+    ``ReplayBuffer.create``; ``internal``: the internal columns and their specs).
+
+    Raises:
+        ValueError: a bad capacity, chunk size or codec. BufferExistsError: ``loc`` is not
+        empty and ``overwrite`` is False.
+    """
+    capacity = positive_int("capacity", capacity)
+    if chunk_transitions is None:
+        row = max(spec.estimate_bytes() for spec in fields.values())
+        chunk_transitions = max(1, min(capacity, AUTO_CHUNK_BYTES // max(row, 1)))
+    base = positive_int("chunk_transitions", chunk_transitions)
+    codecs = {n: check_codec(codec if isinstance(codec, str) else codec.get(n, DEFAULT_CODEC), n)
+              for n in fields}
+    if loc.exists() and loc.listdir():
+        if not overwrite:
+            raise BufferExistsError(f"{loc}: already exists and is not empty "
+                                    "(pass overwrite=True)")
+        loc.remove_tree("")
+    specs = {**fields, **internal}
+    manifest = Manifest(
+        buffer_id=uuid.uuid4().hex,
+        layout=ChunkLayout(capacity, base, plan_stored_chunk_rows(specs, base, capacity)),
+        fields=dict(fields), codecs=codecs, internal=internal, ring=RingState(capacity),
+        generation=0, committed_at=time.time(), sampler=sampler_state,
+        rng=np.random.Generator(np.random.PCG64(seed)).bit_generator.state,
+    )
+    return ZarrTier.create(loc, manifest)

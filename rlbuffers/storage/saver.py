@@ -1,0 +1,189 @@
+"""The saver: everything one buffer's saves share. It owns the lock that writers hold, the
+base chunks changed since the last commit (per column), the save in flight
+(:class:`~rlbuffers.storage.save_job.SaveJob`) and the background-save thread, and it makes
+sure a failed background save is never lost silently: its error is raised by the save's
+future, or, if nobody asked the future, by the next ``save``, ``wait`` or ``close``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from rlbuffers.storage.manifest import Manifest
+from rlbuffers.storage.save_job import SAVE_RUN_BYTES, SaveJob, rows_nbytes
+from rlbuffers.storage.working import WorkingTier
+from rlbuffers.storage.zarr_tier import ZarrTier
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SaveReport:
+    """What one :meth:`ReplayBuffer.save` did.
+
+    Attributes:
+        generation: the commit number now on disk.
+        chunks_written: stored chunks encoded and written (all fields).
+        bytes_written: compressed bytes written, checksums included.
+        raw_bytes: uncompressed bytes those chunks hold.
+        seconds: wall time of the save.
+    """
+
+    generation: int
+    chunks_written: int
+    bytes_written: int
+    raw_bytes: int
+    seconds: float
+
+
+class SaveFuture(Future):  # type: ignore[type-arg]
+    """The future of a background save. Asking it for its result or exception counts as
+    having seen a failure, which the saver then does not raise a second time."""
+
+    observed = False
+
+    def result(self, timeout: float | None = None) -> SaveReport:
+        self.observed = True
+        return super().result(timeout)  # type: ignore[no-any-return]
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self.observed = True
+        return super().exception(timeout)
+
+
+class Saver:
+    """Saves of one writable buffer from its working tier into its persistent tier."""
+
+    def __init__(self, tier: ZarrTier, working: WorkingTier) -> None:
+        self.tier, self.working = tier, working
+        self.layout = tier.manifest.layout
+        self.lock = threading.Lock()  # guards working-tier writes against a background save
+        self.dirty: dict[str, set[int]] = {n: set() for n in tier.manifest.specs}
+        self._job: SaveJob | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: SaveFuture | None = None
+
+    def touch(self, names: Iterable[str], base_chunks: set[int]) -> None:
+        """Before writing ``base_chunks`` of columns ``names`` (hold :attr:`lock`): copy aside
+        what a running save still needs, record the chunks as changed in ``state.json`` and in
+        the dirty sets."""
+        names = list(names)
+        if self._job is not None:
+            self._job.protect(names, base_chunks, self._read_stored)
+        self.working.mark_dirty(self.tier.manifest.generation, base_chunks)
+        for name in names:
+            self.dirty[name] |= base_chunks
+
+    def save(self, commit: Manifest, *, full: bool, background: bool) -> SaveReport | SaveFuture:
+        """Commit ``commit`` (its generation and time are set here) with every chunk changed
+        since the last commit (``full``: every filled chunk).
+
+        Returns:
+            a :class:`SaveReport`, or with ``background`` a :class:`SaveFuture` of one.
+
+        Raises:
+            OSError: the save failed; the previous commit is intact and the changes stay
+            pending. Also the error of an earlier background save nobody has seen.
+        """
+        self.wait()
+        with self.lock:
+            job = self._start(commit, full)
+        if not background:
+            return self._run(job)
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="rlbuffers-save")
+        fut = self._pending = SaveFuture()
+        fut.set_running_or_notify_cancel()
+        self._executor.submit(self._run_into, job, fut)
+        return fut
+
+    def wait(self) -> None:
+        """Block until a background save finishes.
+
+        Raises:
+            Exception: the background save's error, unless its future already reported it
+            (raised once; the changes it could not commit are pending again).
+        """
+        fut, self._pending = self._pending, None
+        if fut is None:
+            return
+        concurrent.futures.wait([fut])
+        if not fut.observed:
+            error = fut.exception()
+            if error is not None:
+                raise error
+
+    def close(self) -> None:
+        """Wait for a background save and stop the save thread (then raise what :meth:`wait`
+        raises)."""
+        try:
+            self.wait()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown()
+                self._executor = None
+
+    def _start(self, commit: Manifest, full: bool) -> SaveJob:
+        if full:
+            base = self.layout.filled_base_chunks(commit.ring.size)
+            todo = {n: self.layout.stored_of(n, base) for n in self.dirty}
+        else:
+            todo = {n: self.layout.stored_of(n, cs) for n, cs in self.dirty.items()}
+        self.dirty = {n: set() for n in self.dirty}
+        self._job = SaveJob(self.tier.manifest.generation + 1, todo, commit, self.lock,
+                            self.layout)
+        return self._job
+
+    def _read_stored(self, name: str, first: int, count: int) -> Any:
+        """Rows of stored chunks ``[first, first + count)`` of ``name`` from the working tier."""
+        a, _ = self.layout.stored_slots(name, first)
+        _, b = self.layout.stored_slots(name, first + count - 1)
+        return self.working.columns[name].read_range(a, b)
+
+    def _run_into(self, job: SaveJob, fut: SaveFuture) -> None:
+        try:
+            fut.set_result(self._run(job))
+        except BaseException as e:
+            log.error("background save of %s failed (%s: %s); its changes stay pending",
+                      self.tier.loc, type(e).__name__, e)
+            fut.set_exception(e)
+
+    def _run(self, job: SaveJob) -> SaveReport:
+        t0 = time.perf_counter()
+        tier, gen = self.tier, job.generation
+        chunks = nbytes = raw = 0
+        try:
+            tier.abort()
+            for name in job.todo:
+                chunk_bytes = (self.layout.stored_chunk_rows[name]
+                               * tier.specs[name].estimate_bytes())
+                for first, count in job.runs(name, max(1, SAVE_RUN_BYTES // chunk_bytes)):
+                    data = job.take(name, first, count, self._read_stored)
+                    nbytes += tier.stage_chunks(gen, name, first, data)
+                    raw += rows_nbytes(data)
+                    chunks += count
+            tier.commit(job.commit.replace(generation=gen, committed_at=time.time()))
+        except BaseException:
+            tier.abort()
+            job.abandon()
+            with self.lock:
+                for name, cs in job.todo.items():
+                    self.dirty[name] |= job.base_chunks(name, cs)
+                self._job = None
+            raise
+        with self.lock:
+            self._job = None
+        tier.apply(gen)
+        self.working.flush()
+        with self.lock:
+            self.working.write_state(gen, set().union(*self.dirty.values()))
+        report = SaveReport(gen, chunks, nbytes, raw, time.perf_counter() - t0)
+        log.info("saved %s: %s", tier.loc, report)
+        return report

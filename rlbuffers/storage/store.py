@@ -1,0 +1,160 @@
+"""The storage facade the buffer talks to: columns addressed by slot, and commits.
+
+- :class:`WritableStorage` (``mode="r+"``): writes and reads go to the working tier, commits go
+  through the :class:`~rlbuffers.storage.saver.Saver` into the persistent tier.
+- :class:`ReadOnlyStorage` (``mode="r"``): reads decode committed chunks through a byte-bounded
+  cache; it never touches the writer's working tier.
+
+Both expose ``manifest`` (the last commit), ``gather(name, slots)`` and ``close()``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlbuffers.errors import FieldError
+from rlbuffers.storage.location import Location
+from rlbuffers.storage.manifest import Manifest
+from rlbuffers.storage.reader import ChunkReader
+from rlbuffers.storage.saver import SaveFuture, Saver, SaveReport
+from rlbuffers.storage.working import FixedColumn, WorkingTier
+from rlbuffers.storage.zarr_tier import ZarrTier
+
+log = logging.getLogger(__name__)
+
+
+def default_working_dir(loc: Location) -> Path:
+    """``<path>/.working`` for a local buffer; ``~/.cache/rlbuffers/working/<hash>`` for a URL
+    (``$RLBUFFERS_CACHE`` replaces ``~/.cache/rlbuffers``)."""
+    if loc.local:
+        return loc.root / ".working"
+    cache = Path(os.environ.get("RLBUFFERS_CACHE", Path.home() / ".cache" / "rlbuffers"))
+    return cache / "working" / hashlib.sha1(loc.url.encode()).hexdigest()[:16]
+
+
+class ReadOnlyStorage:
+    """Reads of one commit, from the persistent tier, with a decoded-chunk cache of
+    ``cache_max_bytes`` bytes."""
+
+    def __init__(self, tier: ZarrTier, cache_max_bytes: int = 256 * 2**20) -> None:
+        self.tier = tier
+        self._reader = ChunkReader(tier, cache_max_bytes)
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.tier.manifest
+
+    def gather(self, name: str, slots: np.ndarray) -> Any:
+        """Rows of column ``name`` at ``slots`` (int64[N]): ``[N, *shape]``, or a list (ragged)."""
+        return self._reader.gather(name, slots)
+
+    def close(self) -> None:
+        """Nothing to release (the cache goes with the object)."""
+
+
+class WritableStorage:
+    """The working tier of one buffer, kept in line with its persistent tier.
+
+    Opening finishes an interrupted commit, then reuses the working tier at ``working_dir`` if
+    it mirrors the last commit (rebuilding only the base chunks changed since), else rebuilds
+    it from the persistent tier chunk by chunk.
+    """
+
+    def __init__(self, tier: ZarrTier, working_dir: Path, *, fresh: bool = False) -> None:
+        self.tier = tier
+        self.layout = tier.manifest.layout
+        if fresh:
+            shutil.rmtree(working_dir, ignore_errors=True)
+        self.working = self._attach(working_dir)
+        self.saver = Saver(tier, self.working)
+
+    @property
+    def manifest(self) -> Manifest:
+        """The last commit."""
+        return self.tier.manifest
+
+    def _attach(self, wdir: Path) -> WorkingTier:
+        m, tier = self.tier.manifest, self.tier
+        tier.apply(m.generation)  # finishes an interrupted commit; drops uncommitted staging
+        args = (wdir, m.specs, m.capacity, self.layout.base_chunk_rows)
+        everything = set(range(self.layout.n_base_chunks))
+        try:
+            working = WorkingTier(*args, create=False, buffer_id=m.buffer_id)
+            state = working.state
+            same = working.trusted(m.buffer_id) and state.get("generation") in (
+                m.generation, m.generation - 1)
+            rebuild = set(state.get("dirty_chunks", [])) if same else everything
+        except (OSError, ValueError):
+            working = WorkingTier(*args, create=True, buffer_id=m.buffer_id)
+            rebuild = everything
+        if rebuild:
+            self._rebuild(working, sorted(rebuild))
+        working.write_state(m.generation, [])
+        return working
+
+    def _rebuild(self, working: WorkingTier, base_chunks: list[int]) -> None:
+        """Rewrite ``base_chunks`` of the working tier from the last commit (fields with larger
+        stored chunks rewrite the whole stored chunk: the rest of it is unchanged since the
+        commit, so rewriting it is harmless)."""
+        size = self.tier.manifest.ring.size
+        log.info("rebuilding %d chunk(s) of the working tier from %s", len(base_chunks),
+                 self.tier.loc)
+        for name, col in working.columns.items():
+            for c in base_chunks:
+                col.reset_chunk(c)
+            for c in self.layout.stored_of(name, base_chunks):
+                a, _ = self.layout.stored_slots(name, c)
+                if a < size:
+                    col.write(a, self.tier.read_chunk(name, c))
+
+    def write(self, first_slot: int, rows: dict[str, Any]) -> None:
+        """Write ``k`` rows of every column into slots ``first_slot, first_slot + 1, ...``
+        (wrapping at the capacity); ``rows[name]`` is ``[k, *shape]`` or a list of ``k``
+        arrays, ``k <= capacity``."""
+        k = len(next(iter(rows.values())))
+        capacity = self.layout.capacity
+        slots = (first_slot + np.arange(k)) % capacity
+        head = min(k, capacity - first_slot)
+        with self.saver.lock:
+            self.saver.touch(rows, self.layout.base_chunks_of_slots(slots))
+            for name, data in rows.items():
+                col = self.working.columns[name]
+                col.write(first_slot, data[:head])
+                if head < k:
+                    col.write(0, data[head:])
+
+    def scatter(self, name: str, slots: np.ndarray, values: np.ndarray) -> None:
+        """Set ``values[i]`` at ``slots[i]`` (distinct slots) of the fixed column ``name``.
+
+        Raises:
+            FieldError: ``name`` is a ragged column.
+        """
+        col = self.working.columns[name]
+        if not isinstance(col, FixedColumn):
+            raise FieldError(f"column {name!r}: expected a fixed-shape column, got a ragged one")
+        with self.saver.lock:
+            self.saver.touch([name], self.layout.base_chunks_of_slots(slots))
+            col.scatter(slots, values)
+
+    def gather(self, name: str, slots: np.ndarray) -> Any:
+        """Rows of column ``name`` at ``slots`` (int64[N]): ``[N, *shape]``, or a list (ragged)."""
+        return self.working.columns[name].gather(slots)
+
+    def commit(self, commit: Manifest, *, full: bool = False,
+               background: bool = False) -> SaveReport | SaveFuture:
+        """Save every change since the last commit as ``commit`` (see :meth:`Saver.save`)."""
+        return self.saver.save(commit, full=full, background=background)
+
+    def close(self) -> None:
+        """Release the working tier's files, then raise a background save's unseen error."""
+        try:
+            self.saver.close()
+        finally:
+            self.working.close()
