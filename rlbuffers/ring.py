@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from rlbuffers.errors import FieldError
+
 
 @dataclass(frozen=True)
 class RingState:
@@ -90,3 +92,20 @@ class RingState:
         """The state after appending ``n`` transitions that end ``episodes_ended`` episodes."""
         return dataclasses.replace(self, total_added=self.total_added + n,
                                    episodes=self.episodes + episodes_ended)
+
+    def episode_ids(self, done: np.ndarray) -> tuple[np.ndarray, int]:
+        """Episode ids (int64[n]) of ``n`` transitions about to be appended whose episode-end
+        flags are ``done`` (bool[n]), and how many episodes they end."""
+        ends = np.cumsum(np.asarray(done, dtype=bool))
+        return self.episodes + np.concatenate([[0], ends[:-1]]).astype(np.int64), int(ends[-1])
+
+    def live(self, ids: np.ndarray) -> np.ndarray:
+        """Which transition ids (int64[N]) are still stored (bool[N]).
+
+        Raises:
+            FieldError: an id that was never added (negative or ``>= total_added``).
+        """
+        if ((ids < 0) | (ids >= self.total_added)).any():
+            raise FieldError(f"indices: expected transition ids in [0, {self.total_added}), "
+                             f"got min {ids.min()} max {ids.max()}")
+        return ids >= self.first_live_id

@@ -21,12 +21,15 @@ from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
-from rlbuffers.errors import BufferEmptyError, FieldError
+from rlbuffers.errors import BufferEmptyError, FieldError, NotPrioritizedError
+from rlbuffers.ring import RingState
 from rlbuffers.segment_tree import SegmentTree
 from rlbuffers.spec import FieldSpec
 
 #: The column holding raw priorities (float64[capacity]) for samplers that declare it.
 PRIORITY = "_priority"
+#: The column holding each slot's episode number (int64[capacity]); every buffer has it.
+EPISODE_ID = "_episode_id"
 
 
 @dataclass
@@ -50,6 +53,22 @@ class SampleContext:
     def slots(self, logical: np.ndarray) -> np.ndarray:
         """Slots of logical indices (0 = oldest)."""
         return (self.start_slot + logical) % self.capacity
+
+    @classmethod
+    def over(cls, ring: RingState, gather: Callable[[str, np.ndarray], Any],
+             block: int) -> SampleContext:
+        """The context of a buffer in state ``ring`` whose columns ``gather(name, slots)``
+        reads (priorities are read ``block`` slots at a time)."""
+
+        def priorities() -> np.ndarray:
+            out = np.zeros(ring.capacity, dtype=np.float64)
+            for a in range(0, ring.size, block):
+                b = min(a + block, ring.size)
+                out[a:b] = gather(PRIORITY, np.arange(a, b))
+            return out
+
+        return cls(ring.size, ring.capacity, ring.start_slot,
+                   episode_ids=lambda slots: gather(EPISODE_ID, slots), priorities=priorities)
 
 
 @dataclass
@@ -134,13 +153,25 @@ def sampler_from_state(state: dict[str, Any]) -> Sampler:
     return _REGISTRY[kind].from_state_dict(state)
 
 
-def check_priorities(priorities: Any, n: int) -> np.ndarray:
-    """``priorities`` as float64[n], checked finite and >= 0.
+def priority_update(sampler: Sampler, ctx: SampleContext, ring: RingState, indices: Any,
+                    priorities: Any) -> tuple[np.ndarray, np.ndarray, int]:
+    """Give the sampler new priorities of transition ids ``indices`` (int64[N]); returns the
+    distinct slots still stored (int64[k]), their raw priorities (float64[k]) to store in
+    the :data:`PRIORITY` column, and how many ids were still stored (ids of transitions
+    overwritten since they were sampled are skipped). Where an id repeats, its last priority
+    wins.
 
     Raises:
-        FieldError: another length, negative or non-finite values.
+        NotPrioritizedError: the sampler keeps no priorities. FieldError: ``priorities`` not
+        float[N] finite and >= 0, or ids never added.
     """
+    update = getattr(sampler, "update", None)
+    if PRIORITY not in sampler.extra_columns or update is None:
+        raise NotPrioritizedError("update_priorities needs a PrioritizedSampler, buffer "
+                                  f"has {type(sampler).__name__}")
+    ids = np.asarray(indices, dtype=np.int64).ravel()
     pr = np.asarray(priorities, dtype=np.float64).ravel()
+    n = len(ids)
     if pr.shape != (n,):
         raise FieldError(f"priorities: expected shape ({n},) like indices, got {pr.shape}")
     if not np.all(np.isfinite(pr)) or (pr < 0).any():
@@ -148,7 +179,11 @@ def check_priorities(priorities: Any, n: int) -> np.ndarray:
             "priorities: expected finite values >= 0, got "
             f"min {np.nanmin(pr) if len(pr) else 0}, non-finite {int((~np.isfinite(pr)).sum())}"
         )
-    return pr
+    live = ring.live(ids)
+    slots, last = np.unique((ids[live] % ring.capacity)[::-1], return_index=True)
+    if not len(slots):
+        return slots, np.zeros(0), 0
+    return slots, update(slots, pr[live][::-1][last], ctx), int(live.sum())
 
 
 def _need(ctx: SampleContext, n: int) -> None:

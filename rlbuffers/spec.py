@@ -161,6 +161,16 @@ def check_names(fields: Sequence[str], given: Sequence[str]) -> None:
 EPISODE_END_FIELDS = ("terminated", "truncated", "done")
 
 
+def episode_ends(rows: dict[str, Any], n: int) -> np.ndarray:
+    """bool[n]: which of ``n`` transitions (``rows``: field -> ``[n, ...]``) end an episode
+    (any of :data:`EPISODE_END_FIELDS` set)."""
+    done = np.zeros(n, dtype=bool)
+    for name in EPISODE_END_FIELDS:
+        if name in rows:
+            done |= np.asarray(rows[name], dtype=bool).reshape(n)
+    return done
+
+
 def check_field_specs(fields: Any, reserved: Sequence[str] = ()) -> None:
     """Validate the ``fields`` mapping given to ``ReplayBuffer.create``.
 
@@ -184,3 +194,19 @@ def check_field_specs(fields: Any, reserved: Sequence[str] = ()) -> None:
                 f"field {name!r}: episode-end flags must be FieldSpec((), 'bool'), "
                 f"got {spec.describe()}"
             )
+
+
+def batch_rows(fields: dict[str, FieldSpec], shape: tuple[int, ...], gather: Any) -> dict[str, Any]:
+    """Shape gathered rows as a batch: ``{field: [*shape, *row_shape]}``; ragged fields give a
+    list (``shape = (B,)``) or a list of ``B`` lists of ``L`` arrays (``shape = (B, L)``).
+    ``gather(name)`` returns the flat rows of field ``name``."""
+    out: dict[str, Any] = {}
+    for name, spec in fields.items():
+        data = gather(name)
+        if not spec.ragged:
+            out[name] = data.reshape(*shape, *spec.row_shape)
+        elif len(shape) == 1:
+            out[name] = data
+        else:
+            out[name] = [data[i:i + shape[1]] for i in range(0, len(data), shape[1])]
+    return out

@@ -71,6 +71,6 @@ def create_tier(
         layout=ChunkLayout(capacity, base, plan_stored_chunk_rows(specs, base, capacity)),
         fields=dict(fields), codecs=codecs, internal=internal, ring=RingState(capacity),
         generation=0, committed_at=time.time(), sampler=sampler_state,
-        rng=np.random.Generator(np.random.PCG64(seed)).bit_generator.state,
+        rng=dict(np.random.Generator(np.random.PCG64(seed)).bit_generator.state),
     )
     return ZarrTier.create(loc, manifest)

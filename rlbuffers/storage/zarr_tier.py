@@ -83,7 +83,8 @@ class ZarrTier:
         """Create the group, one empty array per column (shape ``[capacity, *shape]``; ragged
         fields: ``[capacity]`` of variable-length bytes) chunked by its stored-chunk rows, and
         commit ``manifest`` (generation 0)."""
-        attrs = {"rlbuffers": {"format_version": manifest.format_version, "manifest": MANIFEST}}
+        attrs: dict[str, Any] = {
+            "rlbuffers": {"format_version": manifest.format_version, "manifest": MANIFEST}}
         group = zarr.open_group(**loc.zarr_args(), mode="w", zarr_format=3, attributes=attrs)
         codecs = {**manifest.codecs, **{n: DEFAULT_CODEC for n in manifest.internal}}
         for name, spec in manifest.specs.items():
