@@ -113,6 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RLBuffersError as e:
         print(f"rlbuffers: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # permission, network, disk: not corruption (that is exit code 1)
+        print(f"rlbuffers: I/O error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

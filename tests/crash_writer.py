@@ -1,14 +1,17 @@
 """Child process of test_crash.py: extend and save in a loop until killed.
 
 Transition ``i`` holds ``i`` in every field, so any reopened state can be checked against the
-ids alone. Prints ``committed <generation> <total_added>`` after each save returns.
+ids alone. Prints ``start`` first, ``ready`` once the buffer is created or opened, and
+``committed <generation> <total_added>`` after each save returns.
 """
 
 import sys
 
-import numpy as np
+print("start", flush=True)  # before the imports, so a parent can time kills from here
 
-from rlbuffers import FieldSpec, NotABufferError, PrioritizedSampler, ReplayBuffer
+import numpy as np  # noqa: E402
+
+from rlbuffers import FieldSpec, NotABufferError, PrioritizedSampler, ReplayBuffer  # noqa: E402
 
 FIELDS = {
     "frame": FieldSpec((4, 32, 32), "uint8"),

@@ -6,6 +6,7 @@ import shutil
 
 import numpy as np
 import pytest
+import zarr.storage
 
 from rlbuffers import (
     BufferEmptyError,
@@ -197,3 +198,24 @@ def test_closed_buffer(buf):
     buf.close()
     with pytest.raises(ValueError, match="closed"):
         buf.sample(1)
+
+
+def test_io_errors_are_not_reported_as_corruption(buf, capsys, monkeypatch):
+    """A chunk that cannot be read (permission, network) raises an OSError naming the cause,
+    and ``inspect --verify`` fails with an I/O error, not a list of 'corrupt' chunks."""
+    buf.save()
+    buf.close()
+    real_get = zarr.storage.LocalStore.get
+
+    async def denied(self, key, *a, **k):
+        if str(self.root).endswith("/obs") and key.startswith("c/"):
+            raise PermissionError(13, "Permission denied", key)
+        return await real_get(self, key, *a, **k)
+
+    monkeypatch.setattr(zarr.storage.LocalStore, "get", denied)
+    with ReplayBuffer.open(buf.path, mode="r") as ro, pytest.raises(PermissionError) as e:
+        ro[0]
+    assert not isinstance(e.value, CorruptChunkError)
+    assert main(["inspect", str(buf.path), "--verify"]) == 2
+    err = capsys.readouterr().err
+    assert "I/O error" in err and "Permission denied" in err and "corrupt" not in err

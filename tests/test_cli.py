@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -64,9 +63,8 @@ def test_inspect_while_writer_runs(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "tests.crash_writer", str(path), "0"],
                             stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     try:
-        deadline = time.time() + 60
-        while not (path / "manifest.json").exists() and time.time() < deadline:
-            time.sleep(0.05)
+        lines = (proc.stdout.readline(), proc.stdout.readline())
+        assert lines == ("start\n", "ready\n")  # created: manifest.json is committed
         seen = set()
         for _ in range(8):
             res = subprocess.run([sys.executable, "-m", "rlbuffers.cli", "inspect", str(path),

@@ -8,6 +8,10 @@ import gzip
 import os
 import pickle
 
+from tests.heavy import require
+
+require("gymnasium", "stable_baselines3")
+
 import numpy as np
 import pytest
 from gymnasium import spaces

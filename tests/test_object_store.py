@@ -4,6 +4,10 @@ local disk: create, incremental saves, open from a fresh machine, inspect, inter
 import json
 import socket
 
+from tests.heavy import require
+
+require("s3fs", "moto")
+
 import numpy as np
 import pytest
 import s3fs

@@ -1,11 +1,17 @@
 """Sampler behaviour: validity of sampled slots, prioritized distribution and importance
 weights against the formulas of Schaul et al. (2016), sequence windows."""
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlbuffers import FieldSpec, PrioritizedSampler, ReplayBuffer, SequenceSampler
+from rlbuffers.errors import NotPrioritizedError
+from rlbuffers.samplers import PRIORITY, Draw, Sampler, register_sampler, sampler_from_state
 
 FIELDS = {"x": FieldSpec((), "int64"), "terminated": FieldSpec((), "bool")}
 
@@ -101,3 +107,67 @@ def test_sequences_never_cross_episode_or_seam(tmp_path_factory, capacity, n, le
     if done_every:  # no window contains an episode end except at its last step
         assert ((x[:, :-1] % done_every) != done_every - 1).all()
     np.testing.assert_array_equal(s["indices"], x)
+
+
+@register_sampler
+@dataclass
+class NewestSampler:
+    """A user-defined sampler: the ``k`` newest transitions, with a per-slot 'age' column."""
+
+    k: int = 3
+    name: ClassVar[str] = "test-newest"
+    extra_columns: ClassVar[dict[str, FieldSpec]] = {}
+
+    def sample(self, batch_size, ctx, rng):
+        pos = ctx.size - 1 - rng.integers(0, min(self.k, ctx.size), size=batch_size)
+        return Draw(ctx.slots(pos), np.ones(batch_size, np.float32))
+
+    def on_write(self, slots, ctx):
+        return None
+
+    def state_dict(self):
+        return {"type": self.name, "k": self.k}
+
+    def load_state_dict(self, state):
+        self.k = int(state["k"])
+
+    @classmethod
+    def from_state_dict(cls, state):
+        return cls(k=int(state["k"]))
+
+
+def test_registered_custom_sampler_saves_and_reopens(tmp_path):
+    assert isinstance(NewestSampler(), Sampler)
+    buf = ReplayBuffer.create(tmp_path / "b", capacity=20, fields=FIELDS,
+                              sampler=NewestSampler(k=2), seed=3)
+    _fill(buf, 30)
+    buf.save()
+    want = buf.sample(50)["x"]
+    assert set(want) <= {28, 29}
+    buf.close()
+    with ReplayBuffer.open(tmp_path / "b") as again:
+        assert again.sampler == NewestSampler(k=2)
+        np.testing.assert_array_equal(again.sample(50)["x"], want)
+
+
+def test_unregistered_sampler_type_and_name_clash_are_refused():
+    with pytest.raises(ValueError, match="expected one of .*'prioritized'.*got 'nope'"):
+        sampler_from_state({"type": "nope"})
+
+    class Clash(NewestSampler):
+        pass
+
+    with pytest.raises(ValueError, match="'test-newest': already registered"):
+        register_sampler(Clash)
+
+
+def test_prioritized_sampler_declares_its_priority_column(tmp_path):
+    buf = ReplayBuffer.create(tmp_path / "b", capacity=8, fields=FIELDS,
+                              sampler=PrioritizedSampler())
+    assert PRIORITY in PrioritizedSampler.extra_columns
+    assert (tmp_path / "b" / PRIORITY / "zarr.json").exists()
+    buf.close()
+    with ReplayBuffer.create(tmp_path / "u", capacity=8, fields=FIELDS) as uniform:
+        assert not (tmp_path / "u" / PRIORITY).exists()
+        with pytest.raises(NotPrioritizedError, match="has UniformSampler"):
+            uniform.update_priorities([0], [1.0])
