@@ -18,7 +18,13 @@ from rlbuffers.errors import (
     ReadOnlyError,
     RLBuffersError,
 )
-from rlbuffers.samplers import PrioritizedSampler, SequenceSampler, UniformSampler
+from rlbuffers.samplers import (
+    PrioritizedSampler,
+    Sampler,
+    SequenceSampler,
+    UniformSampler,
+    register_sampler,
+)
 from rlbuffers.spec import FieldSpec
 
 __all__ = [
@@ -35,9 +41,11 @@ __all__ = [
     "RLBuffersError",
     "ReadOnlyError",
     "ReplayBuffer",
+    "Sampler",
     "SaveReport",
     "SequenceSampler",
     "UniformSampler",
+    "register_sampler",
 ]
 
 __version__ = "0.1.0"
