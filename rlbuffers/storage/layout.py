@@ -20,12 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rlbuffers.intmath import ceil_div
 from rlbuffers.spec import FieldSpec
-
-
-def ceil_div(a: int, b: int) -> int:
-    """``ceil(a / b)`` for integers ``a >= 0``, ``b > 0``, without floats."""
-    return -(-a // b)
 
 
 def plan_stored_chunk_rows(

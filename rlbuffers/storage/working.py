@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from rlbuffers.intmath import ceil_div
 from rlbuffers.memory.limits import memory_limit_bytes
 from rlbuffers.spec import FieldSpec
 from rlbuffers.storage.manifest import write_json_atomic
@@ -137,7 +138,7 @@ class FixedColumn:
             for j, off in part:
                 _pread_into(self.fd, rows[j], off)
 
-        step = -(-len(jobs) // READ_THREADS)
+        step = ceil_div(len(jobs), READ_THREADS)
         for _ in _read_pool().map(read, [jobs[i : i + step] for i in range(0, len(jobs), step)]):
             pass
         return out

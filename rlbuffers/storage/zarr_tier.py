@@ -25,7 +25,7 @@ import zarr
 
 from rlbuffers.compression import DEFAULT_CODEC, zarr_compressors
 from rlbuffers.errors import CorruptChunkError
-from rlbuffers.storage.layout import ceil_div
+from rlbuffers.intmath import ceil_div
 from rlbuffers.storage.location import Location
 from rlbuffers.storage.manifest import MANIFEST, Manifest, read_manifest, write_manifest
 
