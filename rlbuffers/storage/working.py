@@ -156,7 +156,7 @@ class FixedColumn:
         _pread_into(self.fd, out, self.offset + start * self.spec.item_bytes)
         return out
 
-    def reset_chunk(self, chunk: int) -> None:
+    def reset_chunk(self, c: int) -> None:
         """Nothing to do for fixed fields (rows are overwritten in place)."""
 
     def flush(self) -> None:
@@ -172,9 +172,10 @@ class RaggedColumn:
     chunk, compacted whenever a chunk has been completely rewritten."""
 
     def __init__(
-        self, path: Path, spec: FieldSpec, capacity: int, chunk: int, *, create: bool
+        self, path: Path, spec: FieldSpec, capacity: int, base_chunk_rows: int, *, create: bool
     ) -> None:
-        self.path, self.spec, self.capacity, self.chunk = path, spec, capacity, chunk
+        self.path, self.spec, self.capacity = path, spec, capacity
+        self.base_chunk_rows = base_chunk_rows
         if create:
             path.mkdir(parents=True, exist_ok=True)
             for name in ("start", "length"):
@@ -197,8 +198,8 @@ class RaggedColumn:
         """Append ``rows`` (n arrays ``[len_i, *row]``) as slots ``[slot, slot + n)``."""
         i = 0
         while i < len(rows):
-            c = (slot + i) // self.chunk
-            n = min(len(rows) - i, (c + 1) * self.chunk - (slot + i))
+            c = (slot + i) // self.base_chunk_rows
+            n = min(len(rows) - i, (c + 1) * self.base_chunk_rows - (slot + i))
             part = rows[i : i + n]
             fd = self._fd(c)
             end = os.fstat(fd).st_size
@@ -209,12 +210,12 @@ class RaggedColumn:
             s = slot + i
             self.start[s : s + n] = starts
             self.length[s : s + n] = lengths
-            if (s + n) % self.chunk == 0 or s + n == self.capacity:
+            if (s + n) % self.base_chunk_rows == 0 or s + n == self.capacity:
                 self._maybe_compact(c)
             i += n
 
     def _live_range(self, c: int) -> tuple[int, int]:
-        return c * self.chunk, min((c + 1) * self.chunk, self.capacity)
+        return c * self.base_chunk_rows, min((c + 1) * self.base_chunk_rows, self.capacity)
 
     def _maybe_compact(self, c: int) -> None:
         a, b = self._live_range(c)
@@ -246,7 +247,7 @@ class RaggedColumn:
         bounds = np.concatenate([[0], np.cumsum(lengths)]).tolist()
         flat = np.empty((bounds[-1], *self.spec.row_shape), dtype=self.spec.dtype)
         dst = memoryview(flat.reshape(-1).view(np.uint8))
-        chunks = (slots // self.chunk).tolist()
+        chunks = (slots // self.base_chunk_rows).tolist()
         ends = (starts + nbytes).tolist()
         pos = 0
         for c, a, b in zip(chunks, starts.tolist(), ends, strict=True):
@@ -259,11 +260,11 @@ class RaggedColumn:
         """Values of slots ``[start, stop)``."""
         return self.gather(np.arange(start, stop))
 
-    def reset_chunk(self, chunk: int) -> None:
-        """Empty the values file of ``chunk`` (before it is rebuilt)."""
-        self._maps.pop(chunk, None)  # a map past the end of a truncated file raises SIGBUS
-        os.ftruncate(self._fd(chunk), 0)
-        a, b = self._live_range(chunk)
+    def reset_chunk(self, c: int) -> None:
+        """Empty the values file of base chunk ``c`` (before it is rebuilt)."""
+        self._maps.pop(c, None)  # a map past the end of a truncated file raises SIGBUS
+        os.ftruncate(self._fd(c), 0)
+        a, b = self._live_range(c)
         self.start[a:b] = 0
         self.length[a:b] = 0
 
@@ -298,7 +299,7 @@ class WorkingTier:
         path: Path,
         specs: dict[str, FieldSpec],
         capacity: int,
-        chunk: int,
+        base_chunk_rows: int,
         *,
         create: bool,
         buffer_id: str = "",
@@ -312,7 +313,7 @@ class WorkingTier:
         for name, spec in specs.items():
             if spec.ragged:
                 col: Column = RaggedColumn(
-                    path / f"{name}.ragged", spec, capacity, chunk, create=create
+                    path / f"{name}.ragged", spec, capacity, base_chunk_rows, create=create
                 )
             else:
                 col = FixedColumn(path / f"{name}.npy", spec, capacity, create=create)
