@@ -1,78 +1,223 @@
-"""Tests of rlbuffers.memory.monitor: figures in bytes, cgroup limits, low-memory warnings."""
+"""Tests of the memory figures, the one cgroup reader, PeakMemory and MemoryMonitor: every
+figure is checked against a known allocation or a made-up cgroup, never against itself."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import numpy as np
-import psutil
 import pytest
+import torch
 
 from rlbuffers.memory import (
     MemoryMonitor,
+    PeakMemory,
     available_bytes,
     cgroup_available_bytes,
+    cgroup_limit_bytes,
+    memory_limit_bytes,
     peak_rss_bytes,
     rss_bytes,
+    tensor_summary,
 )
+from rlbuffers.memory.process import reset_peak_rss
 
 MIB = 2**20
+LOGGER = "rlbuffers.memory.monitor"
 
 
-def test_rss_grows_when_memory_is_touched_and_peak_keeps_it():
+def touch(n_bytes):
+    """An array of ``n_bytes`` with every page written."""
+    return np.ones(n_bytes, dtype=np.uint8)
+
+
+def test_rss_moves_by_a_known_allocation_and_back():
     before = rss_bytes()
-    block = np.ones(64 * MIB, dtype=np.uint8)  # 64 MiB, every page written
-    during = rss_bytes()
-    assert during - before > 48 * MIB
-    # the kernel updates its high-water mark lazily, so allow a little slack
-    assert peak_rss_bytes() > before + 48 * MIB
+    block = touch(64 * MIB)
+    assert 56 * MIB < rss_bytes() - before < 80 * MIB
     del block
+    assert rss_bytes() - before < 16 * MIB  # numpy returns a block this large to the OS
 
 
-def test_rss_agrees_with_psutil():
-    assert abs(rss_bytes() - psutil.Process().memory_info().rss) < 16 * MIB
+def test_peak_rss_keeps_a_freed_allocation_until_reset():
+    before = rss_bytes()
+    del_block = touch(96 * MIB)
+    del del_block
+    assert peak_rss_bytes() > before + 88 * MIB
+    assert reset_peak_rss()  # Linux >= 4.0, which CI runs
+    assert peak_rss_bytes() < rss_bytes() + 16 * MIB
 
 
-def test_available_without_cgroup_is_host_available(tmp_path):
-    host = psutil.virtual_memory().available
-    assert cgroup_available_bytes(tmp_path) is None
-    assert abs(available_bytes(tmp_path) - host) < 256 * MIB
+def test_peak_memory_measures_a_known_allocation_freed_inside_the_block():
+    with PeakMemory() as outer:
+        block = touch(64 * MIB)
+        del block
+        with PeakMemory() as inner:  # nested: samples only, the outer keeps the HWM
+            block = touch(32 * MIB)
+            del block
+    assert 56 * MIB < outer.peak_extra_rss_bytes < 96 * MIB
+    assert outer.peak_extra_bytes == outer.peak_extra_rss_bytes
+    assert inner.peak_extra_rss_bytes < 48 * MIB
 
 
-def test_cgroup_limit_bounds_available(tmp_path):
-    (tmp_path / "memory.max").write_text(f"{300 * MIB}\n")
-    (tmp_path / "memory.current").write_text(f"{100 * MIB}\n")
-    assert cgroup_available_bytes(tmp_path) == 200 * MIB
-    assert available_bytes(tmp_path) == min(200 * MIB, psutil.virtual_memory().available)
+def write_v2(root, rel, limit, current):
+    d = root / rel
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "memory.max").write_text(f"{limit}\n")
+    (d / "memory.current").write_text(f"{current}\n")
 
 
-def test_unlimited_cgroup_is_ignored(tmp_path):
-    (tmp_path / "memory.max").write_text("max\n")
-    (tmp_path / "memory.current").write_text("12345\n")
-    assert cgroup_available_bytes(tmp_path) is None
+def cgroup_file(tmp_path, text):
+    proc = tmp_path / "proc_cgroup"
+    proc.write_text(text)
+    return proc
 
 
-def test_check_warns_under_threshold(tmp_path, caplog):
-    (tmp_path / "memory.max").write_text(f"{150 * MIB}\n")
-    (tmp_path / "memory.current").write_text(f"{100 * MIB}\n")
-    monitor = MemoryMonitor(warn_below_available_bytes=64 * MIB, cgroup_dir=tmp_path)
-    with caplog.at_level(logging.WARNING, logger="rlbuffers.memory.monitor"):
+def test_cgroup_v2_takes_the_tightest_level_of_the_chain(tmp_path):
+    write_v2(tmp_path, "a", 300 * MIB, 250 * MIB)  # parent: tighter
+    write_v2(tmp_path, "a/b", 500 * MIB, 100 * MIB)
+    proc = cgroup_file(tmp_path, "0::/a/b\n")
+    assert cgroup_limit_bytes(proc, tmp_path) == 300 * MIB
+    assert cgroup_available_bytes(proc, tmp_path) == 50 * MIB
+    assert available_bytes(proc, tmp_path) == 50 * MIB  # far under the host's
+    assert memory_limit_bytes(proc, tmp_path) == 300 * MIB
+
+
+def test_cgroup_v1_and_unlimited_levels(tmp_path):
+    d = tmp_path / "memory" / "job"
+    d.mkdir(parents=True)
+    (d / "memory.limit_in_bytes").write_text(f"{200 * MIB}\n")
+    (d / "memory.usage_in_bytes").write_text(f"{120 * MIB}\n")
+    (tmp_path / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    proc = cgroup_file(tmp_path, "4:memory:/job\n1:cpu:/\n")
+    assert cgroup_limit_bytes(proc, tmp_path) == 200 * MIB
+    assert cgroup_available_bytes(proc, tmp_path) == 80 * MIB
+    write_v2(tmp_path, "free", "max", 5)
+    proc = cgroup_file(tmp_path, "0::/free\n")
+    assert cgroup_limit_bytes(proc, tmp_path) is None
+    assert cgroup_available_bytes(proc, tmp_path) is None
+    assert cgroup_limit_bytes(tmp_path / "missing", tmp_path) is None
+
+
+@pytest.fixture
+def fake_cgroup(tmp_path):
+    """A v2 cgroup of 1000 MiB; returns (set_used(mib), monitor kwargs)."""
+    write_v2(tmp_path, "job", 1000 * MIB, 0)
+    proc = cgroup_file(tmp_path, "0::/job\n")
+
+    def set_used(mib):
+        (tmp_path / "job" / "memory.current").write_text(f"{mib * MIB}\n")
+    return set_used, {"proc_cgroup": proc, "cgroup_root": tmp_path}
+
+
+def warnings_in(caplog):
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_fraction_warnings_fire_once_per_crossing(fake_cgroup, caplog):
+    set_used, kw = fake_cgroup
+    monitor = MemoryMonitor(warn_below_available_bytes=0, **kw)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        set_used(100)
+        assert monitor.check().used_fraction == pytest.approx(0.1)
+        assert warnings_in(caplog) == []
+        set_used(900)
+        monitor.check()
+        monitor.check()
+        assert len(warnings_in(caplog)) == 1 and "level 85%" in warnings_in(caplog)[0]
+        set_used(960)
+        monitor.check()
+        assert "level 95%" in warnings_in(caplog)[-1]
+        set_used(100)
+        monitor.check()
+        set_used(900)
+        monitor.check()
+    assert len(warnings_in(caplog)) == 3
+
+
+def test_low_memory_warning_names_the_threshold(fake_cgroup, caplog):
+    set_used, kw = fake_cgroup
+    set_used(950)
+    monitor = MemoryMonitor(warn_below_available_bytes=64 * MIB, warn_fractions=[1.0], **kw)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
         snap = monitor.check()
     assert snap.low and snap.available_bytes == 50 * MIB
-    assert snap.rss_bytes > 0 and snap.peak_rss_bytes >= snap.rss_bytes - 16 * MIB
-    assert any("low memory" in r.getMessage() and r.levelno == logging.WARNING
-               for r in caplog.records)
+    assert any("low memory" in m for m in warnings_in(caplog))
 
 
-def test_check_is_quiet_above_threshold(tmp_path, caplog):
-    monitor = MemoryMonitor(warn_below_available_bytes=0, cgroup_dir=tmp_path)
-    with caplog.at_level(logging.DEBUG, logger="rlbuffers.memory.monitor"):
-        snap = monitor.check()
-    assert not snap.low
-    assert snap.to_dict()["available_bytes"] == snap.available_bytes
-    assert not caplog.records
+def test_phase_records_a_known_allocation_and_warns_before_oom(fake_cgroup, caplog):
+    set_used, kw = fake_cgroup
+    monitor = MemoryMonitor(warn_below_available_bytes=0, **kw)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        with monitor.phase("generate"):
+            block = touch(64 * MIB)
+            set_used(970)  # the cgroup fills up during the phase
+            del block
+        with monitor.phase("train"):
+            pass
+    assert 56 * MIB < monitor.phases["generate"].peak_extra_rss_bytes < 96 * MIB
+    assert monitor.phases["train"].peak_extra_rss_bytes < 16 * MIB
+    assert any("97%" in m for m in warnings_in(caplog))
+    metrics = monitor.to_metrics()
+    assert metrics["phase/generate/peak_extra_rss_bytes"] > 56 * MIB
+    json.dumps(metrics)
+    restored = MemoryMonitor(log_capacity=False, **kw)
+    restored.load_state_dict(json.loads(json.dumps(monitor.state_dict())))
+    assert restored.phases == monitor.phases
 
 
-def test_negative_threshold_is_rejected():
-    with pytest.raises(ValueError, match="warn_below_available_bytes"):
-        MemoryMonitor(warn_below_available_bytes=-1)
+def test_capacity_is_logged_and_savings_are_metrics(fake_cgroup, caplog):
+    _, kw = fake_cgroup
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        monitor = MemoryMonitor(**kw)
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "cgroup limit 0.98 GiB" in text and "CPUs" in text
+    assert monitor.capacity["cgroup_limit_bytes"] == 1000 * MIB
+    monitor.record_saving("chunked_logprobs", 3 * MIB)
+    monitor.record_saving("chunked_logprobs", 1 * MIB)
+    assert monitor.to_metrics()["saved/chunked_logprobs_bytes"] == 4 * MIB
+    with pytest.raises(ValueError, match="bytes_saved: expected >= 0, got -1"):
+        monitor.record_saving("x", -1)
+
+
+def test_tensor_summary_groups_by_owner():
+    model = torch.nn.Linear(96, 80)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(3, 96)).sum().backward()
+    opt.step()
+    marker = torch.zeros(777, 333)
+    summary = tensor_summary(top_k=100_000)
+    mine = {(tuple(t["shape"]), t["owner"]) for t in summary.top}
+    assert ((80, 96), "parameter") in mine and ((80, 96), "gradient") in mine
+    assert ((80, 96), "optimizer_state") in mine and ((777, 333), "other") in mine
+    by_owner = {g["owner"]: g["bytes"] for g in summary.groups if g["dtype"] == "torch.float32"}
+    assert by_owner["optimizer_state"] >= 2 * (80 * 96 + 80) * 4
+    assert summary.total_bytes >= marker.numel() * 4 + 4 * (80 * 96 + 80) * 4
+    assert tensor_summary(top_k=1).top[0]["bytes"] >= marker.numel() * 4
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"warn_below_available_bytes": -1}, "warn_below_available_bytes: expected >= 0, got -1"),
+    ({"warn_fractions": [0.5, 1.5]}, r"warn_fractions: expected values in \(0, 1\]"),
+])
+def test_bad_monitor_arguments_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        MemoryMonitor(**kwargs)
+
+
+def test_bad_peak_and_census_arguments_are_named():
+    with pytest.raises(ValueError, match="sample_interval_s: expected > 0, got 0"):
+        PeakMemory(sample_interval_s=0)
+    with pytest.raises(ValueError, match="top_k: expected >= 0, got -1"):
+        tensor_summary(top_k=-1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_phase_records_cuda_max_memory_allocated():
+    monitor = MemoryMonitor(device="cuda:0", log_capacity=False)
+    assert monitor.capacity["cuda"][0]["total_bytes"] > 0
+    with monitor.phase("gpu"):
+        x = torch.empty(64 * MIB, dtype=torch.uint8, device="cuda:0")
+        del x
+    assert monitor.phases["gpu"].cuda_peak_extra_bytes >= 64 * MIB

@@ -1,67 +1,24 @@
-"""Process and machine memory figures, and a monitor that warns when memory runs low.
-
-All sizes are in bytes. ``available_bytes`` respects a cgroup v2 memory limit (containers),
-where the host-wide figure from ``psutil.virtual_memory()`` would overstate what is left.
-"""
+"""A monitor that logs the machine's capacity, each phase's peak memory, warnings before an
+out-of-memory, and what memory optimisations saved. All sizes are in bytes."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import resource
-import sys
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import psutil
+from rlbuffers.memory.capacity import capacity
+from rlbuffers.memory.cgroup import CGROUP_ROOT, PROC_SELF_CGROUP
+from rlbuffers.memory.limits import available_bytes, memory_limit_bytes
+from rlbuffers.memory.peak import PeakMemory
+from rlbuffers.memory.process import peak_rss_bytes, rss_bytes
 
 log = logging.getLogger(__name__)
-
-#: Where a cgroup v2 hierarchy exposes the limit and usage of the current container.
-CGROUP_DIR = Path("/sys/fs/cgroup")
 GIB = 2**30
-
-
-def rss_bytes() -> int:
-    """Resident set size of this process now, in bytes."""
-    return int(psutil.Process().memory_info().rss)
-
-
-def peak_rss_bytes() -> int:
-    """Largest resident set size this process has had, in bytes (``ru_maxrss``).
-
-    ``ru_maxrss`` is in KiB on Linux and in bytes on macOS; both are converted to bytes.
-    """
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
-
-
-def cgroup_available_bytes(cgroup_dir: Path = CGROUP_DIR) -> int | None:
-    """Bytes left under a cgroup v2 memory limit (``memory.max - memory.current``).
-
-    Returns None when there is no cgroup v2 limit (files missing, unreadable, or ``max``).
-    """
-    try:
-        limit = (cgroup_dir / "memory.max").read_text().strip()
-        used = int((cgroup_dir / "memory.current").read_text().strip())
-    except (OSError, ValueError):
-        return None
-    if limit == "max":
-        return None
-    try:
-        return max(0, int(limit) - used)
-    except ValueError:
-        return None
-
-
-def available_bytes(cgroup_dir: Path = CGROUP_DIR) -> int:
-    """Memory that can still be allocated without swapping, in bytes.
-
-    The smaller of the host's available memory (``psutil.virtual_memory().available``) and
-    what is left under a cgroup v2 limit, if one applies.
-    """
-    host = int(psutil.virtual_memory().available)
-    cgroup = cgroup_available_bytes(cgroup_dir)
-    return host if cgroup is None else min(host, cgroup)
 
 
 @dataclass(frozen=True)
@@ -73,47 +30,183 @@ class MemorySnapshot:
         peak_rss_bytes: largest resident set size so far.
         available_bytes: memory still available to this process (see :func:`available_bytes`).
         low: ``available_bytes`` was under the monitor's threshold.
+        used_fraction: ``1 - available / limit`` (host RAM or cgroup limit).
     """
 
     rss_bytes: int
     peak_rss_bytes: int
     available_bytes: int
     low: bool
+    used_fraction: float = 0.0
 
-    def to_dict(self) -> dict[str, int | bool]:
+    def to_dict(self) -> dict[str, int | bool | float]:
         """Plain-data form, e.g. for a metrics line."""
         return {"rss_bytes": self.rss_bytes, "peak_rss_bytes": self.peak_rss_bytes,
-                "available_bytes": self.available_bytes, "low": self.low}
+                "available_bytes": self.available_bytes, "low": self.low,
+                "used_fraction": self.used_fraction}
+
+
+@dataclass(frozen=True)
+class PhaseRecord:
+    """Peak memory of one ``monitor.phase(name)`` block (bytes; CUDA 0 without a device)."""
+
+    name: str
+    peak_rss_bytes: int
+    peak_extra_rss_bytes: int
+    cuda_peak_bytes: int
+    cuda_peak_extra_bytes: int
+
+
+def _check_fractions(fractions: Sequence[float]) -> tuple[float, ...]:
+    out = tuple(sorted(float(f) for f in fractions))
+    if any(not 0 < f <= 1 for f in out):
+        raise ValueError(f"warn_fractions: expected values in (0, 1], got {list(fractions)}")
+    return out
 
 
 class MemoryMonitor:
-    """Takes memory snapshots and logs a warning when available memory is low.
+    """Memory figures, phase peaks and early warnings for a training loop.
 
     Args:
-        warn_below_available_bytes: threshold in bytes; :meth:`check` logs a warning (logger
-            ``rlbuffers.memory.monitor``) whenever available memory is under it.
-        cgroup_dir: cgroup v2 directory whose limit also bounds available memory.
+        warn_below_available_bytes: :meth:`check` logs a warning whenever available memory
+            is under this many bytes (>= 0).
+        warn_fractions: fractions of the memory limit (host RAM or cgroup limit) whose
+            crossing logs a warning, once per crossing, from :meth:`check` and from the
+            sampling thread of each phase (each in (0, 1]).
+        device: CUDA device whose ``max_memory_allocated`` each phase records (None: RSS only).
+        sample_interval_s: seconds between RSS samples inside a phase.
+        log_capacity: log :func:`capacity` (RAM, cgroup limit, CPUs, CUDA devices) now.
+        proc_cgroup, cgroup_root: where cgroups are read (tests pass made-up ones).
 
     Raises:
-        ValueError: a negative threshold.
+        ValueError: a negative threshold or a fraction outside (0, 1].
     """
 
     def __init__(self, *, warn_below_available_bytes: int = GIB,
-                 cgroup_dir: Path = CGROUP_DIR) -> None:
+                 warn_fractions: Sequence[float] = (0.85, 0.95), device: Any = None,
+                 sample_interval_s: float = 0.01, log_capacity: bool = True,
+                 proc_cgroup: Path = PROC_SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT) -> None:
         if warn_below_available_bytes < 0:
             raise ValueError("warn_below_available_bytes: expected >= 0, got "
                              f"{warn_below_available_bytes}")
         self.warn_below_available_bytes = int(warn_below_available_bytes)
-        self.cgroup_dir = cgroup_dir
+        self.warn_fractions = _check_fractions(warn_fractions)
+        self.device = device
+        self.sample_interval_s = sample_interval_s
+        self._cgroup = (proc_cgroup, cgroup_root)
+        self._level = 0  # how many warn_fractions are crossed now
+        self._lock = threading.Lock()
+        self.phases: dict[str, PhaseRecord] = {}
+        self.savings: dict[str, int] = {}
+        self.capacity = capacity(*self._cgroup)
+        if log_capacity:
+            self._log_capacity()
+
+    def _log_capacity(self) -> None:
+        c = self.capacity
+        limit = c["cgroup_limit_bytes"]
+        log.info("memory capacity: RAM %.2f GiB total, %.2f GiB available, cgroup limit %s, "
+                 "%d CPUs", c["ram_total_bytes"] / GIB, c["ram_available_bytes"] / GIB,
+                 "none" if limit is None else f"{limit / GIB:.2f} GiB", c["cpu_count"])
+        for d in c["cuda"]:
+            log.info("memory capacity: %s (%s) %.2f GiB total, %.2f GiB free", d["device"],
+                     d["name"], d["total_bytes"] / GIB, d["free_bytes"] / GIB)
+
+    def _warn_fractions(self, used_fraction: float) -> None:
+        with self._lock:
+            level = sum(used_fraction >= f for f in self.warn_fractions)
+            crossed, self._level = level > self._level, level
+        if crossed:
+            log.warning("memory at %.0f%% of its limit (warning level %.0f%%): an "
+                        "out-of-memory error may follow", used_fraction * 100,
+                        self.warn_fractions[level - 1] * 100)
 
     def check(self) -> MemorySnapshot:
-        """Measure now; log a warning if available memory is under the threshold."""
-        avail = available_bytes(self.cgroup_dir)
+        """Measure now; warn if available memory is under the threshold or a fraction of the
+        limit has been crossed since the last check."""
+        avail = available_bytes(*self._cgroup)
+        used = self._used_fraction(avail)
         snap = MemorySnapshot(rss_bytes=rss_bytes(), peak_rss_bytes=peak_rss_bytes(),
                               available_bytes=avail,
-                              low=avail < self.warn_below_available_bytes)
+                              low=avail < self.warn_below_available_bytes, used_fraction=used)
         if snap.low:
             log.warning("low memory: %.2f GiB available, under the %.2f GiB threshold "
                         "(process RSS %.2f GiB)", avail / GIB,
                         self.warn_below_available_bytes / GIB, snap.rss_bytes / GIB)
+        self._warn_fractions(used)
         return snap
+
+    def _used_fraction(self, avail: int) -> float:
+        limit = memory_limit_bytes(*self._cgroup)
+        return min(1.0, max(0.0, 1 - avail / limit)) if limit else 0.0
+
+    def _on_sample(self, _rss: int) -> None:
+        self._warn_fractions(self._used_fraction(available_bytes(*self._cgroup)))
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[PeakMemory]:
+        """Record the peak memory of the block as phase ``name`` (see :class:`PeakMemory`);
+        a phase run again keeps the largest peak. Checks warnings while it runs and at exit.
+        """
+        peak = PeakMemory(device=self.device, sample_interval_s=self.sample_interval_s,
+                          on_sample=self._on_sample)
+        try:
+            with peak:
+                yield peak
+        finally:
+            self.check()
+            old = self.phases.get(name)
+            rec = PhaseRecord(name, peak.peak_rss_bytes, peak.peak_extra_rss_bytes,
+                              peak.cuda_peak_bytes, peak.cuda_peak_extra_bytes)
+            if old is not None:
+                rec = PhaseRecord(name, *(max(a, b) for a, b in
+                                          zip(_fields(old), _fields(rec), strict=True)))
+            self.phases[name] = rec
+            log.debug("phase %s: peak RSS %.1f MiB (+%.1f MiB)", name,
+                      rec.peak_rss_bytes / 2**20, rec.peak_extra_rss_bytes / 2**20)
+
+    def record_saving(self, name: str, bytes_saved: int) -> None:
+        """Log (and add to ``to_metrics()``) the bytes an optimisation saved, e.g. the
+        ``[B, T, V]`` logits chunked log-probs avoided; repeated names add up.
+
+        Raises:
+            ValueError: ``bytes_saved`` < 0.
+        """
+        if bytes_saved < 0:
+            raise ValueError(f"bytes_saved: expected >= 0, got {bytes_saved}")
+        self.savings[name] = self.savings.get(name, 0) + int(bytes_saved)
+        log.info("memory saved by %s: %.1f MiB", name, bytes_saved / 2**20)
+
+    def to_metrics(self) -> dict[str, float | int | bool]:
+        """Flat plain dict for a JSONL metrics line: the current snapshot, ``phase/NAME/...``
+        peaks and ``saved/NAME_bytes``."""
+        out: dict[str, float | int | bool] = dict(self.check().to_dict())
+        for name, rec in self.phases.items():
+            out[f"phase/{name}/peak_rss_bytes"] = rec.peak_rss_bytes
+            out[f"phase/{name}/peak_extra_rss_bytes"] = rec.peak_extra_rss_bytes
+            if self.device is not None:
+                out[f"phase/{name}/cuda_peak_bytes"] = rec.cuda_peak_bytes
+        for name, saved in self.savings.items():
+            out[f"saved/{name}_bytes"] = saved
+        return out
+
+    def tensor_summary(self, *, top_k: int = 10) -> Any:
+        """Live torch tensors by device, dtype and owner; see
+        :func:`rlbuffers.memory.census.tensor_summary` (needs torch)."""
+        from rlbuffers.memory.census import tensor_summary
+        return tensor_summary(top_k=top_k)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain data: phase peaks and savings (JSON-ready)."""
+        return {"phases": {k: list(_fields(v)) for k, v in self.phases.items()},
+                "savings": dict(self.savings)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore phase peaks and savings from :meth:`state_dict`."""
+        self.phases = {k: PhaseRecord(k, *v) for k, v in state["phases"].items()}
+        self.savings = {k: int(v) for k, v in state["savings"].items()}
+
+
+def _fields(rec: PhaseRecord) -> tuple[int, int, int, int]:
+    return (rec.peak_rss_bytes, rec.peak_extra_rss_bytes, rec.cuda_peak_bytes,
+            rec.cuda_peak_extra_bytes)

@@ -1,0 +1,171 @@
+"""Log-probabilities of chosen tokens from final hidden states, without ``[B, T, V]`` logits.
+
+The LM head is applied ``chunk_tokens`` tokens at a time; each chunk's log-normaliser
+(``logsumexp`` over the vocabulary) is computed from that chunk's logits alone, and the
+backward pass (a custom :class:`torch.autograd.Function`) recomputes each chunk's logits
+instead of keeping them, so forward + backward need O(``chunk_tokens`` x V) extra memory.
+
+This is the chunked cross-entropy of Liger-Kernel / TRL's chunked LM head (online softmax:
+Milakov & Gimelshein 2018, "Online normalizer calculation for softmax") written in plain
+PyTorch, so it runs on CPU and GPU alike; the gradient of ``log p(y) = z_y - logsumexp(z)``
+is ``onehot(y) - softmax(z)`` and that of the entropy ``H = -sum p log p`` is
+``-p * (log p + H)`` (with respect to the logits ``z``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+#: Target ids equal to this are ignored: their log-probability is 0 and they get no gradient.
+IGNORE_INDEX = -100
+
+
+def _check_inputs(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None,
+                  chunk_tokens: int, temperature: float) -> None:
+    if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens: expected an int >= 1, got {chunk_tokens!r}")
+    if not temperature > 0:
+        raise ValueError(f"temperature: expected > 0, got {temperature!r}")
+    if weight.dim() != 2:
+        raise ValueError(f"lm_head_weight: expected shape [V, H], got {tuple(weight.shape)}")
+    if hidden.dim() < 1 or hidden.shape[-1] != weight.shape[1]:
+        raise ValueError(f"hidden: expected shape [B, T, {weight.shape[1]}] (H of "
+                         f"lm_head_weight), got {tuple(hidden.shape)}")
+    if tuple(targets.shape) != tuple(hidden.shape[:-1]):
+        raise ValueError(f"target_ids: expected shape {tuple(hidden.shape[:-1])} (hidden's "
+                         f"leading dims), got {tuple(targets.shape)}")
+    if targets.dtype.is_floating_point or targets.dtype == torch.bool:
+        raise ValueError(f"target_ids: expected an integer dtype, got {targets.dtype}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"lm_head_bias: expected shape ({weight.shape[0]},), "
+                         f"got {tuple(bias.shape)}")
+    if targets.numel():
+        valid = targets[targets != IGNORE_INDEX]
+        if valid.numel() and (int(valid.min()) < 0 or int(valid.max()) >= weight.shape[0]):
+            raise ValueError(f"target_ids: expected ids in [0, {weight.shape[0]}) or "
+                             f"{IGNORE_INDEX}, got values in [{int(valid.min())}, "
+                             f"{int(valid.max())}]")
+
+
+def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
+    """``float32[c, V]`` logits of one chunk, divided by the temperature."""
+    z = torch.nn.functional.linear(h, weight, bias).float()
+    if temperature != 1.0:
+        z.div_(temperature)
+    return z
+
+
+class _ChunkedTokenLogprobs(torch.autograd.Function):
+    """Autograd function: forward and backward one chunk of tokens at a time."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_tokens, with_entropy):
+        n = hidden.shape[0]
+        logp = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+        lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        entropy = torch.empty(n if with_entropy else 0, dtype=torch.float32,
+                              device=hidden.device)
+        safe = targets.clamp(min=0).unsqueeze(1)
+        for start in range(0, n, chunk_tokens):
+            sl = slice(start, min(n, start + chunk_tokens))
+            z = _chunk_logits(hidden[sl], weight, bias, temperature)
+            lse[sl] = torch.logsumexp(z, dim=-1)
+            logp[sl] = z.gather(1, safe[sl]).squeeze(1) - lse[sl]
+            if with_entropy:
+                z.sub_(lse[sl].unsqueeze(1))  # log p
+                entropy[sl] = -(z.exp() * z).sum(-1)
+        logp.masked_fill_(targets == IGNORE_INDEX, 0.0)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
+        ctx.temperature = temperature
+        ctx.chunk_tokens = chunk_tokens
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
+            if need_w else None
+        grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) \
+            if need_b and bias is not None else None
+        g_lp = grad_logp.float().masked_fill(targets == IGNORE_INDEX, 0.0)
+        g_ent = grad_entropy.float() if entropy.numel() else None
+        safe = targets.clamp(min=0).unsqueeze(1)
+        for start in range(0, hidden.shape[0], ctx.chunk_tokens):
+            sl = slice(start, min(hidden.shape[0], start + ctx.chunk_tokens))
+            h = hidden[sl]
+            g = _chunk_logits(h, weight, bias, ctx.temperature)
+            g.sub_(lse[sl].unsqueeze(1))  # log p
+            gz = _grad_wrt_logits(g, g_lp[sl], None if g_ent is None else g_ent[sl],
+                                  None if g_ent is None else entropy[sl], safe[sl])
+            if ctx.temperature != 1.0:
+                gz.div_(ctx.temperature)
+            if grad_h is not None:
+                grad_h[sl] = (gz.to(weight.dtype) @ weight).to(hidden.dtype)
+            if grad_w is not None:
+                grad_w.addmm_(gz.t(), h.float())
+            if grad_b is not None:
+                grad_b.add_(gz.sum(0))
+        grad_w = None if grad_w is None else grad_w.to(weight.dtype)
+        grad_b = None if grad_b is None else grad_b.to(bias.dtype)
+        return grad_h, grad_w, grad_b, None, None, None, None
+
+
+def _grad_wrt_logits(logp: Tensor, g_lp: Tensor, g_ent: Tensor | None, ent: Tensor | None,
+                     safe_targets: Tensor) -> Tensor:
+    """Gradient with respect to the chunk's (tempered) logits; reuses ``logp``'s storage."""
+    if g_ent is None or ent is None:
+        p = logp.exp_()
+        gz = p.mul_(-g_lp.unsqueeze(1))
+    else:
+        p = logp.exp()
+        gz = logp.add_(ent.unsqueeze(1)).mul_(p).mul_(-g_ent.unsqueeze(1))  # dH/dz * g_ent
+        gz.sub_(p.mul_(g_lp.unsqueeze(1)))
+        del p
+    gz.scatter_add_(1, safe_targets, g_lp.unsqueeze(1))
+    return gz
+
+
+def token_logprobs(hidden: Tensor, lm_head_weight: Tensor, target_ids: Tensor, *,
+                   chunk_tokens: int = 1024, lm_head_bias: Tensor | None = None,
+                   temperature: float = 1.0,
+                   with_entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """Log-probabilities of ``target_ids`` under ``softmax((hidden @ W.T + b) / temperature)``.
+
+    Equal (to fp32 rounding, values and gradients) to
+    ``log_softmax(logits.float() / temperature, -1).gather(-1, target_ids)`` but computed
+    ``chunk_tokens`` tokens at a time, never holding more than one chunk's logits, in forward
+    or backward (the backward recomputes each chunk; see the module docstring).
+
+    Args:
+        hidden: ``float[B, T, H]`` (any leading dims) final hidden states, any float dtype.
+        lm_head_weight: ``float[V, H]`` output-embedding matrix.
+        target_ids: ``int[B, T]`` (hidden's leading dims) token ids in ``[0, V)``; positions
+            equal to ``-100`` are ignored (log-probability 0, no gradient).
+        chunk_tokens: tokens per chunk (>= 1); peak extra memory ~ 3 x 4 x chunk_tokens x V
+            bytes in backward.
+        lm_head_bias: optional ``float[V]`` bias.
+        temperature: logits are divided by it (> 0), as samplers do.
+        with_entropy: also return the entropy of each position's distribution.
+
+    Returns:
+        ``logprobs: float32[B, T]``, and ``entropy: float32[B, T]`` (nats) when
+        ``with_entropy``. Both are differentiable with respect to ``hidden``,
+        ``lm_head_weight`` and ``lm_head_bias``.
+
+    Raises:
+        ValueError: ``chunk_tokens`` < 1, ``temperature`` <= 0, shapes that do not match
+            (the message names the argument, the expected and the actual shape), or ids out
+            of range.
+    """
+    _check_inputs(hidden, lm_head_weight, target_ids, lm_head_bias, chunk_tokens, temperature)
+    lead = hidden.shape[:-1]
+    flat_h = hidden.reshape(-1, hidden.shape[-1])
+    logp, entropy = _ChunkedTokenLogprobs.apply(
+        flat_h, lm_head_weight, lm_head_bias, target_ids.reshape(-1).long(), float(temperature),
+        int(chunk_tokens), bool(with_entropy))
+    if with_entropy:
+        return logp.reshape(lead), entropy.reshape(lead)
+    return logp.reshape(lead)

@@ -1,0 +1,54 @@
+"""This process's resident memory: now, and its high-water mark (resettable on Linux)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import resource
+import sys
+from pathlib import Path
+
+import psutil
+
+log = logging.getLogger(__name__)
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process now, in bytes."""
+    return int(psutil.Process().memory_info().rss)
+
+
+def _vm_hwm_bytes() -> int | None:
+    try:
+        m = re.search(r"^VmHWM:\s+(\d+) kB", _STATUS.read_text(), re.M)
+    except OSError:
+        return None
+    return int(m.group(1)) * 1024 if m else None
+
+
+def peak_rss_bytes() -> int:
+    """Largest resident set size of this process since it started or since the last
+    :func:`reset_peak_rss`, in bytes (Linux ``VmHWM``; elsewhere ``ru_maxrss``, which is in
+    KiB on Linux and bytes on macOS and cannot be reset)."""
+    hwm = _vm_hwm_bytes()
+    if hwm is not None:
+        return hwm
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def reset_peak_rss() -> bool:
+    """Reset the peak RSS to the current RSS (Linux >= 4.0: ``echo 5 > clear_refs``).
+
+    Returns:
+        True when reset; False where the kernel does not allow it (then
+        :func:`peak_rss_bytes` keeps the all-time peak).
+    """
+    try:
+        _CLEAR_REFS.write_text("5")
+    except OSError as e:
+        log.debug("cannot reset the peak RSS: %s", e)
+        return False
+    return True
