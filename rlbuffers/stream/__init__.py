@@ -5,8 +5,9 @@ See ``docs/stream.md``.
 """
 
 from rlbuffers.stream.batching import Pack, PadBatch, Row, RowBatch, budget_batches
+from rlbuffers.stream.config import Packing, Padding, StreamConfig
 from rlbuffers.stream.errors import ShardError, StreamStateError, TokenStoreError
-from rlbuffers.stream.loader import StreamConfig, StreamLoader, build_pipeline
+from rlbuffers.stream.loader import StreamLoader, build_pipeline
 from rlbuffers.stream.packing import pack_bfd, split_overflow
 from rlbuffers.stream.padding import IGNORE_INDEX, block_causal_mask, collate, padded_length
 from rlbuffers.stream.shards import (
@@ -28,7 +29,8 @@ from rlbuffers.stream.token_store import (
 from rlbuffers.stream.tokenize import TextTokenizer, Tokenize, content_key, text_of
 
 __all__ = [
-    "IGNORE_INDEX", "BlockShuffle", "IndexSource", "MapStage", "Pack", "PadBatch", "Row",
+    "IGNORE_INDEX", "BlockShuffle", "IndexSource", "MapStage", "Pack", "Packing", "PadBatch",
+    "Padding", "Row",
     "RowBatch", "ShardError", "ShardSource", "Stage", "StreamConfig", "StreamLoader",
     "StreamStateError", "TextTokenizer", "TokenStore", "TokenStoreError", "TokenStoreWriter",
     "Tokenize", "WindowStage", "block_causal_mask", "budget_batches", "build_pipeline",

@@ -34,8 +34,10 @@ class Pack(WindowStage):
     kind = "pack"
 
     def __init__(self, upstream: Stage, *, max_length: int, packing_window_sequences: int,
-                 overflow: str = "split", seed: int = 0, epoch: int = 0) -> None:
-        super().__init__(upstream, packing_window_sequences, seed=seed, epoch=epoch, salt=3)
+                 overflow: str = "split", seed: int = 0, epoch: int = 0,
+                 read_ahead_windows: int = 0) -> None:
+        super().__init__(upstream, packing_window_sequences, seed=seed, epoch=epoch, salt=3,
+                         read_ahead_windows=read_ahead_windows)
         self.max_length = int(max_length)
         self.overflow = overflow
 
@@ -106,8 +108,9 @@ class PadBatch(WindowStage):
                  batch_size: int | None, max_tokens: int | None, sort_by_length: bool,
                  overflow: str, pad_to_multiple_of: int | None,
                  collate_fn: Callable[[list[list[np.ndarray]], int], dict[str, Any]],
-                 seed: int = 0, epoch: int = 0) -> None:
-        super().__init__(upstream, bucket_window_sequences, seed=seed, epoch=epoch, salt=5)
+                 seed: int = 0, epoch: int = 0, read_ahead_windows: int = 0) -> None:
+        super().__init__(upstream, bucket_window_sequences, seed=seed, epoch=epoch, salt=5,
+                         read_ahead_windows=read_ahead_windows)
         self.max_length = int(max_length)
         self.batch_size, self.max_tokens = batch_size, max_tokens
         self.sort_by_length, self.overflow = sort_by_length, overflow

@@ -10,122 +10,30 @@ shard, whatever the position in the epoch.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from rlbuffers.stream.batching import Pack, PadBatch, RowBatch
+from rlbuffers.stream.config import Packing, Padding, StreamConfig
 from rlbuffers.stream.errors import StreamStateError
-from rlbuffers.stream.padding import AttentionKind, collate
+from rlbuffers.stream.padding import collate
 from rlbuffers.stream.shards import resolve_shards
 from rlbuffers.stream.sources import IndexSource, ShardSource
-from rlbuffers.stream.stages import BlockShuffle, Stage, WindowStage
+from rlbuffers.stream.stages import BlockShuffle, Stage
 from rlbuffers.stream.tokenize import TextTokenizer, Tokenize
 
 logger = logging.getLogger(__name__)
 
 
-SPEED_ONLY_FIELDS = ("read_ahead_tokenize_batches", "read_ahead_batch_windows")
-"""Config fields that change speed, never the batches: left out of the state's fingerprint."""
-
-
-@dataclass(frozen=True)
-class StreamConfig:
-    """How the loader batches. Checked when built (``ValueError`` naming the field)."""
-
-    max_length: int = 2048
-    """Tokens per packed row (``mode="pack"``) or per sequence (``mode="pad"``)."""
-    mode: Literal["pack", "pad"] = "pack"
-    """``"pack"``: best-fit-decreasing packing into rows; ``"pad"``: one sequence per row."""
-    rows_per_batch: int = 8
-    """Packed rows per batch (``mode="pack"``): a token budget of ``rows * max_length``."""
-    batch_size: int | None = None
-    """Sequences per batch (``mode="pad"``); ``None``: limited by ``max_tokens`` only."""
-    max_tokens: int | None = None
-    """Token budget of one padded batch, ``rows * padded length`` (``mode="pad"``)."""
-    sort_by_length: bool = True
-    """Length bucketing within ``bucket_window_sequences`` (``mode="pad"``)."""
-    bucket_window_sequences: int = 1024
-    """Sequences sorted and cut into batches together (``mode="pad"``)."""
-    packing_window_sequences: int = 8192
-    """Sequences packed together (``mode="pack"``); bounds memory and resume work."""
-    shuffle_buffer_samples: int = 1024
-    """Samples shuffled together (block shuffle); ``0`` or ``1`` disables it."""
-    shuffle_shards: bool = True
-    """Shuffle the shard (or item) order every epoch."""
-    tokenize_batch_texts: int = 256
-    """Texts per tokenizer batch call."""
-    read_ahead_tokenize_batches: int = 4
-    """Tokenizer batches read from the source and JSON-decoded ahead of the
-    tokenizer by a background thread (the Rust tokenizer releases the GIL, so reading and
-    encoding overlap); ``0``: no thread. Speed only: batches and states are identical."""
-    read_ahead_batch_windows: int = 1
-    """Packing (or bucketing) windows tokenized ahead of packing and collation by a second
-    background thread; ``0``: no thread. Speed only, like ``read_ahead_tokenize_batches``."""
-    text_field: str = "text"
-    """The JSON field holding the text of ``json`` samples."""
-    overflow: Literal["split", "truncate"] = "split"
-    """Sequences over ``max_length``: cut into pieces, or truncate (counted in stats)."""
-    pad_token_id: int = 0
-    """Token id written at padding positions (masked out of ``labels``)."""
-    pad_to_multiple_of: int | None = None
-    """Round the padded length up to a multiple of this (dynamic padding)."""
-    fixed_padding: bool = False
-    """Pad every batch to ``max_length`` (the baseline dynamic padding improves on)."""
-    attention: AttentionKind | None = None
-    """``"padding"`` (2-D), ``"block_causal"`` (4-D bool) or ``"none"``; ``None``: padding
-    mask for ``mode="pad"``, none for ``mode="pack"`` (use position_ids / cu_seqlens)."""
-    seed: int = 0
-    """Seed of every shuffle (shards, samples, packed rows, buckets)."""
-    batches_per_epoch: int | None = None
-    """Batches per epoch per rank; the stream then cycles over passes of the data so every
-    rank yields exactly this many. Required when ``world_size > 1``. ``None``: one pass."""
-    uneven_shards: Literal["wrap", "drop"] = "wrap"
-    """Shard count not a multiple of world_size x workers: repeat or drop shards (logged)."""
-    on_error: Literal["raise", "warn"] = "raise"
-    """Unreadable shard: raise, or log and skip the rest of the shard."""
-
-    def __post_init__(self) -> None:
-        self._check_at_least(1, ["max_length", "rows_per_batch", "bucket_window_sequences",
-                                 "packing_window_sequences", "tokenize_batch_texts"])
-        self._check_at_least(0, SPEED_ONLY_FIELDS)
-        for name in ("batch_size", "max_tokens", "pad_to_multiple_of", "batches_per_epoch"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"StreamConfig.{name}: expected None or >= 1, got {value}")
-        if self.mode not in ("pack", "pad"):
-            raise ValueError(f"StreamConfig.mode: expected 'pack' or 'pad', got {self.mode!r}")
-        if self.mode == "pad" and self.batch_size is None and self.max_tokens is None:
-            raise ValueError("StreamConfig: mode='pad' needs batch_size or max_tokens, got neither")
-        if self.overflow not in ("split", "truncate"):
-            raise ValueError(f"StreamConfig.overflow: expected 'split' or 'truncate', "
-                             f"got {self.overflow!r}")
-        if self.uneven_shards not in ("wrap", "drop"):
-            raise ValueError(f"StreamConfig.uneven_shards: expected 'wrap' or 'drop', "
-                             f"got {self.uneven_shards!r}")
-
-    def _check_at_least(self, low: int, names: Sequence[str]) -> None:
-        for name in names:
-            if getattr(self, name) < low:
-                raise ValueError(f"StreamConfig.{name}: expected >= {low}, "
-                                 f"got {getattr(self, name)}")
-
-    @property
-    def attention_kind(self) -> AttentionKind:
-        """The effective ``attention`` (its default depends on ``mode``)."""
-        if self.attention is not None:
-            return self.attention
-        return "padding" if self.mode == "pad" else "none"
-
-
 def _collate(cfg: StreamConfig, rows: list[list[Any]], truncated: int) -> dict[str, Any]:
+    pad = cfg.batching if isinstance(cfg.batching, Padding) else None
     return collate(rows, pad_token_id=cfg.pad_token_id, max_length=cfg.max_length,
-                   pad_to=cfg.max_length if cfg.fixed_padding else None,
-                   pad_to_multiple_of=cfg.pad_to_multiple_of, attention=cfg.attention_kind,
-                   truncated_tokens=truncated)
+                   pad_to=cfg.max_length if pad is not None and pad.fixed_padding else None,
+                   pad_to_multiple_of=pad.pad_to_multiple_of if pad is not None else None,
+                   attention=cfg.attention_kind, truncated_tokens=truncated)
 
 
 def build_pipeline(source: Stage, tokenizer: TextTokenizer | None, cfg: StreamConfig, *,
@@ -133,30 +41,26 @@ def build_pipeline(source: Stage, tokenizer: TextTokenizer | None, cfg: StreamCo
     """The batch stages over ``source``: tokenize -> block shuffle (of token arrays) -> pack +
     row batches, or pad batches. Tokenizing before the shuffle feeds the tokenizer texts in
     shard order, which its word cache serves faster. Yields batch dicts (see
-    :mod:`rlbuffers.stream.padding`)."""
-    tokenize = Tokenize(source, tokenizer, text_field=cfg.text_field,
-                        tokenize_batch_texts=cfg.tokenize_batch_texts)
-    tokenize.read_ahead_windows = cfg.read_ahead_tokenize_batches
-    stage: Stage = tokenize
+    :mod:`rlbuffers.stream.padding`). Read-ahead threads are set in the stages' constructors
+    from ``cfg.read_ahead_*``."""
+    stage: Stage = Tokenize(source, tokenizer, text_field=cfg.text_field,
+                            tokenize_batch_texts=cfg.tokenize_batch_texts,
+                            read_ahead_windows=cfg.read_ahead_tokenize_batches)
     if cfg.shuffle_buffer_samples > 1:
         stage = BlockShuffle(stage, cfg.shuffle_buffer_samples, seed=cfg.seed, epoch=epoch)
     collate_fn = functools.partial(_collate, cfg)
-    batcher: WindowStage
-    if cfg.mode == "pack":
-        batcher = Pack(stage, max_length=cfg.max_length,
-                       packing_window_sequences=cfg.packing_window_sequences,
-                       overflow=cfg.overflow, seed=cfg.seed, epoch=epoch)
-    else:
-        batcher = PadBatch(stage, max_length=cfg.max_length,
-                           bucket_window_sequences=cfg.bucket_window_sequences,
-                           batch_size=cfg.batch_size, max_tokens=cfg.max_tokens,
-                           sort_by_length=cfg.sort_by_length, overflow=cfg.overflow,
-                           pad_to_multiple_of=cfg.pad_to_multiple_of, collate_fn=collate_fn,
-                           seed=cfg.seed, epoch=epoch)
-    batcher.read_ahead_windows = cfg.read_ahead_batch_windows
-    if cfg.mode == "pack":
-        return RowBatch(batcher, cfg.rows_per_batch, collate_fn)
-    return batcher
+    b = cfg.batching
+    if isinstance(b, Packing):
+        pack = Pack(stage, max_length=cfg.max_length,
+                    packing_window_sequences=b.packing_window_sequences, overflow=cfg.overflow,
+                    seed=cfg.seed, epoch=epoch, read_ahead_windows=cfg.read_ahead_batch_windows)
+        return RowBatch(pack, b.rows_per_batch, collate_fn)
+    return PadBatch(stage, max_length=cfg.max_length,
+                    bucket_window_sequences=b.bucket_window_sequences, batch_size=b.batch_size,
+                    max_tokens=b.max_tokens, sort_by_length=b.sort_by_length,
+                    overflow=cfg.overflow, pad_to_multiple_of=b.pad_to_multiple_of,
+                    collate_fn=collate_fn, seed=cfg.seed, epoch=epoch,
+                    read_ahead_windows=cfg.read_ahead_batch_windows)
 
 
 @dataclass(frozen=True)
@@ -269,26 +173,42 @@ class StreamLoader:
             yield self._to_torch(batch) if self.as_torch else batch
         self._reset_epoch(self._epoch + 1)
 
+    def _run(self, slot: int, batches: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """The quota runner, shared by the in-process and the DataLoader-worker paths: yields
+        the batches of ``slot`` for this epoch, at most its quota (see
+        :meth:`_quota`). Without ``batches_per_epoch`` the epoch ends with the data. With it,
+        the source cycles over passes and never ends unless the data yields no batches at
+        all; running out before the quota then raises, in both paths, since a rank that
+        yields fewer batches than the others would hang a collective operation.
+
+        Raises:
+            StreamStateError: ``batches_per_epoch`` is set and the data ran out first.
+        """
+        quota = self._quota(slot)
+        count = 0
+        while quota is None or count < quota:
+            batch = next(batches, None)
+            if batch is None:
+                if quota is None:
+                    return
+                raise StreamStateError(
+                    f"StreamConfig.batches_per_epoch={self.config.batches_per_epoch}: rank "
+                    f"{self.rank} slot {slot} expected {quota} more batches this epoch, but the "
+                    f"data ran out after {count} (does it yield any batch at all?)")
+            count += 1
+            yield batch
+
     def _iter_local(self) -> Iterator[dict[str, Any]]:
         if 0 not in self._live:
             pipe = self._build(0)
             self._live[0] = (pipe, iter(pipe))
         pipe, it = self._live[0]
-        quota = self._quota(0)
-        count = 0
-        while quota is None or count < quota:
-            batch = next(it, None)
-            if batch is None:
-                if quota is not None:
-                    raise StreamStateError("the data yields no batches; cannot fill "
-                                           f"batches_per_epoch={self.config.batches_per_epoch}")
-                break
-            count += 1
+        for batch in self._run(0, it):
             self._slot_batches[0] += 1
             self._last_slot = 0
             yield batch
         self._states[0] = pipe.state_dict()
-        if quota is None:
+        if self.config.batches_per_epoch is None:
             self._live.clear()
 
     def _iter_workers(self) -> Iterator[dict[str, Any]]:
@@ -312,9 +232,7 @@ class StreamLoader:
 
     # -- state -------------------------------------------------------------------------
     def _fingerprint(self) -> dict[str, Any]:
-        config = {k: v for k, v in dataclasses.asdict(self.config).items()
-                  if k not in SPEED_ONLY_FIELDS}
-        return {**config, "rank": self.rank, "world_size": self.world_size,
+        return {**self.config.fingerprint(), "rank": self.rank, "world_size": self.world_size,
                 "num_workers": self.num_workers}
 
     def state_dict(self) -> dict[str, Any]:
@@ -367,14 +285,7 @@ class _WorkerDataset:
         info = torch.utils.data.get_worker_info()
         slot = (info.id + self.offset) % self.loader._slots_n
         pipe = self.loader._build(slot)
-        quota = self.loader._quota(slot)
-        count = 0
-        it = iter(pipe)
-        while quota is None or count < quota:
-            batch = next(it, None)
-            if batch is None:
-                return
-            count += 1
+        for batch in self.loader._run(slot, iter(pipe)):
             yield slot, batch, pipe.state_dict()
 
 

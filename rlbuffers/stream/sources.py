@@ -103,12 +103,16 @@ class ShardSource(Stage):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         while True:
             shards = self.shards_for_pass(self._pass)
+            fresh = self._shard == 0 and self._offset == 0
+            read = 0
             while self._shard < len(shards):
-                yield from self._read(shards[self._shard])
+                for sample in self._read(shards[self._shard]):
+                    read += 1
+                    yield sample
                 self._shard += 1
                 self._offset = 0
-            if not self.cycle:
-                return
+            if not self.cycle or (fresh and read == 0):
+                return  # a whole pass without samples: cycling would spin for ever
             self._pass, self._shard, self._offset = self._pass + 1, 0, 0
 
     def _read(self, url: str) -> Iterator[dict[str, Any]]:

@@ -139,11 +139,12 @@ class WindowStage(Stage):
     :meth:`process` (a pure function of the items, the epoch and the window index) and emits
     them. The state is ``{window, emitted, upstream: <upstream state at window start>}``.
 
-    Read-ahead: with ``read_ahead_windows = k > 0`` a background thread reads the upstream
-    items of up to ``k`` windows ahead, runs :meth:`prepare` on them and records the upstream
-    state at each window's end, while this stage's consumer runs :meth:`process` (e.g. the
-    tokenizer, which releases the GIL). The outputs and states are the same as without it: a
-    state only ever names windows the consumer has processed.
+    Read-ahead: with ``read_ahead_windows=k > 0`` (a constructor argument) a background
+    thread reads the upstream items of up to ``k`` windows ahead, runs :meth:`prepare` on
+    them and records the upstream state at each window's end, while this stage's consumer
+    runs :meth:`process` (e.g. the tokenizer, which releases the GIL). The outputs and
+    states are the same as without it: a state only ever names windows the consumer has
+    processed.
 
     Memory: at most ``window_items`` inputs plus their outputs (``1 + k`` windows of inputs
     with read-ahead).
@@ -154,7 +155,7 @@ class WindowStage(Stage):
     """False: :meth:`process` ignores its ``rng`` (seeding a generator per window is skipped)."""
 
     def __init__(self, upstream: Stage, window_items: int, *, seed: int = 0, epoch: int = 0,
-                 salt: int = 0) -> None:
+                 salt: int = 0, read_ahead_windows: int = 0) -> None:
         if window_items < 1:
             raise ValueError(f"{self.kind} window: expected >= 1 items, got {window_items}")
         self.upstream = upstream
@@ -165,7 +166,9 @@ class WindowStage(Stage):
         self._window = 0
         self._emitted = 0
         self._start: dict[str, Any] | None = None  # None: wherever upstream is now
-        self.read_ahead_windows = 0
+        if read_ahead_windows < 0:
+            raise ValueError(f"read_ahead_windows: expected >= 0, got {read_ahead_windows}")
+        self.read_ahead_windows = int(read_ahead_windows)
 
     def prepare(self, items: list[Any]) -> list[Any]:
         """Per-item work on one window's inputs that needs no RNG (runs in the read-ahead
@@ -245,8 +248,9 @@ class BlockShuffle(WindowStage):
     kind = "shuffle"
 
     def __init__(self, upstream: Stage, shuffle_buffer_samples: int, *, seed: int = 0,
-                 epoch: int = 0) -> None:
-        super().__init__(upstream, shuffle_buffer_samples, seed=seed, epoch=epoch, salt=1)
+                 epoch: int = 0, read_ahead_windows: int = 0) -> None:
+        super().__init__(upstream, shuffle_buffer_samples, seed=seed, epoch=epoch, salt=1,
+                         read_ahead_windows=read_ahead_windows)
 
     def process(self, items: list[Any], rng: np.random.Generator) -> list[Any]:
         return [items[i] for i in rng.permutation(len(items))]

@@ -158,8 +158,10 @@ class Tokenize(WindowStage):
     needs_rng = False
 
     def __init__(self, upstream: Stage, tokenizer: TextTokenizer | None, *,
-                 text_field: str = "text", tokenize_batch_texts: int = 256) -> None:
-        super().__init__(upstream, tokenize_batch_texts, salt=2)
+                 text_field: str = "text", tokenize_batch_texts: int = 256,
+                 read_ahead_windows: int = 0) -> None:
+        super().__init__(upstream, tokenize_batch_texts, salt=2,
+                         read_ahead_windows=read_ahead_windows)
         self.tokenizer = tokenizer
         self.text_field = text_field
 

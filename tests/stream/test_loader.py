@@ -1,3 +1,4 @@
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -6,6 +7,8 @@ import numpy as np
 import pytest
 
 from rlbuffers.stream import (
+    Packing,
+    Padding,
     ShardSource,
     StreamConfig,
     StreamLoader,
@@ -16,11 +19,13 @@ from rlbuffers.stream import (
 
 from .test_tokenize import reference
 
-PACK = StreamConfig(max_length=256, rows_per_batch=3, packing_window_sequences=40,
+PACK = StreamConfig(max_length=256,
+                    batching=Packing(rows_per_batch=3, packing_window_sequences=40),
                     shuffle_buffer_samples=25, tokenize_batch_texts=16, seed=7)
-PAD = StreamConfig(mode="pad", max_length=128, max_tokens=600, bucket_window_sequences=32,
+PAD = StreamConfig(max_length=128, batching=Padding(max_tokens=600, bucket_window_sequences=32,
+                                                    pad_to_multiple_of=8),
                    shuffle_buffer_samples=25, tokenize_batch_texts=16, overflow="truncate",
-                   pad_to_multiple_of=8, seed=7)
+                   seed=7)
 
 
 def fingerprint(batch: dict) -> tuple:
@@ -103,7 +108,7 @@ def test_pad_token_budget_and_resume(shard_dir, tokenizer, tokenizer_json, texts
     batches = list(make())
     for b in batches:
         B, T = b["input_ids"].shape
-        assert T % 8 == 0 and (B * T <= PAD.max_tokens or B == 1)
+        assert T % 8 == 0 and (B * T <= PAD.batching.max_tokens or B == 1)
         assert b["attention_mask"].sum() == b["stats"]["num_tokens"]
     ref = reference(tokenizer_json, texts)
     assert sum(b["stats"]["truncated_tokens"] for b in batches) == sum(
@@ -114,15 +119,15 @@ def test_pad_token_budget_and_resume(shard_dir, tokenizer, tokenizer_json, texts
 
 
 def test_fixed_padding_pads_to_max_length(shard_dir, tokenizer):
-    cfg = StreamConfig(mode="pad", max_length=128, batch_size=4, fixed_padding=True,
-                       sort_by_length=False, overflow="truncate")
+    cfg = StreamConfig(max_length=128, overflow="truncate",
+                       batching=Padding(batch_size=4, fixed_padding=True, sort_by_length=False))
     b = next(iter(StreamLoader.from_shards(shard_dir, tokenizer, cfg)))
     assert b["input_ids"].shape == (4, 128)
     assert b["stats"]["padding_fraction"] == 1 - b["stats"]["num_tokens"] / 512
 
 
 def test_workers_resume_is_exact(shard_dir, tokenizer, tokenizer_json, texts):
-    cfg = StreamConfig(**{**PACK.__dict__, "uneven_shards": "drop"})  # 21 shards, 2 workers
+    cfg = dataclasses.replace(PACK, uneven_shards="drop")  # 21 shards, 2 workers
 
     def make():
         return StreamLoader.from_shards(shard_dir, tokenizer, cfg, num_workers=2)
@@ -137,7 +142,7 @@ def test_workers_resume_is_exact(shard_dir, tokenizer, tokenizer_json, texts):
 
 
 def test_batches_per_epoch_cycles_and_ranks_match(shard_dir, tokenizer):
-    cfg = StreamConfig(**{**PACK.__dict__, "batches_per_epoch": 50, "uneven_shards": "drop"})
+    cfg = dataclasses.replace(PACK, batches_per_epoch=50, uneven_shards="drop")
     urls = resolve_shards(shard_dir)
     ranks = [StreamLoader.from_shards(urls, tokenizer, cfg, rank=r, world_size=2)
              for r in range(2)]
@@ -187,7 +192,7 @@ def test_config_validation():
     with pytest.raises(ValueError, match="max_length"):
         StreamConfig(max_length=0)
     with pytest.raises(ValueError, match="batch_size or max_tokens"):
-        StreamConfig(mode="pad")
+        StreamConfig(batching=Padding())
     with pytest.raises(ValueError, match="overflow"):
         StreamConfig(overflow="drop")
     with pytest.raises(ValueError, match="read_ahead_tokenize_batches"):
@@ -199,7 +204,6 @@ SERIAL = {"read_ahead_tokenize_batches": 0, "read_ahead_batch_windows": 0}
 
 @pytest.mark.parametrize("base", [PACK, PAD], ids=["pack", "pad"])
 def test_read_ahead_threads_change_nothing_but_speed(shard_dir, tokenizer, base):
-    import dataclasses
     import threading
 
     serial = dataclasses.replace(base, **SERIAL)
@@ -242,3 +246,26 @@ def test_read_ahead_thread_forwards_shard_errors(tmp_path: Path, shard_dir, toke
     loader = StreamLoader.from_shards(tmp_path, tokenizer, PACK)
     with pytest.raises(ShardError, match="s9.tar"):
         list(loader)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_running_out_before_the_quota_raises_in_both_paths(tmp_path: Path, tokenizer,
+                                                           num_workers):
+    import tarfile
+
+    for i in range(2):  # valid tar files without a sample
+        with tarfile.open(tmp_path / f"empty{i}.tar", "w"):
+            pass
+    cfg = dataclasses.replace(PACK, batches_per_epoch=3)
+    loader = StreamLoader.from_shards(tmp_path, tokenizer, cfg, num_workers=num_workers)
+    with pytest.raises(StreamStateError, match=r"batches_per_epoch=3.*ran out after 0"):
+        list(loader)
+
+
+def test_mode_options_live_in_their_own_config():
+    with pytest.raises(TypeError):
+        StreamConfig(rows_per_batch=3)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        Packing(batch_size=3)  # type: ignore[call-arg]
+    assert PACK.mode == "pack" and PAD.mode == "pad"
+    assert PAD.attention_kind == "padding" and PACK.attention_kind == "none"

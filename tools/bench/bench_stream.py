@@ -43,6 +43,8 @@ from pathlib import Path
 import numpy as np
 
 from rlbuffers.stream import (
+    Packing,
+    Padding,
     StreamConfig,
     StreamLoader,
     TextTokenizer,
@@ -141,7 +143,8 @@ GROUP = 64  # records per jsonl tar member in the grouped shards
 
 def throughput_section(shards: Path, grouped: Path, tok: TextTokenizer, docs: list[str]
                        ) -> tuple[str, dict]:
-    cfg = StreamConfig(max_length=2048, rows_per_batch=8, tokenize_batch_texts=256)
+    cfg = StreamConfig(max_length=2048, batching=Packing(rows_per_batch=8),
+                       tokenize_batch_texts=256)
     serial = dataclasses.replace(cfg, read_ahead_tokenize_batches=0, read_ahead_batch_windows=0)
     runs = {"loader": (grouped, cfg), "plain": (shards, cfg), "serial": (grouped, serial)}
     rates: dict[str, list[float]] = {"raw": [], **{k: [] for k in runs}, "raw1": [],
@@ -204,14 +207,16 @@ def padding_rows(store: TokenStore, max_length: int) -> list[list[object]]:
     base = {"max_length": max_length, "shuffle_buffer_samples": 0, "seed": 0}
     variants = [
         ("fixed padding to max length, batch 8",
-         StreamConfig(mode="pad", batch_size=8, fixed_padding=True, sort_by_length=False, **base)),
+         StreamConfig(batching=Padding(batch_size=8, fixed_padding=True, sort_by_length=False),
+                      **base)),
         ("dynamic padding (longest in batch), batch 8",
-         StreamConfig(mode="pad", batch_size=8, sort_by_length=False, **base)),
+         StreamConfig(batching=Padding(batch_size=8, sort_by_length=False), **base)),
         (f"dynamic padding + length bucketing, token budget {8 * max_length}",
-         StreamConfig(mode="pad", max_tokens=8 * max_length, bucket_window_sequences=4096,
+         StreamConfig(batching=Padding(max_tokens=8 * max_length, bucket_window_sequences=4096),
                       **base)),
         ("packing (BFD, window 8192 sequences), 8 rows",
-         StreamConfig(mode="pack", rows_per_batch=8, packing_window_sequences=8192, **base)),
+         StreamConfig(batching=Packing(rows_per_batch=8, packing_window_sequences=8192),
+                      **base)),
     ]
     rows = []
     for name, cfg in variants:
@@ -293,7 +298,7 @@ def _reset_peak_rss() -> bool:
 def rss_child(shards: str, tok_json: str, cache_bytes: int) -> None:
     """Runs in a fresh process started by :func:`rss_rows`: two loader epochs; prints JSON."""
     tok = TextTokenizer.from_file(tok_json, cache_max_bytes=cache_bytes)
-    cfg = StreamConfig(max_length=2048, rows_per_batch=8)
+    cfg = StreamConfig(max_length=2048, batching=Packing(rows_per_batch=8))
     loader = StreamLoader.from_shards(shards, tok, cfg)
     base = _status_kib("VmRSS")
     reset = _reset_peak_rss()
@@ -338,7 +343,7 @@ def _pack_window(state: dict) -> int:
 def resume_rows(shards: Path, tok: TextTokenizer) -> tuple[list[list[object]], int]:
     """Resume at the same offset into early / middle / last full packing windows and into the
     last (partial) one, next to a fresh loader's first batch (which fills one window too)."""
-    cfg = StreamConfig(max_length=2048, rows_per_batch=8)
+    cfg = StreamConfig(max_length=2048, batching=Packing(rows_per_batch=8))
     loader = StreamLoader.from_shards(shards, tok, cfg)
     first_batch: dict[int, int] = {}  # packing window -> first batch index (1-based) in it
     states = [loader.state_dict()]
