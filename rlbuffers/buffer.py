@@ -24,6 +24,7 @@ from rlbuffers.samplers import EPISODE_ID, PRIORITY, SampleContext, Sampler
 from rlbuffers.spec import FieldSpec
 from rlbuffers.storage.create import create_tier, positive_int
 from rlbuffers.storage.location import Location
+from rlbuffers.storage.manifest import KEEP_GENERATIONS, Manifest
 from rlbuffers.storage.saver import SaveFuture, SaveReport
 from rlbuffers.storage.store import ReadOnlyStorage, WritableStorage, default_working_dir
 from rlbuffers.storage.zarr_tier import ZarrTier
@@ -52,22 +53,25 @@ class ReplayBuffer:
         self.capacity: int = m.capacity
         self.chunk_transitions: int = m.layout.base_chunk_rows
         self._fields = dict(m.fields)
-        self._ring: RingState = m.ring
-        self.sampler: Sampler = sampler or samplers.sampler_from_state(m.sampler)
-        self._rng = np.random.Generator(getattr(np.random, m.rng["bit_generator"])())
-        self._rng.bit_generator.state = m.rng
+        self._load_state(m, sampler)
         self._storage: ReadOnlyStorage | WritableStorage = (
             ReadOnlyStorage(tier) if mode == "r" else
             WritableStorage(tier, Path(working_dir or default_working_dir(loc)), fresh=fresh))
         self._closed = False
+
+    def _load_state(self, m: Manifest, sampler: Sampler | None = None) -> None:
+        self._ring: RingState = m.ring
+        self.sampler: Sampler = sampler or samplers.sampler_from_state(m.sampler)
+        self._rng = np.random.Generator(getattr(np.random, m.rng["bit_generator"])())
+        self._rng.bit_generator.state = m.rng
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], *, capacity: int,
                fields: Mapping[str, FieldSpec], chunk_transitions: int | None = None,
                codec: str | Mapping[str, str] = DEFAULT_CODEC, sampler: Sampler | None = None,
                seed: int | None = None, working_dir: str | os.PathLike[str] | None = None,
-               overwrite: bool = False,
-               storage_options: Mapping[str, Any] | None = None) -> ReplayBuffer:
+               overwrite: bool = False, storage_options: Mapping[str, Any] | None = None,
+               keep_generations: int = KEEP_GENERATIONS) -> ReplayBuffer:
         """Create an empty buffer at ``path`` (a directory or fsspec URL), committed as
         generation 0.
 
@@ -83,6 +87,7 @@ class ReplayBuffer:
             working_dir: local directory of the working tier (default ``path/.working``; for
                 a URL, under ``~/.cache/rlbuffers``). overwrite: replace a buffer at ``path``.
             storage_options: fsspec options for a URL path (``endpoint_url``, ``key``...).
+            keep_generations: how many of the newest commits stay readable (>= 1).
 
         Raises:
             FieldError: an invalid field name or spec. ValueError: a bad capacity, chunk size or
@@ -94,29 +99,34 @@ class ReplayBuffer:
             Location(path, dict(storage_options or {})), capacity=capacity, fields=fields,
             internal={EPISODE_ID: FieldSpec((), "int64"), **sampler.extra_columns},
             chunk_transitions=chunk_transitions, codec=codec,
-            sampler_state=sampler.state_dict(), seed=seed, overwrite=overwrite)
+            sampler_state=sampler.state_dict(), seed=seed, overwrite=overwrite,
+            keep_generations=keep_generations)
         return cls(tier, mode="r+", working_dir=working_dir, fresh=True,
                    sampler=sampler)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, mode: str = "r+",
              working_dir: str | os.PathLike[str] | None = None,
-             storage_options: Mapping[str, Any] | None = None) -> ReplayBuffer:
+             storage_options: Mapping[str, Any] | None = None,
+             generation: int | None = None) -> ReplayBuffer:
         """Open the last commit of the buffer at ``path`` (reads the manifest; a working tier
         that mirrors the commit is reused, else rebuilt chunk by chunk). Data added after the
         last ``save`` is discarded.
 
         Args:
-            mode: ``"r+"`` (read/write) or ``"r"`` (read-only: reads decode committed chunks
-                and never touch the working tier). working_dir, storage_options: as ``create``.
+            mode: ``"r+"`` (read/write) or ``"r"`` (read-only: a snapshot of one commit, read
+                from committed chunks; the writer's later saves do not change it).
+            generation: (``mode="r"``) a kept older commit instead of the last.
+            working_dir, storage_options: as ``create``.
 
         Raises:
             NotABufferError: no buffer there. FormatVersionError: a newer format. ValueError: an
             unknown mode. CorruptChunkError: a chunk to rebuild fails its checksum.
+            SnapshotReclaimedError: ``generation`` is not kept.
         """
-        if mode not in ("r", "r+"):
-            raise ValueError(f"mode: expected 'r' or 'r+', got {mode!r}")
-        tier = ZarrTier.open(Location(path, dict(storage_options or {})))
+        if mode not in ("r", "r+") or (generation is not None and mode != "r"):
+            raise ValueError(f"mode: expected 'r' or 'r+' ('r' with generation), got {mode!r}")
+        tier = ZarrTier.open(Location(path, dict(storage_options or {})), generation)
         return cls(tier, mode=mode, working_dir=working_dir)
 
     def add(self, **transition: Any) -> None:
@@ -259,6 +269,18 @@ class ReplayBuffer:
         commit = storage.manifest.replace(ring=self._ring, sampler=self.sampler.state_dict(),
                                           rng=self._rng.bit_generator.state, metadata=meta)
         return storage.commit(commit, full=full, background=background)
+
+    def refresh(self) -> None:
+        """(``mode="r"``) Move this reader to the latest commit.
+
+        Raises:
+            ValueError: the buffer is open for writing (it always holds its own latest state).
+        """
+        self._open_check()
+        if not isinstance(self._storage, ReadOnlyStorage):
+            raise ValueError(f"{self.path}: refresh() is for readers (mode='r')")
+        self._storage.refresh()
+        self._load_state(self._storage.manifest)
 
     def wait_for_save(self) -> None:
         """Block until a background save finishes; raise its error unless its future already

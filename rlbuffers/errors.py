@@ -32,7 +32,8 @@ class ReadOnlyError(RLBuffersError, PermissionError):
 
 
 class CorruptChunkError(RLBuffersError, OSError):
-    """A stored chunk failed its crc32c checksum or could not be decoded."""
+    """A committed chunk failed its crc32c checksum, could not be decoded, or is missing or
+    truncated (the manifest lists every committed chunk with its size)."""
 
     def __init__(self, field: str, chunk: int, reason: str) -> None:
         super().__init__(f"field {field!r}: chunk {chunk} is corrupt ({reason})")
@@ -51,3 +52,8 @@ class BufferExistsError(RLBuffersError, FileExistsError):
 
 class NotPrioritizedError(RLBuffersError, TypeError):
     """``update_priorities`` on a buffer whose sampler is not prioritized."""
+
+
+class SnapshotReclaimedError(RLBuffersError, LookupError):
+    """A reader's commit is no longer kept (the writer reclaimed it after ``keep_generations``
+    newer commits); ``refresh()`` moves the reader to the latest commit."""

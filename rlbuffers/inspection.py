@@ -12,11 +12,14 @@ from typing import Any
 
 import numpy as np
 
-from rlbuffers.errors import CorruptChunkError
+from rlbuffers.errors import CorruptChunkError, SnapshotReclaimedError
 from rlbuffers.samplers import PRIORITY
 from rlbuffers.storage.location import Location
 from rlbuffers.storage.manifest import Manifest
 from rlbuffers.storage.zarr_tier import ZarrTier
+
+#: Restarts of a report whose commit a running writer reclaimed while it was read.
+READ_ATTEMPTS = 5
 
 
 class _Stats:
@@ -61,6 +64,7 @@ def inspect_path(
     *,
     verify: bool = False,
     storage_options: dict[str, Any] | None = None,
+    generation: int | None = None,
 ) -> dict[str, Any]:
     """Describe the buffer committed at ``path``.
 
@@ -76,13 +80,28 @@ def inspect_path(
 
     Args:
         path: a buffer directory or URL; ``storage_options`` as for ``ReplayBuffer.open``.
+        generation: a kept older commit instead of the last (the report is of one commit:
+            if a writer reclaims it meanwhile, the report restarts on the latest commit, at
+            most ``READ_ATTEMPTS`` times, unless ``generation`` was given).
 
     Raises:
         NotABufferError / FormatVersionError: as for ``ReplayBuffer.open``. CorruptChunkError:
         a chunk read for statistics is corrupt (with ``verify``, corrupt chunks are listed
         instead and skipped).
     """
-    tier = ZarrTier.open(Location(path, storage_options))
+    loc = Location(path, storage_options)
+    attempts = 0
+    while True:
+        try:
+            return _report(ZarrTier.open(loc, generation), verify)
+        except SnapshotReclaimedError:
+            # a writer saved keep_generations times while we read: read the latest commit
+            attempts += 1
+            if generation is not None or attempts >= READ_ATTEMPTS:
+                raise
+
+
+def _report(tier: ZarrTier, verify: bool) -> dict[str, Any]:
     m = tier.manifest
     report: dict[str, Any] = {
         "path": str(tier.loc),

@@ -115,25 +115,51 @@ def test_not_a_buffer_and_newer_format(tmp_path, buf):
         ReplayBuffer.open(buf.path)
 
 
-def test_format_1_buffer_still_opens(tmp_path):
+def _as_legacy(path, version):
+    """Lay a saved buffer out as formats 1-2 did: chunk files in ``<field>/`` itself, no chunk
+    table, no kept history (format 1: no per-field chunk sizes either)."""
+    m = json.loads((path / "manifest.json").read_text())
+    for name, rows in m["chunks"].items():
+        for c, g, _ in rows:
+            src = path / "versions" / f"g{g}" / name / "c" / str(c)
+            dst = path / name / "c" / str(c)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(src, dst)
+    shutil.rmtree(path / "versions")
+    shutil.rmtree(path / "history")
+    for key in ("chunks", "keep_generations") + (("field_chunk_transitions",) if version < 2
+                                                  else ()):
+        del m[key]
+    m["format_version"] = version
+    (path / "manifest.json").write_text(json.dumps(m))
+    shutil.rmtree(path / ".working")  # force a rebuild from the persistent tier
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_format_1_and_2_buffers_still_open_and_upgrade_on_save(tmp_path, version):
     # Format 1 chunked every field by chunk_transitions and had no field_chunk_transitions.
-    # A buffer whose fields are all 8-byte scalars is laid out that way by format 2 as well,
-    # so dropping the key and the version makes a genuine format-1 buffer.
+    # A buffer whose fields are all 8-byte scalars is laid out that way by later formats too.
     fields = {"x": FieldSpec((), np.int64)}
-    b = ReplayBuffer.create(tmp_path / "v1", capacity=12, fields=fields, chunk_transitions=4)
+    path = tmp_path / "old"
+    b = ReplayBuffer.create(path, capacity=12, fields=fields, chunk_transitions=4)
     b.extend({"x": np.arange(10, dtype=np.int64)})
     b.save()
     b.close()
-    m = json.loads((tmp_path / "v1" / "manifest.json").read_text())
+    m = json.loads((path / "manifest.json").read_text())
     assert set(m["field_chunk_transitions"].values()) == {4}
-    del m["field_chunk_transitions"]
-    m["format_version"] = 1
-    (tmp_path / "v1" / "manifest.json").write_text(json.dumps(m))
-    shutil.rmtree(tmp_path / "v1" / ".working")  # force a rebuild from the persistent tier
-    back = ReplayBuffer.open(tmp_path / "v1")
+    _as_legacy(path, version)
+    with ReplayBuffer.open(path, mode="r") as ro:
+        np.testing.assert_array_equal(ro[:]["x"], np.arange(10))
+    back = ReplayBuffer.open(path)
     assert len(back) == 10
     np.testing.assert_array_equal(back[np.arange(10)]["x"], np.arange(10))
+    back.extend({"x": np.arange(10, 14, dtype=np.int64)})  # overwrites chunk 0 (slots 0, 1)
+    assert back.save().generation == 2
     back.close()
+    m = json.loads((path / "manifest.json").read_text())
+    assert m["format_version"] == 3
+    with ReplayBuffer.open(path, mode="r") as ro:
+        np.testing.assert_array_equal(ro[:]["x"], np.arange(2, 14))
 
 
 def test_read_only_refuses_writes(buf):
@@ -173,7 +199,7 @@ def test_failed_save_keeps_last_commit_and_retries(buf, monkeypatch):
 
 def _corrupt_first_chunk(path, field):
     tier = PersistentTier.open(Location(path))
-    chunk_file = path / field / tier.chunk_key(field, 0)
+    chunk_file = path / tier.chunk_path(field, 0)
     data = bytearray(chunk_file.read_bytes())
     data[len(data) // 2] ^= 0xFF
     chunk_file.write_bytes(bytes(data))

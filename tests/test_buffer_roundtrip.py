@@ -2,12 +2,14 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 import zarr
 
 from rlbuffers import FieldSpec, ReplayBuffer
+from rlbuffers.export import export_commit
 from rlbuffers.inspection import inspect_path
 from tests.conftest import assert_rows_are, make_batch
 
@@ -130,19 +132,38 @@ def test_read_only_mode(tmp_path, fields):
     assert set(ro.sample(5)) >= set(fields) | {"indices", "weights"}
 
 
+def plain_zarr_column(buf: str, name: str):
+    """The recipe of docs/format.md: a column of the last commit with plain zarr + json."""
+    m = json.loads(Path(f"{buf}/manifest.json").read_text())
+    base = zarr.open_array(f"{buf}/{name}", mode="r")
+    out = base[:]  # the fill value where no chunk was ever written
+    for c, g, _ in m["chunks"][name]:
+        arr = base if g == 0 else zarr.open_array(f"{buf}/versions/g{g}/{name}", mode="r")
+        k = arr.chunks[0]
+        out[c * k:(c + 1) * k] = arr[c * k:(c + 1) * k]
+    order = (m["cursor"] - m["size"] + np.arange(m["size"])) % m["capacity"]
+    return out[order]  # oldest first
+
+
 def test_plain_zarr_reads_the_committed_data(tmp_path, fields):
     path = tmp_path / "b"
     with ReplayBuffer.create(path, capacity=10, fields=fields, chunk_transitions=4) as buf:
-        buf.extend(make_batch(0, 13))
+        buf.extend(make_batch(0, 7))
         buf.save()
-    manifest = json.loads((path / "manifest.json").read_text())
-    group = zarr.open_group(path, mode="r")
-    start = (manifest["cursor"] - manifest["size"]) % manifest["capacity"]
-    order = (start + np.arange(manifest["size"])) % manifest["capacity"]
-    np.testing.assert_array_equal(group["obs"][:][order], make_batch(3, 10)["obs"])
-    tokens = group["tokens"][:][order]
+        buf.extend(make_batch(7, 6))  # wraps: chunk versions of two generations
+        buf.save()
+    np.testing.assert_array_equal(plain_zarr_column(path, "obs"), make_batch(3, 10)["obs"])
+    tokens = plain_zarr_column(path, "tokens")
     for raw, want in zip(tokens, make_batch(3, 10)["tokens"], strict=True):
         np.testing.assert_array_equal(np.frombuffer(raw, dtype=np.int32), want)
+    # export: the same commit as one plain array per field
+    committed = json.loads((path / "manifest.json").read_text())["chunks"]
+    assert export_commit(path, tmp_path / "plain") == {
+        "generation": 2, "chunks": sum(len(rows) for rows in committed.values())}
+    group = zarr.open_group(tmp_path / "plain", mode="r")
+    m = group.attrs["rlbuffers"]["manifest"]
+    order = (m["cursor"] - m["size"] + np.arange(m["size"])) % m["capacity"]
+    np.testing.assert_array_equal(group["obs"][:][order], make_batch(3, 10)["obs"])
 
 
 def test_episode_ids_follow_terminated_flags(tmp_path, fields):

@@ -1,6 +1,7 @@
 """Crash safety: a writer that extends and saves in a loop is killed with SIGKILL at random
 moments; every reopen must show exactly the contents of one completed commit."""
 
+import json
 import os
 import signal
 import subprocess
@@ -61,8 +62,10 @@ def test_sigkill_mid_save_never_corrupts(tmp_path):
             last_printed = gens[-1]
         if not (path / "manifest.json").exists():
             continue  # killed before create finished its commit: nothing to check yet
-        staging = path / ".staging"
-        kills_mid_save += staging.exists() and any(staging.iterdir())
+        head = json.loads((path / "manifest.json").read_text())["generation"]
+        versions = path / "versions"  # a save killed before its commit leaves g<head + 1>
+        kills_mid_save += versions.exists() and any(
+            int(d.name[1:]) > head for d in versions.iterdir())
         # readers first (no repair), then the writer's open (applies / rebuilds)
         report = inspect_path(path, verify=True)
         assert report["corrupt"] == []

@@ -21,7 +21,8 @@ def _manifest(**kw):
         codecs={"x": "zstd", "r": "blosc-zstd"}, internal={"_episode_id": FieldSpec((), "int64")},
         ring=RingState(10, 13, 2), generation=3, committed_at=1.5,
         sampler={"type": "uniform"}, rng={"bit_generator": "PCG64", "state": {}},
-        metadata={"step": 7})
+        metadata={"step": 7}, keep_generations=3,
+        chunks={"x": {0: (2, 100), 2: (3, 90)}, "r": {0: (3, 12)}, "_episode_id": {}})
     return Manifest(**{**base, **kw})
 
 
@@ -32,14 +33,16 @@ def test_json_round_trip_is_exact_and_keeps_derived_keys():
     # derived keys are written for readers without rlbuffers (docs/format.md)
     assert (data["cursor"], data["size"], data["episode_id"]) == (3, 10, 2)
     assert data["field_chunk_transitions"] == {"x": 4, "r": 8, "_episode_id": 8}
+    assert data["chunks"]["x"] == [[0, 2, 100], [2, 3, 90]] and data["keep_generations"] == 3
 
 
 def test_format_1_is_upgraded_in_one_place():
     data = _manifest(format_version=1).to_json()
-    assert "field_chunk_transitions" not in data
+    assert not {"field_chunk_transitions", "chunks", "keep_generations"} & set(data)
     m = Manifest.from_json(data)
     assert m.layout.stored_chunk_rows == {"x": 4, "r": 4, "_episode_id": 4}
-    assert m.format_version == 1  # a re-saved format-1 buffer stays readable by old readers
+    # the tier lists a format 1-2 buffer's chunks (files in <field>/); a save writes format 3
+    assert (m.chunks, m.format_version, m.keep_generations) == (None, 1, 2)
 
 
 @pytest.mark.parametrize(("edit", "error", "match"), [

@@ -1,5 +1,5 @@
 """The persistent tier on S3 (moto's server on loopback, started here), the working tier on
-local disk: create, incremental saves, open from a fresh machine, inspect, interrupted apply."""
+local disk: create, incremental saves, open from a fresh machine, inspect, interrupted reclaim."""
 
 import json
 import socket
@@ -73,31 +73,36 @@ def test_inspect_s3(tmp_path, fields, s3, capsys, monkeypatch):
     assert "6 / 8 transitions" in capsys.readouterr().out
 
 
-def test_interrupted_apply_on_s3(tmp_path, fields, s3, monkeypatch):
-    """The commit happened, but moving staged chunks into place stopped halfway: readers see the
-    new commit (staged chunks win), and the next writer finishes the moves."""
+def test_interrupted_reclaim_on_s3(tmp_path, fields, s3, monkeypatch):
+    """The commit happened, but deleting the chunk versions only older commits use stopped
+    halfway (network gone): the save still reports its commit, readers see it, and the next
+    writer finishes the reclaim."""
     url = "s3://rlbuf/run3/buffer"
     buf = ReplayBuffer.create(url, capacity=8, fields=fields, chunk_transitions=4,
                               storage_options=s3, working_dir=tmp_path / "w")
     buf.extend(make_batch(0, 8))
     buf.save()
     buf.extend(make_batch(8, 3))  # overwrites slots 0..2 (chunk 0)
-    real_move, moves = Location.move, {"n": 0}
+    buf.save()
+    buf.extend(make_batch(11, 3))  # chunk 0 again: generation 2's chunk-0 versions go at g4
+    buf.save()
+    buf.extend(make_batch(14, 2))
+    real = {"remove_file": Location.remove_file, "remove_tree": Location.remove_tree}
 
-    def dying_move(self, src, dst):
-        moves["n"] += 1
-        if moves["n"] > 2:
-            raise ConnectionError("network gone")
-        real_move(self, src, dst)
+    def dying(self, rel):
+        raise ConnectionError("network gone")
 
-    monkeypatch.setattr(Location, "move", dying_move)
-    with pytest.raises(ConnectionError):
-        buf.save()
-    monkeypatch.setattr(Location, "move", real_move)
-    with ReplayBuffer.open(url, mode="r", storage_options=s3) as ro:
-        assert ro.generation == 2
-        assert_rows_are(ro[:], np.arange(3, 11))
-    with ReplayBuffer.open(url, storage_options=s3, working_dir=tmp_path / "w2") as rw:
-        assert_rows_are(rw[:], np.arange(3, 11))
+    for name in real:
+        monkeypatch.setattr(Location, name, dying)
+    assert buf.save().generation == 4  # committed; the reclaim failed and is logged
+    for name, fn in real.items():
+        monkeypatch.setattr(Location, name, fn)
     loc = Location(url, s3)
-    assert loc.listdir(".staging") == []
+    assert "g2.json" in loc.listdir("history")  # not reclaimed yet
+    with ReplayBuffer.open(url, mode="r", storage_options=s3) as ro:
+        assert ro.generation == 4
+        assert_rows_are(ro[:], np.arange(8, 16))
+    with ReplayBuffer.open(url, storage_options=s3, working_dir=tmp_path / "w2") as rw:
+        assert_rows_are(rw[:], np.arange(8, 16))
+    assert sorted(loc.listdir("history")) == ["g3.json", "g4.json"]
+    buf.close()

@@ -45,19 +45,21 @@ def create_tier(
     sampler_state: dict[str, Any],
     seed: int | None,
     overwrite: bool,
+    keep_generations: int,
 ) -> ZarrTier:
     """Create an empty buffer at ``loc`` and commit it as generation 0 (arguments as for
     ``ReplayBuffer.create``; ``internal``: the internal columns and their specs).
 
     Raises:
-        ValueError: a bad capacity, chunk size or codec. BufferExistsError: ``loc`` is not
-        empty and ``overwrite`` is False.
+        ValueError: a bad capacity, chunk size, codec or keep_generations.
+        BufferExistsError: ``loc`` is not empty and ``overwrite`` is False.
     """
     capacity = positive_int("capacity", capacity)
     if chunk_transitions is None:
         row = max(spec.estimate_bytes() for spec in fields.values())
         chunk_transitions = max(1, min(capacity, AUTO_CHUNK_BYTES // max(row, 1)))
     base = positive_int("chunk_transitions", chunk_transitions)
+    keep = positive_int("keep_generations", keep_generations)
     codecs = {n: check_codec(codec if isinstance(codec, str) else codec.get(n, DEFAULT_CODEC), n)
               for n in fields}
     if loc.exists() and loc.listdir():
@@ -72,5 +74,6 @@ def create_tier(
         fields=dict(fields), codecs=codecs, internal=internal, ring=RingState(capacity),
         generation=0, committed_at=time.time(), sampler=sampler_state,
         rng=dict(np.random.Generator(np.random.PCG64(seed)).bit_generator.state),
+        keep_generations=keep,
     )
     return ZarrTier.create(loc, manifest)

@@ -113,6 +113,9 @@ class Location:
             self.fs.pipe_file(self.full(rel), data)
             return
         path = self.root / rel
+        if not path.parent.is_dir():
+            path.parent.mkdir(parents=True)
+            fsync_path(path.parent.parent)
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "wb") as f:
             f.write(data)
@@ -136,6 +139,16 @@ class Location:
         else:
             self.fs.copy(self.full(src), self.full(dst))
             self.fs.rm_file(self.full(src))
+
+    def remove_file(self, rel: str) -> None:
+        """Delete the file ``rel`` (nothing if it is already gone)."""
+        try:
+            if self.local:
+                os.remove(self.root / rel)
+            else:
+                self.fs.rm_file(self.full(rel))
+        except FileNotFoundError:
+            pass
 
     def remove_tree(self, rel: str) -> None:
         if self.local:

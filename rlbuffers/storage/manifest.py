@@ -21,10 +21,16 @@ from rlbuffers.storage.layout import ChunkLayout
 from rlbuffers.storage.location import Location
 
 MANIFEST = "manifest.json"
-#: Version of the on-disk format this code writes; it reads this and older. Version 2 added
-#: per-field chunk sizes (``field_chunk_transitions``); version 1 chunked every field by
+#: Version of the on-disk format this code writes; it reads this and older. Version 3 keeps
+#: every chunk version in its own generation's array and lists the committed chunks in the
+#: manifest (``chunks``), with older commits kept readable (``keep_generations``); version 2
+#: added per-field chunk sizes (``field_chunk_transitions``); version 1 chunked every field by
 #: ``chunk_transitions``.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+#: Commits kept readable by default (the newest and the one before it).
+KEEP_GENERATIONS = 2
+#: A committed chunk: (generation whose array holds it, stored bytes).
+ChunkEntry = tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -41,7 +47,11 @@ class Manifest:
         committed_at: Unix time of the commit, seconds.
         sampler: the sampler's ``state_dict()``. rng: the buffer generator's
             ``bit_generator.state``. metadata: the user's JSON dict from ``save(metadata=)``.
-        format_version: the format this commit is in (kept when an older buffer is re-saved).
+        chunks: column -> {stored chunk index: (generation whose array holds it, bytes)}:
+            every chunk this commit has; a chunk not listed was never written (reads as the
+            fill value). None for format 1-2 manifests until the tier lists their chunks.
+        keep_generations: how many of the newest commits stay readable (>= 1).
+        format_version: the format this commit is in.
     """
 
     buffer_id: str
@@ -55,6 +65,8 @@ class Manifest:
     sampler: dict[str, Any]
     rng: dict[str, Any]
     metadata: dict[str, Any] = field(default_factory=dict)
+    chunks: dict[str, dict[int, ChunkEntry]] | None = None
+    keep_generations: int = KEEP_GENERATIONS
     format_version: int = FORMAT_VERSION
 
     @property
@@ -94,6 +106,10 @@ class Manifest:
         }
         if self.format_version >= 2:
             out["field_chunk_transitions"] = dict(self.layout.stored_chunk_rows)
+        if self.format_version >= 3:
+            out["keep_generations"] = self.keep_generations
+            out["chunks"] = {n: [[c, g, b] for c, (g, b) in sorted(t.items())]
+                             for n, t in (self.chunks or {}).items()}
         return out
 
     @classmethod
@@ -128,6 +144,10 @@ class Manifest:
                 sampler=dict(data["sampler"]),
                 rng=dict(data["rng"]),
                 metadata=dict(data["metadata"]),
+                chunks=None if version < 3 else {
+                    n: {int(c): (int(g), int(b)) for c, g, b in rows}
+                    for n, rows in data["chunks"].items()},
+                keep_generations=int(data.get("keep_generations", KEEP_GENERATIONS)),
                 format_version=version,
             )
         except (KeyError, TypeError, ValueError) as e:
@@ -153,24 +173,34 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     Location(path.parent).write_atomic(path.name, json.dumps(data, indent=1).encode())
 
 
-def write_manifest(loc: Location, manifest: Manifest) -> None:
-    """Commit ``manifest`` at ``loc`` (atomic replace, fsynced)."""
-    loc.write_atomic(MANIFEST, json.dumps(manifest.to_json(), indent=1, sort_keys=True).encode())
+#: Directory of the retained commits' manifests, ``history/g<generation>.json``.
+HISTORY = "history"
 
 
-def read_manifest(loc: Location) -> Manifest:
-    """Read and check the manifest of the buffer at ``loc``.
+def history_file(generation: int) -> str:
+    """Path (relative to the buffer) of the kept manifest of ``generation``."""
+    return f"{HISTORY}/g{generation}.json"
+
+
+def write_manifest(loc: Location, manifest: Manifest, rel: str = MANIFEST) -> None:
+    """Write ``manifest`` at ``loc``/``rel`` (atomic replace, fsynced); at ``MANIFEST`` this is
+    the commit."""
+    loc.write_atomic(rel, json.dumps(manifest.to_json(), indent=1, sort_keys=True).encode())
+
+
+def read_manifest(loc: Location, rel: str = MANIFEST) -> Manifest:
+    """Read and check a manifest of the buffer at ``loc`` (default: the last commit's).
 
     Raises:
         NotABufferError: no buffer there (no manifest, or not valid rlbuffers JSON).
         FormatVersionError: the buffer was written by a newer format version.
     """
     try:
-        data = json.loads(loc.read_bytes(MANIFEST))
+        data = json.loads(loc.read_bytes(rel))
     except NotABufferError:
         raise
     except FileNotFoundError:
-        raise NotABufferError(f"{loc}: not an rlbuffers buffer (no {MANIFEST})") from None
+        raise NotABufferError(f"{loc}: not an rlbuffers buffer (no {rel})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise NotABufferError(f"{loc}/{MANIFEST}: not a valid manifest ({e})") from None
-    return Manifest.from_json(data, f"{loc}/{MANIFEST}")
+        raise NotABufferError(f"{loc}/{rel}: not a valid manifest ({e})") from None
+    return Manifest.from_json(data, f"{loc}/{rel}")

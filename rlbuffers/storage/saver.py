@@ -34,6 +34,8 @@ class SaveReport:
         bytes_written: compressed bytes written, checksums included.
         raw_bytes: uncompressed bytes those chunks hold.
         seconds: wall time of the save.
+        bytes_reclaimed: stored bytes deleted because only commits older than the kept ones
+            used them.
     """
 
     generation: int
@@ -41,6 +43,7 @@ class SaveReport:
     bytes_written: int
     raw_bytes: int
     seconds: float
+    bytes_reclaimed: int = 0
 
 
 class SaveFuture(Future):  # type: ignore[type-arg]
@@ -180,10 +183,15 @@ class Saver:
             raise
         with self.lock:
             self._job = None
-        tier.apply(gen)
+        try:
+            reclaimed = tier.apply(gen)
+        except Exception as e:  # committed: what is left over is reclaimed next time
+            log.warning("%s: generation %d is committed, but reclaiming older commits failed "
+                        "(%s: %s); the next save retries", tier.loc, gen, type(e).__name__, e)
+            reclaimed = 0
         self.working.flush()
         with self.lock:
             self.working.write_state(gen, set().union(*self.dirty.values()))
-        report = SaveReport(gen, chunks, nbytes, raw, time.perf_counter() - t0)
+        report = SaveReport(gen, chunks, nbytes, raw, time.perf_counter() - t0, reclaimed)
         log.info("saved %s: %s", tier.loc, report)
         return report

@@ -40,12 +40,18 @@ def default_working_dir(loc: Location) -> Path:
 
 
 class ReadOnlyStorage:
-    """Reads of one commit, from the persistent tier, with a decoded-chunk cache of
-    ``cache_max_bytes`` bytes."""
+    """Reads of one commit (a snapshot: it does not change while the writer saves), from the
+    persistent tier, with a decoded-chunk cache of ``cache_max_bytes`` bytes."""
 
     def __init__(self, tier: ZarrTier, cache_max_bytes: int = 256 * 2**20) -> None:
         self.tier = tier
+        self._cache_max_bytes = cache_max_bytes
         self._reader = ChunkReader(tier, cache_max_bytes)
+
+    def refresh(self) -> None:
+        """Move to the latest commit."""
+        self.tier = ZarrTier.open(self.tier.loc)
+        self._reader = ChunkReader(self.tier, self._cache_max_bytes)
 
     @property
     def manifest(self) -> Manifest:
@@ -82,7 +88,7 @@ class WritableStorage:
 
     def _attach(self, wdir: Path) -> WorkingTier:
         m, tier = self.tier.manifest, self.tier
-        tier.apply(m.generation)  # finishes an interrupted commit; drops uncommitted staging
+        tier.apply(m.generation)  # drops uncommitted chunks and commits no longer kept
         args = (wdir, m.specs, m.capacity, self.layout.base_chunk_rows)
         everything = set(range(self.layout.n_base_chunks))
         try:

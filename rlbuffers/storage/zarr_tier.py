@@ -1,15 +1,23 @@
-"""The persistent tier on Zarr v3 (a :class:`~rlbuffers.storage.persistent.PersistentTier`):
-one array per field, chunked along the slot axis, compressed per field and protected by a
-crc32c checksum per chunk. It lives in a local directory or behind any fsspec URL (see
-:class:`~rlbuffers.storage.location.Location`).
+"""The persistent tier on Zarr v3 (a :class:`~rlbuffers.storage.persistent.PersistentTier`),
+with copy-on-write chunk versions: every commit is a snapshot that stays readable, unchanged,
+for as long as it is kept.
 
-Saves never overwrite a committed chunk in place. Changed chunks are first written into a
-staging copy of each array (``.staging/g<generation>/<field>``, same Zarr metadata) and made
-durable; the manifest that names the new generation is then replaced (the commit point); only
-then are the staged chunk files moved over the old ones. A crash before the commit leaves only
-an invisible staging directory; a crash after it is finished by the next writer's ``open``
-(:meth:`ZarrTier.apply`, idempotent), and readers prefer staged chunks of the committed
-generation meanwhile.
+Layout (``docs/format.md``): ``<field>/zarr.json`` is the array of each field (its metadata:
+shape, chunks, codecs with a crc32c checksum per chunk). A save writes the chunks it changes
+into ``versions/g<N>/<field>/``, a Zarr array with the same metadata that holds only those
+chunks, makes them durable, writes ``history/g<N>.json`` and then replaces ``manifest.json``
+(the commit point). The manifest lists every committed chunk: which generation's array holds
+it and its size in bytes. A chunk file is never modified after its save, so a reader that holds
+a manifest reads exactly that commit whatever the writer does; a chunk listed but missing or of
+another size is corrupt, not zeros.
+
+The newest ``keep_generations`` commits stay readable (``ReplayBuffer.open(path, mode="r",
+generation=N)``); after each commit the writer deletes the chunk versions only older commits
+use, then their manifests. A crash at any point leaves the last commit intact; leftovers of an
+uncommitted save are removed by the next save.
+
+Buffers of format 1 and 2 kept their chunks in ``<field>/`` itself: they read as generation 0
+of the chunk table, and the first save writes a format-3 manifest.
 """
 
 from __future__ import annotations
@@ -24,22 +32,33 @@ import numpy as np
 import zarr
 
 from rlbuffers.compression import DEFAULT_CODEC, zarr_compressors
-from rlbuffers.errors import CorruptChunkError
+from rlbuffers.errors import CorruptChunkError, NotABufferError, SnapshotReclaimedError
 from rlbuffers.intmath import ceil_div
 from rlbuffers.storage.location import Location
-from rlbuffers.storage.manifest import MANIFEST, Manifest, read_manifest, write_manifest
+from rlbuffers.storage.manifest import (
+    FORMAT_VERSION,
+    HISTORY,
+    MANIFEST,
+    ChunkEntry,
+    Manifest,
+    history_file,
+    read_manifest,
+    write_manifest,
+)
 
 if TYPE_CHECKING:
     from zarr.core.array_spec import ArrayConfigParams
 
 log = logging.getLogger(__name__)
 
-STAGING = ".staging"
+VERSIONS = "versions"
+#: Staging of format-2 saves (moved into ``<field>/`` after their commit); finished on open.
+LEGACY_STAGING = ".staging"
 #: What zarr and its codecs raise for a chunk that does not decode: a checksum mismatch
 #: (crc32c: ValueError), a bad Blosc or zstd frame (RuntimeError / ValueError), a vlen-bytes
 #: frame of the wrong length (IndexError / ValueError). I/O errors (OSError) are not among them.
 DECODE_ERRORS = (ValueError, RuntimeError, IndexError, TypeError)
-#: A chunk of zeros must still replace an older chunk.
+#: A chunk of zeros must still be written (the manifest lists it).
 _CONFIG: ArrayConfigParams = {"write_empty_chunks": True}
 
 
@@ -51,8 +70,15 @@ def _quiet() -> Iterator[None]:
         yield
 
 
+def array_path(name: str, generation: int) -> str:
+    """The array (relative to the buffer) holding chunks of ``name`` written by
+    ``generation``: ``versions/g<N>/<name>``; generation 0 is ``<name>`` itself (the chunks of
+    format 1-2 buffers)."""
+    return name if generation == 0 else f"{VERSIONS}/g{generation}/{name}"
+
+
 class ZarrTier:
-    """The Zarr group at ``loc`` holding the commit ``manifest``.
+    """The Zarr group at ``loc``, read as of the commit ``manifest``.
 
     Stored-chunk indices passed to and returned by this class count in each field's stored
     chunks (see :mod:`rlbuffers.storage.layout`).
@@ -60,29 +86,40 @@ class ZarrTier:
 
     def __init__(self, loc: Location, manifest: Manifest) -> None:
         self.loc = loc
-        #: the commit this tier reads: its staged chunks win over older ones while a writer
-        #: is still moving them into place (see :meth:`apply`).
-        self.manifest = manifest
         self.specs = manifest.specs
         self.layout = manifest.layout
         self._arrays: dict[str, zarr.Array] = {}
         self._meta: dict[str, tuple[int, Any]] = {}  # name -> (ndim, array metadata); never changes
-        self._staged: dict[str, zarr.Array] = {}  # staging arrays of the save in progress
+        self._staged: dict[str, dict[int, int]] = {}  # name -> {chunk: bytes} of the open save
+        #: a format 1-2 buffer: its chunks are the files in <field>/ (generation 0)
+        self._legacy = manifest.chunks is None
+        #: the commit this tier reads.
+        self.manifest = self._with_listed_chunks(manifest) if self._legacy else manifest
 
     @classmethod
-    def open(cls, loc: Location) -> ZarrTier:
-        """The tier at ``loc`` as of its last commit (reads the manifest only).
+    def open(cls, loc: Location, generation: int | None = None) -> ZarrTier:
+        """The tier at ``loc`` as of its last commit, or of a kept ``generation``.
 
         Raises:
             NotABufferError, FormatVersionError: as :func:`read_manifest`.
+            SnapshotReclaimedError: ``generation`` is not kept any more (or never existed).
         """
-        return cls(loc, read_manifest(loc))
+        head = read_manifest(loc)
+        if generation is None or generation == head.generation:
+            return cls(loc, head)
+        try:
+            return cls(loc, read_manifest(loc, history_file(generation)))
+        except NotABufferError:
+            first = head.generation - head.keep_generations + 1
+            raise SnapshotReclaimedError(
+                f"{loc}: generation {generation} is not kept; kept: {max(first, 0)}.."
+                f"{head.generation} (keep_generations={head.keep_generations})") from None
 
     @classmethod
     def create(cls, loc: Location, manifest: Manifest) -> ZarrTier:
         """Create the group, one empty array per column (shape ``[capacity, *shape]``; ragged
         fields: ``[capacity]`` of variable-length bytes) chunked by its stored-chunk rows, and
-        commit ``manifest`` (generation 0)."""
+        commit ``manifest`` (generation 0, no chunks)."""
         attrs: dict[str, Any] = {
             "rlbuffers": {"format_version": manifest.format_version, "manifest": MANIFEST}}
         group = zarr.open_group(**loc.zarr_args(), mode="w", zarr_format=3, attributes=attrs)
@@ -101,6 +138,8 @@ class ZarrTier:
                     attributes={"rlbuffers_field": spec.to_dict(), "codec": codecs[name]},
                     config=_CONFIG,
                 )
+        manifest = manifest.replace(chunks={n: {} for n in manifest.specs})
+        write_manifest(loc, manifest, history_file(0))
         write_manifest(loc, manifest)
         return cls(loc, manifest)
 
@@ -109,29 +148,38 @@ class ZarrTier:
             arr = zarr.open_array(**self.loc.zarr_args(rel), mode=mode)
         return arr.with_config(_CONFIG) if mode != "r" else arr
 
-    def array(self, name: str) -> zarr.Array:
-        """The committed Zarr array of field ``name``."""
-        arr = self._arrays.get(name)
+    def _array(self, rel: str) -> zarr.Array:
+        arr = self._arrays.get(rel)
         if arr is None:
-            arr = self._arrays[name] = self._open(name)
+            arr = self._arrays[rel] = self._open(rel)
         return arr
 
     def chunk_key(self, name: str, c: int) -> str:
-        """Path of chunk ``c`` of field ``name`` relative to its array directory."""
+        """Path of chunk ``c`` of field ``name`` relative to an array directory."""
         if name not in self._meta:
-            arr = self.array(name)
+            arr = self._array(name)
             self._meta[name] = (arr.ndim, arr.metadata)
         ndim, meta = self._meta[name]
         return meta.encode_chunk_key((c,) + (0,) * (ndim - 1))
 
-    # -- saving ---------------------------------------------------------------------------
-    def staging_dir(self, generation: int) -> str:
-        return f"{STAGING}/g{generation}"
+    def chunk_path(self, name: str, c: int) -> str:
+        """The file (relative to the buffer) of committed chunk ``c`` of ``name``.
 
+        Raises:
+            KeyError: the commit has no such chunk.
+        """
+        generation, _ = self._entry(name, c)
+        return f"{array_path(name, generation)}/{self.chunk_key(name, c)}"
+
+    def _entry(self, name: str, c: int) -> ChunkEntry:
+        return (self.manifest.chunks or {})[name][c]
+
+    # -- saving ---------------------------------------------------------------------------
     def stage_chunks(self, generation: int, name: str, c: int, data: Any) -> int:
         """Encode a run of consecutive chunks of ``name``, starting at chunk ``c``, into the
-        staging area of ``generation``. Zarr encodes the chunks of one run concurrently (the
-        Blosc and crc32c codecs release the GIL), so callers bound a run's size, not its count.
+        array of ``generation`` (invisible to readers until :meth:`commit`). Zarr encodes the
+        chunks of one run concurrently (the Blosc and crc32c codecs release the GIL), so callers
+        bound a run's size, not its count.
 
         Args:
             data: the rows of chunks ``c, c+1, ...``, ``[n, *shape]`` (fixed) or a list of n
@@ -140,106 +188,196 @@ class ZarrTier:
         Returns:
             bytes written (compressed, including the checksums).
         """
-        dst = f"{self.staging_dir(generation)}/{name}"
-        stage = self._staged.get(dst)
-        if stage is None:
-            if not self.loc.exists(f"{dst}/zarr.json"):
-                self.loc.copy(f"{name}/zarr.json", f"{dst}/zarr.json")
-            stage = self._staged[dst] = self._open(dst, mode="r+")
+        dst = array_path(name, generation)
+        if not self.loc.exists(f"{dst}/zarr.json"):
+            self.loc.copy(f"{name}/zarr.json", f"{dst}/zarr.json")
+        stage = self._open(dst, mode="r+")
         a = c * self.layout.stored_chunk_rows[name]
         if self.specs[name].ragged:
             blob = np.empty(len(data), dtype=object)
             blob[:] = [np.ascontiguousarray(v).tobytes() for v in data]
             data = blob
         stage[a : a + len(data)] = data
+        sizes = self._staged.setdefault(name, {})
         last = c + ceil_div(len(data), self.layout.stored_chunk_rows[name])
-        return sum(self.loc.size(f"{dst}/{self.chunk_key(name, i)}") for i in range(c, last))
+        for i in range(c, last):
+            sizes[i] = self.loc.size(f"{dst}/{self.chunk_key(name, i)}")
+        return sum(sizes[i] for i in range(c, last))
 
     def commit(self, manifest: Manifest) -> None:
-        """Make everything staged for ``manifest.generation`` durable, then replace the manifest
-        (atomic, fsynced): the commit point. Call :meth:`apply` next. On error nothing is
-        committed (call :meth:`abort`)."""
-        self.loc.sync_tree(self.staging_dir(manifest.generation))
+        """Commit ``manifest`` with the chunks staged for ``manifest.generation``: make them
+        durable, keep the manifest in ``history/``, then replace ``manifest.json`` (atomic,
+        fsynced): the commit point. Call :meth:`apply` next. On error nothing is committed
+        (call :meth:`abort`)."""
+        gen = manifest.generation
+        chunks = {n: dict(t) for n, t in (self.manifest.chunks or {}).items()}
+        for name, sizes in self._staged.items():
+            chunks[name].update({c: (gen, size) for c, size in sizes.items()})
+        manifest = manifest.replace(chunks=chunks, format_version=FORMAT_VERSION)
+        self.loc.sync_tree(f"{VERSIONS}/g{gen}")
+        write_manifest(self.loc, manifest, history_file(gen))
         write_manifest(self.loc, manifest)
         self.manifest = manifest
+        self._staged = {}
 
     def apply(self, generation: int) -> int:
-        """Move the staged chunks of committed ``generation`` over the old ones; idempotent.
-        Also removes staging left by uncommitted saves.
+        """After the commit of ``generation`` (or on opening for writing): drop what no kept
+        commit needs: chunk versions only older commits use, then their manifests, and anything
+        staged by uncommitted saves. Idempotent; a crash part-way is finished next time.
 
         Returns:
-            the number of chunk files moved.
+            bytes reclaimed.
         """
-        staging = self.staging_dir(generation)
-        moved = 0
-        touched: set[str] = set()  # directories whose entries the renames changed
+        if self._legacy:
+            self._finish_legacy_staging()
+        self.abort()
+        head = self.manifest
+        first_kept = head.generation - head.keep_generations + 1
+        history = [g for g in self._history_generations() if g != head.generation]
+        kept = [head] + [read_manifest(self.loc, history_file(g))
+                         for g in history if g >= first_kept]
+        dropped = [g for g in history if g < first_kept]
+        used = {(n, c, e[0]) for m in kept for n, t in (m.chunks or {}).items()
+                for c, e in t.items()}
+        reclaimed = self._drop_versions(dropped, used)
+        for g in dropped:  # last: a crash before this redoes the deletions next time
+            self.loc.remove_file(history_file(g))
+        if reclaimed:
+            log.info("%s: reclaimed %d bytes of commits older than generation %d", self.loc,
+                     reclaimed, first_kept)
+        return reclaimed
+
+    def _drop_versions(self, dropped: list[int], used: set[tuple[str, int, int]]) -> int:
+        """Delete the chunk files that the ``dropped`` commits list and no kept commit uses
+        (``used``: (field, chunk, generation)), and every array of a generation nothing uses.
+        Returns the bytes deleted."""
+        used_gens = {g for _, _, g in used}
+        reclaimed = 0
+        gone: set[tuple[str, int, int]] = set()
+        for g in sorted(dropped):
+            for name, table in (read_manifest(self.loc, history_file(g)).chunks or {}).items():
+                for c, (cg, size) in table.items():
+                    key = (name, c, cg)
+                    if key in used or key in gone or (cg != 0 and cg not in used_gens):
+                        continue  # still needed, done, or its whole array goes below
+                    gone.add(key)
+                    self.loc.remove_file(f"{array_path(name, cg)}/{self.chunk_key(name, c)}")
+                    reclaimed += size
+        for g in self._version_generations():
+            if g not in used_gens and g <= self.manifest.generation:
+                reclaimed += sum(self.loc.files(f"{VERSIONS}/g{g}").values())
+                self.loc.remove_tree(f"{VERSIONS}/g{g}")
+        return reclaimed
+
+    def abort(self) -> None:
+        """Drop everything staged and not committed (arrays of generations after the head)."""
+        self._staged = {}
+        for g in self._version_generations():
+            if g > self.manifest.generation:
+                log.info("removing uncommitted %s/%s/g%d", self.loc, VERSIONS, g)
+                self.loc.remove_tree(f"{VERSIONS}/g{g}")
+
+    def _version_generations(self) -> list[int]:
+        return sorted(int(d[1:]) for d in self.loc.listdir(VERSIONS) if d[1:].isdigit())
+
+    def _history_generations(self) -> list[int]:
+        names = self.loc.listdir(HISTORY)
+        return sorted(int(d[1:-5]) for d in names if d.startswith("g") and d.endswith(".json")
+                      and d[1:-5].isdigit())
+
+    def _finish_legacy_staging(self) -> None:
+        """Format 2 moved staged chunks into ``<field>/`` after its commit; a writer killed
+        part-way left some in ``.staging/g<N>``: finish the moves of the committed generation,
+        drop the rest, and list the chunks again (once: format 3 never stages there)."""
+        staging = f"{LEGACY_STAGING}/g{self.manifest.generation}"
         for name in self.specs:
             for rel in self.loc.files(f"{staging}/{name}"):
                 if rel != "zarr.json":
                     self.loc.move(f"{staging}/{name}/{rel}", f"{name}/{rel}")
-                    moved += 1
-                    parts = f"{name}/{rel}".split("/")[:-1]  # parent dirs (new ones too)
-                    touched.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
-        # The renames must be durable before the staging copies go: the reader falls back to
-        # staging only while it exists.
-        self.loc.sync_dirs(sorted(touched))
-        self.abort()
-        self._arrays.clear()
-        return moved
+        self.loc.remove_tree(LEGACY_STAGING)
+        self.manifest = self._with_listed_chunks(self.manifest)
+        self._legacy = False
 
-    def abort(self) -> None:
-        """Remove every staging directory (uncommitted or already applied saves)."""
-        self._staged.clear()
-        for d in self.loc.listdir(STAGING):
-            log.info("removing staging directory %s/%s/%s", self.loc, STAGING, d)
-            self.loc.remove_tree(f"{STAGING}/{d}")
+    def _with_listed_chunks(self, manifest: Manifest) -> Manifest:
+        return manifest.replace(chunks={
+            n: {c: (0, size) for c, size in self._listed_chunks(n).items()} for n in self.specs})
 
     # -- reading --------------------------------------------------------------------------
     def read_chunk(self, name: str, c: int) -> Any:
-        """Decode stored chunk ``c`` of ``name``: ``[n, *shape]`` or, for ragged fields, a list
-        of arrays ``[len_i, *row]``.
+        """Decode stored chunk ``c`` of ``name`` as of :attr:`manifest`: ``[n, *shape]`` or,
+        for ragged fields, a list of arrays ``[len_i, *row]``; a chunk the commit does not list
+        was never written and reads as the fill value (zeros, empty rows).
 
         Raises:
-            CorruptChunkError: the checksum does not match or the chunk cannot be decoded.
+            CorruptChunkError: the chunk is listed but missing, of another size, fails its
+                checksum or does not decode.
+            SnapshotReclaimedError: the chunk is gone because the writer no longer keeps this
+                commit (call ``refresh()``).
             OSError: the chunk could not be read (permission, network, ...): not corruption.
         """
         a, b = self.layout.stored_slots(name, c)
+        table = (self.manifest.chunks or {}).get(name, {})
+        if c not in table:
+            return self._decode(name, self._array(name)[a:b])
+        generation, size = table[c]
+        path = f"{array_path(name, generation)}/{self.chunk_key(name, c)}"
+        self._check_present(name, c, path, size)
         try:
-            src, staged = self._source(name, c)
-            data = src[a:b]
-            if staged is not None and not self.loc.exists(staged):  # moved into place mid-read
-                data = self.array(name)[a:b]
+            data = self._array(array_path(name, generation))[a:b]
         except OSError:
             raise
         except DECODE_ERRORS as e:
             raise CorruptChunkError(name, c, f"{type(e).__name__}: {e}") from e
+        # Chunk files are immutable: present after the read means the read saw it (zarr reads
+        # a missing chunk as the fill value, so this rules out a deletion during the read).
+        self._check_present(name, c, path, size)
+        return self._decode(name, data)
+
+    def _decode(self, name: str, data: Any) -> Any:
         spec = self.specs[name]
         if spec.ragged:
             return [np.frombuffer(v, dtype=spec.dtype).reshape(-1, *spec.row_shape)
                     for v in np.asarray(data, dtype=object)]
         return data
 
-    def _source(self, name: str, c: int) -> tuple[zarr.Array, str | None]:
-        """The array holding the committed chunk ``c`` (and the staged chunk file, if any): the
-        staging copy while a committed save is still being applied, else the main array."""
-        if self.manifest.generation > 0:
-            staged = f"{self.staging_dir(self.manifest.generation)}/{name}"
-            key = f"{staged}/{self.chunk_key(name, c)}"
-            if self.loc.exists(key):
-                return self._open(staged), key
-        return self.array(name), None
+    def _check_present(self, name: str, c: int, path: str, size: int) -> None:
+        try:
+            actual = self.loc.size(path)
+        except FileNotFoundError:
+            self._check_kept()
+            raise CorruptChunkError(name, c, f"missing: {path} ({size} bytes committed)") from None
+        if actual != size:
+            raise CorruptChunkError(name, c, f"truncated or rewritten: {path} has {actual} "
+                                             f"bytes, {size} committed")
 
-    def stored_chunks(self, name: str) -> dict[int, int]:
-        """Chunk index -> stored bytes, for every committed chunk of ``name``."""
-        prefix = self.chunk_key(name, 0).rsplit("/", 1 + (self.array(name).ndim - 1))[0]
+    def _check_kept(self) -> None:
+        """Raise :class:`SnapshotReclaimedError` if the writer has dropped this commit."""
+        m = self.manifest
+        try:
+            head = read_manifest(self.loc)
+        except NotABufferError:
+            return
+        if m.generation <= head.generation - head.keep_generations:
+            raise SnapshotReclaimedError(
+                f"{self.loc}: generation {m.generation} is no longer kept (the latest is "
+                f"{head.generation}, keep_generations={head.keep_generations}); call refresh()")
+
+    def _listed_chunks(self, name: str) -> dict[int, int]:
+        """Chunk index -> bytes of the chunk files in ``<name>/`` (format 1-2 buffers)."""
+        prefix = self.chunk_key(name, 0).rsplit("/", 1 + (self._array(name).ndim - 1))[0]
         out = {}
         for rel, size in self.loc.files(name).items():
             if rel.startswith(prefix + "/"):
                 out[int(rel[len(prefix) + 1 :].split("/", 1)[0])] = size
         return out
 
+    def stored_chunks(self, name: str) -> dict[int, int]:
+        """Chunk index -> stored bytes, for every committed chunk of ``name``."""
+        return {c: size for c, (_, size) in (self.manifest.chunks or {})[name].items()}
+
     def verify(self) -> list[tuple[str, int, str]]:
-        """Decode every stored chunk; return ``(field, chunk, reason)`` for each corrupt one."""
+        """Read every committed chunk; ``(field, chunk, reason)`` for each corrupt one (failed
+        checksum, undecodable, missing or truncated)."""
         bad = []
         for name in self.specs:
             for c in sorted(self.stored_chunks(name)):
