@@ -36,7 +36,7 @@ def _parse_bytes(text: str) -> int:
 
 def _write(args: argparse.Namespace) -> int:
     try:
-        paths = write_shards(args.inputs, args.out, max_shard_bytes=args.max_shard_bytes,
+        paths = write_shards(args.out, files=args.inputs, max_shard_bytes=args.max_shard_bytes,
                              max_shard_samples=args.max_shard_samples,
                              records_per_sample=args.records_per_sample, prefix=args.prefix,
                              progress=not args.no_progress)

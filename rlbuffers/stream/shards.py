@@ -10,6 +10,12 @@ expands it back into ``k`` samples ``{"json": line}`` with the keys the records 
 one per sample. Python's ``tarfile`` spends ~20 us parsing each member header, more than
 tokenizing a short document, so grouping short records cuts the reading cost several-fold;
 plain webdataset readers see one sample per group.
+
+Every shard ends with an end-of-shard marker member (``__rlbuffers_end__``, its sample
+count; webdataset readers skip ``__*__`` names) and is read by :mod:`rlbuffers.stream.tario`,
+which also insists on tar's end-of-archive block: a truncated shard raises
+:class:`~rlbuffers.stream.ShardError` with or without ``shards.json``, local or remote.
+Nothing here imports webdataset (and with it torch), except for ``pipe:`` URLs.
 """
 
 from __future__ import annotations
@@ -19,38 +25,46 @@ import itertools
 import json
 import logging
 import os
+import posixpath
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import braceexpand
 import fsspec
-import webdataset as wds
 from tqdm.auto import tqdm
-from webdataset.tariterators import group_by_keys, tar_file_iterator
 
 from rlbuffers.stream.errors import ShardError
+from rlbuffers.stream.tario import (
+    BLOCK,
+    END_MARKER_NAME,
+    RECORD,
+    TarWriter,
+    end_marker,
+    iter_members,
+    member_bytes,
+    read_end_marker,
+    round_up,
+)
 
 logger = logging.getLogger(__name__)
 
 MANIFEST_NAME = "shards.json"
-_TAR_BLOCK = 512
-_TAR_RECORD = 10240  # tarfile pads the closed archive to a multiple of this
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
+_END_BYTES = member_bytes(len(end_marker(2**62)[1]))  # the end-of-shard member, at most
+_CLOSE_BYTES = 2 * BLOCK  # end-of-archive blocks
 
 
 def tar_sample_bytes(sample: dict[str, Any]) -> int:
     """Bytes one sample occupies inside a tar: a 512-byte header plus the payload rounded up
-    to 512 bytes, per field (webdataset writes one tar member per field)."""
-    total = 0
-    for k, v in sample.items():
-        if k.startswith("_"):
-            continue
-        total += _TAR_BLOCK + _round_up(len(v), _TAR_BLOCK)
-    return total
+    to 512 bytes, per field (one tar member per field, as webdataset writes them)."""
+    return sum(member_bytes(len(v)) for k, v in sample.items() if not k.startswith("_"))
+
+
+def closed_shard_bytes(content_bytes: int) -> int:
+    """Size of a closed shard whose samples take ``content_bytes``: plus the end-of-shard
+    marker and the end-of-archive blocks, rounded up to tar's 10,240-byte record."""
+    return round_up(content_bytes + _END_BYTES + _CLOSE_BYTES, RECORD)
 
 
 def _samples_from_path(path: Path) -> Iterator[dict[str, bytes]]:
@@ -65,13 +79,34 @@ def _samples_from_path(path: Path) -> Iterator[dict[str, bytes]]:
                     raise ShardError(
                         f"{path}:{lineno}: expected one JSON value, got {exn}") from exn
                 yield {"json": line.rstrip(b"\r\n")}
-    elif path.suffix in (".txt", ".md", ".text"):
-        yield {"txt": path.read_bytes()}
     else:
-        raise ShardError(
-            f"input {str(path)!r}: expected a .jsonl/.ndjson or .txt/.md file, got suffix "
-            f"{path.suffix!r}"
-        )
+        yield {"txt": path.read_bytes()}
+
+
+_FILE_SUFFIXES = (".jsonl", ".ndjson", ".txt", ".md", ".text")
+
+
+def check_input_files(files: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """``files`` as paths, each checked to be an existing file with a supported suffix.
+
+    Raises:
+        ShardError: a path that does not exist, is not a file, or has another suffix (named).
+    """
+    paths = []
+    for item in files:
+        if not isinstance(item, (str, os.PathLike)):
+            raise ShardError(f"files: expected paths (str or os.PathLike), got "
+                             f"{type(item).__name__} {item!r:.60}; pass texts and dicts "
+                             "as records=")
+        path = Path(item)
+        if not path.is_file():
+            raise ShardError(f"input file {str(path)!r}: expected an existing file, got "
+                             f"{'a directory' if path.is_dir() else 'no such path'}")
+        if path.suffix not in _FILE_SUFFIXES:
+            raise ShardError(f"input {str(path)!r}: expected a .jsonl/.ndjson or .txt/.md "
+                             f"file, got suffix {path.suffix!r}")
+        paths.append(path)
+    return paths
 
 
 def _sample_from_item(item: Any) -> dict[str, bytes]:
@@ -81,24 +116,25 @@ def _sample_from_item(item: Any) -> dict[str, bytes]:
         return {"txt": bytes(item)}
     if isinstance(item, dict):
         return {"json": json.dumps(item, ensure_ascii=False).encode("utf-8")}
-    raise ShardError(f"iterable item: expected str, bytes or dict, got {type(item).__name__}")
+    raise ShardError(f"records item: expected str, bytes or dict, got {type(item).__name__}")
 
 
-def iter_input_samples(inputs: Iterable[Any]) -> Iterator[dict[str, bytes]]:
-    """Samples (without ``__key__``) from ``inputs``: each element is a path (``str`` or
-    :class:`~pathlib.Path` naming an existing ``.jsonl``/``.ndjson`` file -> one sample per
-    line under ``json``; ``.txt``/``.md`` -> one sample per file under ``txt``), or, when
-    ``inputs`` is not a list of paths, any ``str`` (text), ``bytes`` or ``dict`` (JSON) item.
+def iter_input_samples(*, files: Iterable[str | os.PathLike[str]] = (),
+                       records: Iterable[Any] = ()) -> Iterator[dict[str, bytes]]:
+    """Samples (without ``__key__``): first those of ``files`` (paths: ``.jsonl``/``.ndjson``
+    -> one sample per non-blank line under ``json``; ``.txt``/``.md`` -> one sample per file
+    under ``txt``), then one per item of ``records`` (``str``/``bytes`` -> ``txt``, ``dict`` ->
+    ``json``). Paths and texts never mix: a string in ``records`` is always a text, one in
+    ``files`` always a path, and every path is checked before the first sample is made.
 
     Raises:
-        ShardError: an unsupported file suffix, a malformed JSON line (file and line named),
-            or an item of another type.
+        ShardError: a missing file or unsupported suffix, a malformed JSON line (file and
+            line named), or a record of another type.
     """
-    for item in inputs:
-        if isinstance(item, Path) or (isinstance(item, str) and os.path.isfile(item)):
-            yield from _samples_from_path(Path(item))
-        else:
-            yield _sample_from_item(item)
+    for path in check_input_files(files):
+        yield from _samples_from_path(path)
+    for item in records:
+        yield _sample_from_item(item)
 
 
 def _record_line(sample: dict[str, bytes]) -> bytes:
@@ -122,64 +158,86 @@ def _expand(sample: dict[str, Any]) -> list[dict[str, Any]] | tuple[dict[str, An
 
 
 class _SizedShardWriter:
-    """A ``webdataset.ShardWriter`` that starts a new shard *before* a sample would push the
-    closed tar file past ``max_shard_bytes`` (webdataset checks after, on payload bytes only)."""
+    """Writes samples into ``pattern % index`` tar files, starting a new shard *before* a
+    sample would push the closed file past ``max_shard_bytes``; closes every shard with its
+    end-of-shard marker (see :mod:`rlbuffers.stream.tario`)."""
 
     def __init__(self, pattern: str, max_shard_bytes: int, max_shard_samples: int) -> None:
+        self.pattern = pattern
         self.max_shard_bytes = max_shard_bytes
         self.max_shard_samples = max_shard_samples
-        self._writer = wds.ShardWriter(
-            pattern, maxcount=2**62, maxsize=float("inf"), verbose=0, mtime=0
-        )
         self.shards: list[dict[str, Any]] = []
+        self._tar: TarWriter | None = None
         self._content = 0
         self._count = 0
 
     def write(self, sample: dict[str, Any], records: int = 1) -> None:
         """Write one tar sample holding ``records`` records (samples the reader yields)."""
         size = tar_sample_bytes(sample)
-        full = _round_up(self._content + size + 2 * _TAR_BLOCK, _TAR_RECORD) > self.max_shard_bytes
+        full = closed_shard_bytes(self._content + size) > self.max_shard_bytes
         over = self._count + records > self.max_shard_samples
-        if self._count and (full or over):
+        if self._tar is not None and (full or over):
             self._close_current()
-            self._writer.next_stream()
-        self._writer.write(sample)
+        if self._tar is None:
+            self._tar = TarWriter(self.pattern % len(self.shards))
+        for ext, payload in sample.items():
+            if not ext.startswith("_"):
+                self._tar.add(f"{sample['__key__']}.{ext}", payload)
         self._content += size
         self._count += records
 
     def _close_current(self) -> None:
-        name = os.path.basename(self._writer.fname)
-        self.shards.append({"name": name, "samples": self._count})
+        if self._tar is None:
+            return
+        self._tar.add(*end_marker(self._count))
+        self._tar.close()
+        path = self._tar.path
+        self.shards.append({"name": os.path.basename(path), "samples": self._count,
+                            "bytes": os.path.getsize(path)})
+        self._tar = None
         self._content = 0
         self._count = 0
 
     def close(self) -> None:
-        fname = self._writer.fname
-        self._writer.close()
-        if self._count:
+        if self._tar is not None:
             self._close_current()
-        elif fname is not None and os.path.exists(fname):
-            os.remove(fname)  # the writer opens a shard eagerly; drop it if it stayed empty
+
+
+def _check_write_args(out_dir: Any, max_shard_bytes: int, max_shard_samples: int,
+                      records_per_sample: int) -> None:
+    if not isinstance(out_dir, (str, os.PathLike)):
+        raise ValueError(f"out_dir: expected a directory path, got {type(out_dir).__name__} "
+                         "(inputs go in files= or records=)")
+    if max_shard_bytes < RECORD:
+        raise ValueError(f"max_shard_bytes: expected >= {RECORD}, got {max_shard_bytes}")
+    if max_shard_samples < 1:
+        raise ValueError(f"max_shard_samples: expected >= 1, got {max_shard_samples}")
+    if records_per_sample < 1:
+        raise ValueError(f"records_per_sample: expected >= 1, got {records_per_sample}")
 
 
 def write_shards(
-    inputs: Iterable[Any],
     out_dir: str | os.PathLike[str],
     *,
+    files: Iterable[str | os.PathLike[str]] = (),
+    records: Iterable[Any] = (),
     max_shard_bytes: int = 256 * 2**20,
     max_shard_samples: int = 2**31,
     records_per_sample: int = 1,
     prefix: str = "shard",
     progress: bool = True,
 ) -> list[Path]:
-    """Write ``inputs`` (see :func:`iter_input_samples`) as webdataset tar shards
-    ``{prefix}-000000.tar, ...`` into ``out_dir`` and a manifest ``shards.json`` (shard names
-    and sample counts), written last via a temporary file and ``os.replace``.
+    """Write ``files`` and ``records`` (see :func:`iter_input_samples`) as webdataset tar
+    shards ``{prefix}-000000.tar, ...`` into ``out_dir``, each ending with an end-of-shard
+    marker member holding its sample count, and a manifest ``shards.json`` (shard names,
+    sample counts and bytes), written last via a temporary file and ``os.replace``.
 
     Args:
-        max_shard_bytes: upper bound on each tar file's size in bytes, headers and the
-            10,240-byte end-of-archive padding included; a single sample larger than that gets
-            a shard of its own (logged).
+        files: input file paths (checked to exist before anything is written).
+        records: texts (``str``/``bytes``) and JSON records (``dict``), one sample each.
+        max_shard_bytes: upper bound on each tar file's size in bytes, headers, the
+            end-of-shard marker and the 10,240-byte end-of-archive padding included; a single
+            sample larger than that gets a shard of its own (logged).
         max_shard_samples: upper bound on samples (records) per shard.
         records_per_sample: records stored together in one ``jsonl`` tar member (see the
             module docstring); ``1``: one tar sample per record (``json`` / ``txt``). Shards
@@ -190,33 +248,30 @@ def write_shards(
         The shard paths, in order.
 
     Raises:
-        ValueError: ``max_shard_bytes`` < 10,240, or ``max_shard_samples`` or
-            ``records_per_sample`` < 1.
-        ShardError: a malformed input (see :func:`iter_input_samples`).
+        ValueError: ``out_dir`` is not a path, ``max_shard_bytes`` < 10,240, or
+            ``max_shard_samples`` or ``records_per_sample`` < 1.
+        ShardError: a missing or malformed input (see :func:`iter_input_samples`).
     """
-    if max_shard_bytes < _TAR_RECORD:
-        raise ValueError(f"max_shard_bytes: expected >= {_TAR_RECORD}, got {max_shard_bytes}")
-    if max_shard_samples < 1:
-        raise ValueError(f"max_shard_samples: expected >= 1, got {max_shard_samples}")
-    if records_per_sample < 1:
-        raise ValueError(f"records_per_sample: expected >= 1, got {records_per_sample}")
+    _check_write_args(out_dir, max_shard_bytes, max_shard_samples, records_per_sample)
+    files = check_input_files(files)  # before creating anything
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     writer = _SizedShardWriter(str(out / f"{prefix}-%06d.tar"), max_shard_bytes, max_shard_samples)
     bar = tqdm(desc=f"writing shards to {out}", unit=" samples", disable=not progress)
-    def put(sample: dict[str, Any], index: int, records: int) -> None:
+
+    def put(sample: dict[str, Any], index: int, n_records: int) -> None:
         sample["__key__"] = f"{index:012d}"
-        if tar_sample_bytes(sample) + 3 * _TAR_BLOCK > max_shard_bytes:
+        if closed_shard_bytes(tar_sample_bytes(sample)) > max_shard_bytes:
             logger.warning("sample %d is larger than max_shard_bytes=%d; it gets its own shard",
                            index, max_shard_bytes)
-        writer.write(sample, records)
-        bar.update(records)
+        writer.write(sample, n_records)
+        bar.update(n_records)
 
     group: list[bytes] = []
     # A group holds at most max_shard_samples records, so it always fits in one shard.
     group_cap = min(records_per_sample, max_shard_samples)
     try:
-        for index, sample in enumerate(iter_input_samples(inputs)):
+        for index, sample in enumerate(iter_input_samples(files=files, records=records)):
             if records_per_sample == 1:
                 put(sample, index, 1)
                 continue
@@ -240,92 +295,195 @@ def write_shards(
     return [out / s["name"] for s in writer.shards]
 
 
+def _is_url(text: str) -> bool:
+    return text.startswith("pipe:") or "://" in text
+
+
 def resolve_shards(source: str | os.PathLike[str] | Iterable[str]) -> list[str]:
     """Shard URLs named by ``source``: a local directory (its ``*.tar`` files, sorted), a glob
     (``data/*.tar``), a brace pattern (``data/shard-{000000..000009}.tar``, also for URLs),
-    a URL (``s3://...``, ``https://...``, ``pipe:cmd``), or a list of any of these.
+    a URL (``s3://...``, ``https://...``, ``file://...``, ``pipe:cmd``), or a list of these.
 
     Raises:
-        ShardError: nothing matches (the pattern is named).
+        ShardError: nothing matches, or a local brace pattern names files that do not exist
+            (the first missing ones are named; a pattern is not a filter).
     """
     if not isinstance(source, (str, os.PathLike)):
         return [url for item in source for url in resolve_shards(item)]
     text = os.fspath(source)
-    if text.startswith("pipe:") or "://" in text:
+    if _is_url(text):
         return list(braceexpand.braceexpand(text))
     if os.path.isdir(text):
         urls = sorted(glob.glob(os.path.join(text, "*.tar")))
     else:
-        urls = sorted(u for p in braceexpand.braceexpand(text) for u in glob.glob(p))
+        urls, missing = [], []
+        for pattern in braceexpand.braceexpand(text):
+            found = sorted(glob.glob(pattern))
+            if not found:
+                missing.append(pattern)
+            urls += found
+        if missing and urls:
+            raise ShardError(f"shard source {text!r}: {len(missing)} of the shards it names do "
+                             f"not exist: {missing[:3]}{' ...' if len(missing) > 3 else ''}")
     if not urls:
         raise ShardError(f"shard source {text!r}: expected at least one .tar file, found none")
     return urls
 
 
+def _cause(exn: BaseException) -> str:
+    """``exn`` and its chain of causes, one ``Type: message`` after the other."""
+    parts, seen = [], set()
+    cur: BaseException | None = exn
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        parts.append(f"{type(cur).__name__}: {cur}")
+        cur = cur.__cause__ or cur.__context__
+    return " <- ".join(parts)
+
+
 def open_shard(url: str) -> BinaryIO:
-    """Open one shard for streaming reads: ``pipe:`` URLs via webdataset's ``gopen``, other
-    URLs (``s3://``, ``gs://``, ``https://``, ``file://``, ...) via fsspec, plain paths directly.
+    """Open one shard for streaming reads: ``pipe:`` URLs via webdataset's ``gopen`` (imported
+    only then), other URLs (``s3://``, ``gs://``, ``https://``, ``file://``, ...) via fsspec,
+    plain paths directly (1 MiB buffer).
 
     Raises:
-        ShardError: the shard cannot be opened (URL and cause named).
+        ShardError: the shard cannot be opened (URL and the chain of causes named).
     """
     try:
         if url.startswith("pipe:"):
-            return wds.gopen(url, "rb")
+            from webdataset.gopen import gopen
+
+            return gopen(url, "rb")
         if "://" in url:
             return fsspec.open(url, "rb").open()
-        return open(url, "rb")
-    except (OSError, ValueError) as exn:
-        raise ShardError(f"shard {url!r}: cannot open ({exn})") from exn
+        return open(url, "rb", buffering=2**20)
+    except Exception as exn:  # fsspec back ends raise their own types: name the cause
+        raise ShardError(f"shard {url!r}: cannot open ({_cause(exn)})") from exn
 
 
-def _manifest_count(url: str) -> int | None:
-    """Samples that ``shards.json`` beside a local shard says it holds (None if unknown)."""
-    if "://" in url or url.startswith("pipe:"):
+def _parent(url: str) -> str:
+    if "://" in url:
+        return url.rsplit("/", 1)[0]
+    return os.path.dirname(url) or "."
+
+
+def _shard_name(url: str) -> str:
+    return posixpath.basename(url) if "://" in url else os.path.basename(url)
+
+
+def read_manifest_at(parent: str) -> dict[str, Any] | None:
+    """The ``shards.json`` in directory or URL prefix ``parent``, or None if there is none
+    or it cannot be read (local paths and fsspec URLs alike; ``pipe:`` has none)."""
+    if parent.startswith("pipe:"):
         return None
-    path = Path(url)
+    where = f"{parent}/{MANIFEST_NAME}" if "://" in parent else os.path.join(parent,
+                                                                              MANIFEST_NAME)
     try:
-        manifest = json.loads((path.parent / MANIFEST_NAME).read_text())
+        if "://" in where:
+            with fsspec.open(where, "rb") as f:
+                return json.loads(f.read())
+        return json.loads(Path(where).read_bytes())
     except (OSError, ValueError):
         return None
-    for shard in manifest.get("shards", []):
-        if shard.get("name") == path.name:
-            return int(shard["samples"])
-    return None
+    except Exception as exn:  # a remote store's own error types: no manifest to check
+        logger.debug("no readable %s at %s (%s)", MANIFEST_NAME, parent, _cause(exn))
+        return None
 
 
-def iter_shard(url: str, *, skip_samples: int = 0) -> Iterator[dict[str, Any]]:
+def manifest_entries(urls: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """``url -> {"name", "samples", "bytes"?}`` from the ``shards.json`` beside each shard
+    (read once per directory); shards without a manifest entry are left out."""
+    manifests: dict[str, dict[str, Any] | None] = {}
+    out = {}
+    for url in urls:
+        parent = _parent(url)
+        if parent not in manifests:
+            m = read_manifest_at(parent)
+            manifests[parent] = ({s.get("name"): s for s in m.get("shards", [])}
+                                 if isinstance(m, dict) else None)
+        entries = manifests[parent]
+        if entries and _shard_name(url) in entries:
+            out[url] = entries[_shard_name(url)]
+    return out
+
+
+_KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+
+
+def _group_by_keys(members: Iterator[tuple[str, bytes]], url: str
+                   ) -> Iterator[dict[str, Any]]:
+    """Consecutive members ``<key>.<ext>`` with the same key as one sample
+    ``{"__key__", "__url__", ext: payload}`` (webdataset's grouping; extensions lowercased)."""
+    current: dict[str, Any] | None = None
+    for name, payload in members:
+        m = _KEY_EXT.match(name)
+        if m is None:
+            continue
+        key, ext = m.group(1), m.group(2).lower()
+        if current is None or current["__key__"] != key:
+            if current is not None:
+                yield current
+            current = {"__key__": key, "__url__": url}
+        elif ext in current:
+            raise ShardError(f"shard {url!r}: sample {key!r} has two {ext!r} members")
+        current[ext] = payload
+    if current is not None:
+        yield current
+
+
+class _ShardReader:
+    """The members of one shard, remembering the end-of-shard marker's count if it has one."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self.stream = stream
+        self.marker_samples: int | None = None
+
+    def __iter__(self) -> Iterator[tuple[str, bytes]]:
+        for name, payload in iter_members(self.stream):
+            if name == END_MARKER_NAME:
+                self.marker_samples = read_end_marker(payload)
+            elif not (name.startswith("__") and "/" not in name):
+                yield name, payload
+
+
+def iter_shard(url: str, *, skip_samples: int = 0, expected_samples: int | None = None
+               ) -> Iterator[dict[str, Any]]:
     """The samples of the shard at ``url`` in stored order, after skipping ``skip_samples``
     (skipped samples are still read: tar streams do not seek). A ``jsonl`` member (see
     ``records_per_sample`` of :func:`write_shards`) yields one ``{"json": line}`` sample per
     line, and counts as that many samples here and in ``skip_samples``.
 
-    ``tarfile`` reads a tar stream that ends early, or whose later header is damaged, as if
-    the archive ended there; so for a local shard listed in a ``shards.json`` beside it (as
-    :func:`write_shards` leaves), the number of samples read is checked against the manifest.
+    Truncation is detected three ways, for local paths and URLs alike: the stream must end
+    with tar's end-of-archive block (a cut at a member boundary lacks it); the end-of-shard
+    marker that :func:`write_shards` puts into every shard must match the samples read; and
+    so must ``expected_samples`` (default: the count in a ``shards.json`` beside the shard).
 
     Raises:
-        ShardError: the shard cannot be opened, is not a readable tar, or holds fewer or more
-            samples than its manifest says (URL named).
+        ShardError: the shard cannot be opened, is not a complete tar, or holds fewer or more
+            samples than its marker or manifest says (URL named).
     """
-    expected = _manifest_count(url)
+    if expected_samples is None:
+        entry = manifest_entries([url]).get(url)
+        expected_samples = int(entry["samples"]) if entry else None
     stream = open_shard(url)
+    reader = _ShardReader(stream)
     read = skip_samples
     try:
-        members = ({**m, "__url__": url} for m in tar_file_iterator(stream))
-        records = itertools.chain.from_iterable(map(_expand, group_by_keys(members)))
+        records = itertools.chain.from_iterable(map(_expand, _group_by_keys(iter(reader), url)))
         for sample in itertools.islice(records, skip_samples, None):
             read += 1
             yield sample
     except ShardError:
         raise
-    except Exception as exn:  # tarfile / decoding errors of any kind: name the shard
-        raise ShardError(f"shard {url!r}: cannot read ({type(exn).__name__}: {exn})") from exn
+    except Exception as exn:  # damaged tar, stream errors of any back end: name the shard
+        raise ShardError(f"shard {url!r}: cannot read ({_cause(exn)})") from exn
     finally:
         stream.close()
-    if expected is not None and read != expected:
-        raise ShardError(f"shard {url!r}: {MANIFEST_NAME} lists {expected} samples, read "
-                         f"{read} (truncated or corrupt)")
+    for what, count in (("its end-of-shard marker", reader.marker_samples),
+                        (MANIFEST_NAME, expected_samples)):
+        if count is not None and read != count:
+            raise ShardError(f"shard {url!r}: {what} says {count} samples, read {read} "
+                             "(truncated or corrupt)")
 
 
 def read_manifest(out_dir: str | os.PathLike[str]) -> dict[str, Any]:

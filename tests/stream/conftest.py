@@ -44,7 +44,7 @@ def tokenizer(tokenizer_json: str) -> TextTokenizer:
 @pytest.fixture(scope="session")
 def shard_dir(tmp_path_factory: pytest.TempPathFactory, texts: list[str]) -> Path:
     out = tmp_path_factory.mktemp("shards")
-    write_shards([{"text": t, "i": i} for i, t in enumerate(texts)], out,
+    write_shards(out, records=[{"text": t, "i": i} for i, t in enumerate(texts)],
                  max_shard_bytes=30_000, progress=False)
     return out
 
@@ -53,6 +53,6 @@ def shard_dir(tmp_path_factory: pytest.TempPathFactory, texts: list[str]) -> Pat
 def grouped_shard_dir(tmp_path_factory: pytest.TempPathFactory, texts: list[str]) -> Path:
     """The records of ``shard_dir``, 7 per tar member (``records_per_sample=7``)."""
     out = tmp_path_factory.mktemp("grouped_shards")
-    write_shards([{"text": t, "i": i} for i, t in enumerate(texts)], out,
+    write_shards(out, records=[{"text": t, "i": i} for i, t in enumerate(texts)],
                  max_shard_bytes=30_000, records_per_sample=7, progress=False)
     return out

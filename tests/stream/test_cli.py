@@ -51,3 +51,12 @@ def test_module_entry_point(tmp_path: Path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "wrote 1 samples into 1 shards" in proc.stdout
+
+
+def test_shards_write_refuses_a_missing_path(tmp_path: Path, capsys):
+    real = tmp_path / "a.jsonl"
+    real.write_text('{"text": "one"}\n')
+    out = tmp_path / "out"
+    assert run(["shards", "write", str(real), str(tmp_path / "typo.jsonl"), "--out", str(out),
+                "--no-progress"]) == 2
+    assert "typo.jsonl" in capsys.readouterr().err and not out.exists()

@@ -410,11 +410,11 @@ def run_all(only: set[str] | None) -> None:
     chars = sum(len(d) for d in docs)
     work = Path(tempfile.mkdtemp(prefix="rlbuffers-bench-stream-"))
     start = time.perf_counter()
-    shard_paths = write_shards([{"text": d} for d in docs], work / "shards",
+    shard_paths = write_shards(work / "shards", records=[{"text": d} for d in docs],
                                max_shard_bytes=8 * 2**20, progress=False)
     shard_s = time.perf_counter() - start
     start = time.perf_counter()
-    grouped_paths = write_shards([{"text": d} for d in docs], work / "grouped",
+    grouped_paths = write_shards(work / "grouped", records=[{"text": d} for d in docs],
                                  max_shard_bytes=8 * 2**20, records_per_sample=GROUP,
                                  progress=False)
     grouped_s = time.perf_counter() - start
