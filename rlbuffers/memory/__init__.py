@@ -38,6 +38,9 @@ _LAZY = {
     "PeakMemory": "rlbuffers.memory.peak",
     "tensor_summary": "rlbuffers.memory.census",
     "reference_logprobs": "rlbuffers.memory.reference",
+    "reference_bytes_saved": "rlbuffers.memory.reference",
+    "MemoryBudgetError": "rlbuffers.memory.errors",
+    "TrainingBytes": "rlbuffers.memory.budget",
 }
 
 

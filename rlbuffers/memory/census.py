@@ -86,8 +86,8 @@ def tensor_summary(*, top_k: int = 10) -> TensorSummary:
         g[1] += nbytes
         tensors.append({"shape": list(obj.shape), "device": str(obj.device),
                         "dtype": str(obj.dtype), "owner": who, "bytes": nbytes})
-    rows = [{"device": d, "dtype": t, "owner": o, "count": c, "bytes": b}
-            for (d, t, o), (c, b) in groups.items()]
-    rows.sort(key=lambda r: -r["bytes"])
-    tensors.sort(key=lambda r: -r["bytes"])
+    rows: list[dict[str, Any]] = [{"device": d, "dtype": t, "owner": o, "count": c, "bytes": b}
+                                  for (d, t, o), (c, b) in groups.items()]
+    rows.sort(key=lambda r: -int(r["bytes"]))
+    tensors.sort(key=lambda r: -int(r["bytes"]))
     return TensorSummary(rows, tensors[:top_k], sum(r["bytes"] for r in rows))
