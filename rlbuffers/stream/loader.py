@@ -11,6 +11,8 @@ shard, whatever the position in the epoch.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -20,12 +22,15 @@ from rlbuffers.stream.batching import Pack, PadBatch, RowBatch
 from rlbuffers.stream.config import Packing, Padding, StreamConfig
 from rlbuffers.stream.errors import StreamStateError
 from rlbuffers.stream.padding import collate
-from rlbuffers.stream.shards import resolve_shards
+from rlbuffers.stream.shards import resolve_shards, shard_table
 from rlbuffers.stream.sources import IndexSource, ShardSource
 from rlbuffers.stream.stages import BlockShuffle, Stage
 from rlbuffers.stream.tokenize import TextTokenizer, Tokenize
 
 logger = logging.getLogger(__name__)
+
+STATE_VERSION = 2
+"""Version 2 added ``data`` (the shard-set fingerprint)."""
 
 
 def _collate(cfg: StreamConfig, rows: list[list[Any]], truncated: int) -> dict[str, Any]:
@@ -70,17 +75,56 @@ class _SourceFactory:
     urls: tuple[str, ...] | None
     data: Sequence[Any] | None
     cfg: StreamConfig
+    table: tuple[tuple[Any, ...], ...] = ()
+    """``(name, samples, bytes)`` per shard (see :func:`~rlbuffers.stream.shards.shard_table`)."""
+
+    @classmethod
+    def for_shards(cls, shards: Any, cfg: StreamConfig) -> _SourceFactory:
+        urls = tuple(resolve_shards(shards))
+        return cls(urls, None, cfg, tuple(tuple(row) for row in shard_table(urls)))
+
+    def identity(self) -> dict[str, Any]:
+        """What the data is, for the state: the shard table and its digest, or the length of
+        the sequence (and its token count when it has one, as a TokenStore does)."""
+        if self.urls is None:
+            assert self.data is not None  # internal invariant: one of urls / data is set
+            return {"kind": "sequence", "items": len(self.data),
+                    "tokens": getattr(self.data, "num_tokens", None)}
+        rows = [list(r) for r in self.table]
+        digest = hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+        return {"kind": "shards", "count": len(rows), "sha256": digest, "shards": rows}
 
     def __call__(self, slot: int, num_slots: int, first_pass: int, cycle: bool) -> Stage:
         c = self.cfg
         if self.urls is not None:
+            counts = {u: r[1] for u, r in zip(self.urls, self.table, strict=True)
+                      if r[1] is not None}
             return ShardSource(self.urls, seed=c.seed, slot=slot, num_slots=num_slots,
                                first_pass=first_pass, cycle=cycle, shuffle_shards=c.shuffle_shards,
-                               uneven=c.uneven_shards, on_error=c.on_error)
+                               uneven=c.uneven_shards, on_error=c.on_error,
+                               expected_samples=counts)
         assert self.data is not None  # internal invariant: one of urls / data is set
         return IndexSource(self.data, seed=c.seed, shuffle=c.shuffle_shards, slot=slot,
                            num_slots=num_slots, first_pass=first_pass, cycle=cycle,
                            uneven=c.uneven_shards)
+
+
+def _data_difference(mine: dict[str, Any], theirs: Any) -> str | None:
+    """Where the state's data identity ``theirs`` differs from ``mine`` (None: the same)."""
+    if not isinstance(theirs, dict):
+        return f"state 'data': expected {mine.get('kind')!r} data, got {theirs!r}"
+    for key in ("kind", "count", "items", "tokens"):
+        if theirs.get(key) != mine.get(key):
+            return (f"state 'data.{key}': expected {mine.get(key)!r} (this loader), got "
+                    f"{theirs.get(key)!r}: the state belongs to another data set")
+    if theirs.get("sha256") == mine.get("sha256"):
+        return None
+    for i, (a, b) in enumerate(zip(mine.get("shards", []), theirs.get("shards") or [],
+                                   strict=False)):
+        if a != b:
+            return (f"state 'data.shards[{i}]': expected [name, samples, bytes] {a} (this "
+                    f"loader), got {b}: the state belongs to another shard set")
+    return "state 'data.sha256': the shard table differs from this loader's"
 
 
 def _identity(x: Any) -> Any:
@@ -118,6 +162,7 @@ class StreamLoader:
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
         self.as_torch = as_torch
         self._slots_n = max(num_workers, 1)
+        self._data = factory.identity()
         self._reset_epoch(0)
         self._live: dict[int, tuple[Stage, Iterator[Any]]] = {}
 
@@ -126,8 +171,7 @@ class StreamLoader:
                     **kwargs: Any) -> StreamLoader:
         """Loader over webdataset shards (directory, glob, brace pattern, URL or a list; see
         :func:`~rlbuffers.stream.resolve_shards`); ``kwargs`` as for the class."""
-        return cls(_SourceFactory(tuple(resolve_shards(shards)), None, config), tokenizer,
-                   config, **kwargs)
+        return cls(_SourceFactory.for_shards(shards, config), tokenizer, config, **kwargs)
 
     @classmethod
     def from_sequence(cls, data: Sequence[Any], tokenizer: TextTokenizer | None,
@@ -238,21 +282,26 @@ class StreamLoader:
     def state_dict(self) -> dict[str, Any]:
         """Plain data: epoch, batches yielded in it, per-slot pipeline states (source cursor:
         pass, shard, sample offset; and per stage: window index, outputs emitted, upstream
-        state at the window start) and the configuration it belongs to."""
+        state at the window start), the configuration and the data it belongs to (``data``:
+        the shard table ``[name, samples, bytes]`` per shard and its SHA-256, or the length of
+        a sequence)."""
         states = list(self._states)
         if 0 in self._live:
             states[0] = self._live[0][0].state_dict()
-        return {"kind": "stream_loader", "version": 1, "epoch": self._epoch,
+        return {"kind": "stream_loader", "version": STATE_VERSION, "epoch": self._epoch,
                 "batches_in_epoch": self._batches, "last_slot": self._last_slot,
                 "slot_batches": list(self._slot_batches), "slots": states,
-                "config": self._fingerprint()}
+                "config": self._fingerprint(), "data": self._data}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly where ``state`` was taken, on the next ``iter()``.
 
         Raises:
             StreamStateError: not a loader state, or taken with another configuration, rank,
-                world size or worker count (the differing field is named).
+                world size or worker count, or over another data set: other shards (names,
+                sample counts or bytes), another order, or a sequence of another length
+                (what differs is named). A state over re-sharded data is refused too, since
+                no cursor into the old shards maps exactly onto the new ones.
         """
         if not isinstance(state, dict) or state.get("kind") != "stream_loader":
             raise StreamStateError("state 'kind': expected 'stream_loader', got "
@@ -262,6 +311,13 @@ class StreamLoader:
             if state["config"].get(key) != value:
                 raise StreamStateError(f"state 'config.{key}': expected {value!r} (this loader), "
                                        f"got {state['config'].get(key)!r}")
+        if state.get("version", 1) < 2:
+            logger.warning("loading a version-1 loader state: it names no data set, so it "
+                           "cannot be checked against this loader's shards")
+        else:
+            differs = _data_difference(self._data, state.get("data"))
+            if differs:
+                raise StreamStateError(differs)
         self._epoch = int(state["epoch"])
         self._batches = int(state["batches_in_epoch"])
         self._last_slot = int(state["last_slot"])

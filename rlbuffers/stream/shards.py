@@ -407,6 +407,28 @@ def manifest_entries(urls: Iterable[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def shard_table(urls: Iterable[str]) -> list[list[Any]]:
+    """``[name, samples, bytes]`` per shard URL, in order: what identifies a shard set.
+    Samples and bytes come from the ``shards.json`` beside the shards (local or URL); bytes
+    of a local shard without one from the file system; ``None`` where unknown (a remote
+    shard without manifest is not probed)."""
+    urls = list(urls)
+    entries = manifest_entries(urls)
+    out = []
+    for url in urls:
+        entry = entries.get(url, {})
+        size = entry.get("bytes")
+        if size is None and not _is_url(url):
+            try:
+                size = os.path.getsize(url)
+            except OSError:
+                size = None
+        samples = entry.get("samples")
+        out.append([_shard_name(url), None if samples is None else int(samples),
+                    None if size is None else int(size)])
+    return out
+
+
 _KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 
 
@@ -446,8 +468,8 @@ class _ShardReader:
                 yield name, payload
 
 
-def iter_shard(url: str, *, skip_samples: int = 0, expected_samples: int | None = None
-               ) -> Iterator[dict[str, Any]]:
+def iter_shard(url: str, *, skip_samples: int = 0, expected_samples: int | None = None,
+               find_manifest: bool = True) -> Iterator[dict[str, Any]]:
     """The samples of the shard at ``url`` in stored order, after skipping ``skip_samples``
     (skipped samples are still read: tar streams do not seek). A ``jsonl`` member (see
     ``records_per_sample`` of :func:`write_shards`) yields one ``{"json": line}`` sample per
@@ -456,13 +478,14 @@ def iter_shard(url: str, *, skip_samples: int = 0, expected_samples: int | None 
     Truncation is detected three ways, for local paths and URLs alike: the stream must end
     with tar's end-of-archive block (a cut at a member boundary lacks it); the end-of-shard
     marker that :func:`write_shards` puts into every shard must match the samples read; and
-    so must ``expected_samples`` (default: the count in a ``shards.json`` beside the shard).
+    so must ``expected_samples``, by default (``find_manifest``) the count in a
+    ``shards.json`` beside the shard.
 
     Raises:
         ShardError: the shard cannot be opened, is not a complete tar, or holds fewer or more
             samples than its marker or manifest says (URL named).
     """
-    if expected_samples is None:
+    if expected_samples is None and find_manifest:
         entry = manifest_entries([url]).get(url)
         expected_samples = int(entry["samples"]) if entry else None
     stream = open_shard(url)

@@ -67,14 +67,16 @@ class ShardSource(Stage):
             (logged once at WARNING).
         on_error: ``"raise"`` a :class:`ShardError`, or ``"warn"``: log it and skip the rest of
             that shard.
+        expected_samples: samples per shard URL (e.g. from ``shards.json``), checked against
+            what each shard yields; ``None``: each shard looks up its own manifest.
 
     State: ``{pass, shard, offset}``: shard index in this slot's list and samples read from it.
     """
 
     def __init__(self, urls: Sequence[str], *, seed: int = 0, slot: int = 0, num_slots: int = 1,
                  first_pass: int = 0, cycle: bool = False, shuffle_shards: bool = True,
-                 uneven: UnevenPolicy = "wrap", on_error: Literal["raise", "warn"] = "raise"
-                 ) -> None:
+                 uneven: UnevenPolicy = "wrap", on_error: Literal["raise", "warn"] = "raise",
+                 expected_samples: dict[str, int] | None = None) -> None:
         self.urls = list(urls)
         self.seed = int(seed)
         self.slot, self.num_slots = int(slot), int(num_slots)
@@ -82,6 +84,7 @@ class ShardSource(Stage):
         self.shuffle_shards = shuffle_shards
         self.uneven: UnevenPolicy = uneven
         self.on_error = on_error
+        self.expected_samples = expected_samples
         self._pass, self._shard, self._offset = int(first_pass), 0, 0
         split_shards(self.urls, self.slot, self.num_slots, uneven=uneven)  # validate early
         extra = len(self.urls) % self.num_slots
@@ -117,7 +120,10 @@ class ShardSource(Stage):
 
     def _read(self, url: str) -> Iterator[dict[str, Any]]:
         try:
-            for sample in iter_shard(url, skip_samples=self._offset):
+            known = self.expected_samples
+            for sample in iter_shard(url, skip_samples=self._offset,
+                                     expected_samples=None if known is None else known.get(url),
+                                     find_manifest=known is None):
                 self._offset += 1
                 yield sample
         except ShardError as exn:

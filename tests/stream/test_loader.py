@@ -269,3 +269,47 @@ def test_mode_options_live_in_their_own_config():
         Packing(batch_size=3)  # type: ignore[call-arg]
     assert PACK.mode == "pack" and PAD.mode == "pad"
     assert PAD.attention_kind == "padding" and PACK.attention_kind == "none"
+
+
+# -- issue 18 ----------------------------------------------------------------------------
+def test_state_from_another_shard_set_is_refused(tmp_path: Path, shard_dir, tokenizer, texts):
+    import shutil
+
+    from rlbuffers.stream import write_shards
+
+    def state_after(k: int, source) -> dict:
+        loader = StreamLoader.from_shards(source, tokenizer, PACK)
+        it = iter(loader)
+        for _ in range(k):
+            next(it)
+        return json.loads(json.dumps(loader.state_dict()))
+
+    state = state_after(3, shard_dir)
+    resharded = tmp_path / "resharded"  # the same records, cut into other shards
+    write_shards(resharded, records=[{"text": t, "i": i} for i, t in enumerate(texts)],
+                 max_shard_bytes=60_000, progress=False)
+    with pytest.raises(StreamStateError, match=r"data.count'.*another data set"):
+        StreamLoader.from_shards(resharded, tokenizer, PACK).load_state_dict(state)
+    swapped = tmp_path / "swapped"  # same names and count, one shard's content replaced
+    shutil.copytree(shard_dir, swapped)
+    (swapped / "shards.json").unlink()
+    shutil.copy(swapped / "shard-000001.tar", swapped / "shard-000000.tar")
+    with pytest.raises(StreamStateError, match=r"data.shards\[0\]'.*shard-000000.tar"):
+        StreamLoader.from_shards(swapped, tokenizer, PACK).load_state_dict(state)
+    reordered = list(reversed(resolve_shards(shard_dir)))
+    with pytest.raises(StreamStateError, match=r"data.shards\[0\]"):
+        StreamLoader.from_shards(reordered, tokenizer, PACK).load_state_dict(state)
+    moved = tmp_path / "moved"  # the same shard set elsewhere: accepted, resumes exactly
+    shutil.copytree(shard_dir, moved)
+    full = [fingerprint(b) for b in StreamLoader.from_shards(shard_dir, tokenizer, PACK)]
+    again = StreamLoader.from_shards(moved, tokenizer, PACK)
+    again.load_state_dict(state)
+    assert [fingerprint(b) for b in again] == full[3:]
+
+
+def test_state_from_a_sequence_of_another_length_is_refused(tokenizer, texts):
+    loader = StreamLoader.from_sequence(texts, tokenizer, PACK)
+    next(iter(loader))
+    state = loader.state_dict()
+    with pytest.raises(StreamStateError, match=r"data.items': expected 299.*got 300"):
+        StreamLoader.from_sequence(texts[:-1], tokenizer, PACK).load_state_dict(state)
