@@ -56,6 +56,12 @@ def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: f
     return z
 
 
+def _logsumexp_(z: Tensor) -> Tensor:
+    """``logsumexp(z, -1)`` of ``z: float32[c, V]``, overwriting ``z`` (no second [c, V])."""
+    m = z.amax(dim=-1, keepdim=True).clamp_(min=torch.finfo(z.dtype).min)
+    return z.sub_(m).exp_().sum(-1).log_().add_(m.squeeze(1))
+
+
 class _ChunkedTokenLogprobs(torch.autograd.Function):
     """Autograd function: forward and backward one chunk of tokens at a time."""
 
@@ -70,11 +76,15 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         for start in range(0, n, chunk_tokens):
             sl = slice(start, min(n, start + chunk_tokens))
             z = _chunk_logits(hidden[sl], weight, bias, temperature)
-            lse[sl] = torch.logsumexp(z, dim=-1)
-            logp[sl] = z.gather(1, safe[sl]).squeeze(1) - lse[sl]
+            picked = z.gather(1, safe[sl]).squeeze(1)
             if with_entropy:
+                lse[sl] = torch.logsumexp(z, dim=-1)
                 z.sub_(lse[sl].unsqueeze(1))  # log p
                 entropy[sl] = -(z.exp() * z).sum(-1)
+            else:
+                lse[sl] = _logsumexp_(z)
+            logp[sl] = picked - lse[sl]
+            del z  # before the next chunk's logits exist, or two chunks are alive at once
         logp.masked_fill_(targets == IGNORE_INDEX, 0.0)
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
         ctx.temperature = temperature
@@ -108,6 +118,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
                 grad_w.addmm_(gz.t(), h.float())
             if grad_b is not None:
                 grad_b.add_(gz.sum(0))
+            del g, gz  # as in forward: one chunk alive at a time
         grad_w = None if grad_w is None else grad_w.to(weight.dtype)
         grad_b = None if grad_b is None else grad_b.to(bias.dtype)
         return grad_h, grad_w, grad_b, None, None, None, None
