@@ -9,17 +9,45 @@ from typing import Any
 
 import numpy as np
 
-from rlbuffers.stream.packing import pack_bfd, split_overflow
+from rlbuffers.stream.packing import fit_sequences, pack_bfd
 from rlbuffers.stream.stages import Stage, WindowStage
 
 
 @dataclass
 class Row:
     """One packed row: ``sequences`` (``int32[n_i]`` each, summing to <= max_length tokens)
-    and the tokens truncated in its window that this row reports (0 for all but one row)."""
+    and what fitting them to ``max_length`` did (see
+    :func:`~rlbuffers.stream.packing.fit_sequences`): tokens truncated from its sequences,
+    split documents whose first piece it holds, and later pieces it holds."""
 
     sequences: list[np.ndarray]
     truncated_tokens: int = 0
+    documents_split: int = 0
+    split_extra_pieces: int = 0
+
+    def counts(self) -> dict[str, int]:
+        """The row's counters as a dict."""
+        return {"truncated_tokens": self.truncated_tokens,
+                "documents_split": self.documents_split,
+                "split_extra_pieces": self.split_extra_pieces}
+
+
+def add_counts(total: dict[str, int], more: dict[str, int]) -> dict[str, int]:
+    """Add ``more`` into ``total`` key by key (in place); returns ``total``."""
+    for k, v in more.items():
+        total[k] = total.get(k, 0) + v
+    return total
+
+
+def _notes_of(indices: list[int], notes: dict[int, dict[str, int]]) -> dict[str, int]:
+    counts: dict[str, int] = {"truncated_tokens": 0, "documents_split": 0,
+                              "split_extra_pieces": 0}
+    if notes:
+        for i in indices:
+            note = notes.get(i)
+            if note:
+                add_counts(counts, note)
+    return counts
 
 
 class Pack(WindowStage):
@@ -42,11 +70,17 @@ class Pack(WindowStage):
         self.overflow = overflow
 
     def process(self, items: list[Any], rng: np.random.Generator) -> list[Any]:
-        seqs, truncated = split_overflow(items, self.max_length, self.overflow)
+        seqs, notes = fit_sequences(items, self.max_length, self.overflow)
         bins = pack_bfd([len(s) for s in seqs], self.max_length)
-        rows = [Row([seqs[i] for i in bins[k]]) for k in rng.permutation(len(bins))]
-        if rows:
-            rows[0].truncated_tokens = truncated
+        rows = []
+        for k in rng.permutation(len(bins)):
+            row = Row([seqs[i] for i in bins[k]])
+            if notes:
+                c = _notes_of(bins[k], notes)
+                row.truncated_tokens = c["truncated_tokens"]
+                row.documents_split = c["documents_split"]
+                row.split_extra_pieces = c["split_extra_pieces"]
+            rows.append(row)
         return rows
 
 
@@ -56,8 +90,11 @@ class RowBatch(WindowStage):
     kind = "row_batch"
     needs_rng = False
 
+    cut_at_pass_end = False  # keeps order: a batch may hold the last and first rows of 2 passes
+
     def __init__(self, upstream: Stage, rows_per_batch: int,
-                 collate_fn: Callable[[list[list[np.ndarray]], int], dict[str, Any]]) -> None:
+                 collate_fn: Callable[[list[list[np.ndarray]], dict[str, int]], dict[str, Any]]
+                 ) -> None:
         super().__init__(upstream, rows_per_batch, salt=4)
         self.collate_fn = collate_fn
 
@@ -65,8 +102,10 @@ class RowBatch(WindowStage):
         return [items]
 
     def emit(self, output: list[Row]) -> dict[str, Any]:
-        return self.collate_fn([r.sequences for r in output],
-                               sum(r.truncated_tokens for r in output))
+        counts: dict[str, int] = {}
+        for r in output:
+            add_counts(counts, r.counts())
+        return self.collate_fn([r.sequences for r in output], counts)
 
 
 def budget_batches(lengths: list[int], *, max_tokens: int | None, batch_size: int | None,
@@ -107,7 +146,7 @@ class PadBatch(WindowStage):
     def __init__(self, upstream: Stage, *, max_length: int, bucket_window_sequences: int,
                  batch_size: int | None, max_tokens: int | None, sort_by_length: bool,
                  overflow: str, pad_to_multiple_of: int | None,
-                 collate_fn: Callable[[list[list[np.ndarray]], int], dict[str, Any]],
+                 collate_fn: Callable[[list[list[np.ndarray]], dict[str, int]], dict[str, Any]],
                  seed: int = 0, epoch: int = 0, read_ahead_windows: int = 0) -> None:
         super().__init__(upstream, bucket_window_sequences, seed=seed, epoch=epoch, salt=5,
                          read_ahead_windows=read_ahead_windows)
@@ -118,19 +157,20 @@ class PadBatch(WindowStage):
         self.collate_fn = collate_fn
 
     def process(self, items: list[Any], rng: np.random.Generator) -> list[Any]:
-        seqs, truncated = split_overflow(items, self.max_length, self.overflow)
+        seqs, notes = fit_sequences(items, self.max_length, self.overflow)
+        order = list(range(len(seqs)))
         if self.sort_by_length:
-            order = np.argsort([len(s) for s in seqs], kind="stable")
-            seqs = [seqs[i] for i in order]
-        groups = budget_batches([len(s) for s in seqs], max_tokens=self.max_tokens,
+            order = np.argsort([len(s) for s in seqs], kind="stable").tolist()
+        groups = budget_batches([len(seqs[i]) for i in order], max_tokens=self.max_tokens,
                                 batch_size=self.batch_size,
                                 pad_to_multiple_of=self.pad_to_multiple_of)
         if self.sort_by_length:
             groups = [groups[i] for i in rng.permutation(len(groups))]
-        out = [([[seqs[i]] for i in g], 0) for g in groups]
-        if out:
-            out[0] = (out[0][0], truncated)
+        out = []
+        for g in groups:
+            members = [order[i] for i in g]
+            out.append(([[seqs[i]] for i in members], _notes_of(members, notes)))
         return out
 
-    def emit(self, output: tuple[list[list[np.ndarray]], int]) -> dict[str, Any]:
+    def emit(self, output: tuple[list[list[np.ndarray]], dict[str, int]]) -> dict[str, Any]:
         return self.collate_fn(*output)

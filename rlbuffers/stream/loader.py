@@ -18,27 +18,34 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlbuffers.stream.batching import Pack, PadBatch, RowBatch
+from rlbuffers.stream.batching import Pack, PadBatch, RowBatch, add_counts
 from rlbuffers.stream.config import Packing, Padding, StreamConfig
 from rlbuffers.stream.errors import StreamStateError
 from rlbuffers.stream.padding import collate
 from rlbuffers.stream.shards import resolve_shards, shard_table
 from rlbuffers.stream.sources import IndexSource, ShardSource
-from rlbuffers.stream.stages import BlockShuffle, Stage
+from rlbuffers.stream.stages import BlockShuffle, Count, Marker, Stage
 from rlbuffers.stream.tokenize import TextTokenizer, Tokenize
 
 logger = logging.getLogger(__name__)
 
 STATE_VERSION = 2
-"""Version 2 added ``data`` (the shard-set fingerprint)."""
+"""Version 2 added ``data`` (the shard-set fingerprint) and ``counters``."""
 
 
-def _collate(cfg: StreamConfig, rows: list[list[Any]], truncated: int) -> dict[str, Any]:
+SKIP_COUNTERS = ("skipped_malformed", "skipped_unreadable", "shards_cut")
+"""Counted by the source and the tokenizer (markers), reported with the next batch."""
+COUNTERS = (*SKIP_COUNTERS, "documents_split", "split_extra_pieces", "truncated_tokens")
+"""Every counter a batch's ``stats`` and the loader's state carry."""
+
+
+def _collate(cfg: StreamConfig, rows: list[list[Any]], counts: dict[str, int]
+             ) -> dict[str, Any]:
     pad = cfg.batching if isinstance(cfg.batching, Padding) else None
     return collate(rows, pad_token_id=cfg.pad_token_id, max_length=cfg.max_length,
                    pad_to=cfg.max_length if pad is not None and pad.fixed_padding else None,
                    pad_to_multiple_of=pad.pad_to_multiple_of if pad is not None else None,
-                   attention=cfg.attention_kind, truncated_tokens=truncated)
+                   attention=cfg.attention_kind, counters=counts)
 
 
 def build_pipeline(source: Stage, tokenizer: TextTokenizer | None, cfg: StreamConfig, *,
@@ -50,7 +57,8 @@ def build_pipeline(source: Stage, tokenizer: TextTokenizer | None, cfg: StreamCo
     from ``cfg.read_ahead_*``."""
     stage: Stage = Tokenize(source, tokenizer, text_field=cfg.text_field,
                             tokenize_batch_texts=cfg.tokenize_batch_texts,
-                            read_ahead_windows=cfg.read_ahead_tokenize_batches)
+                            read_ahead_windows=cfg.read_ahead_tokenize_batches,
+                            on_error=cfg.on_error)
     if cfg.shuffle_buffer_samples > 1:
         stage = BlockShuffle(stage, cfg.shuffle_buffer_samples, seed=cfg.seed, epoch=epoch)
     collate_fn = functools.partial(_collate, cfg)
@@ -102,11 +110,11 @@ class _SourceFactory:
             return ShardSource(self.urls, seed=c.seed, slot=slot, num_slots=num_slots,
                                first_pass=first_pass, cycle=cycle, shuffle_shards=c.shuffle_shards,
                                uneven=c.uneven_shards, on_error=c.on_error,
-                               expected_samples=counts)
+                               expected_samples=counts, markers=True)
         assert self.data is not None  # internal invariant: one of urls / data is set
         return IndexSource(self.data, seed=c.seed, shuffle=c.shuffle_shards, slot=slot,
                            num_slots=num_slots, first_pass=first_pass, cycle=cycle,
-                           uneven=c.uneven_shards)
+                           uneven=c.uneven_shards, markers=True)
 
 
 def _data_difference(mine: dict[str, Any], theirs: Any) -> str | None:
@@ -163,6 +171,7 @@ class StreamLoader:
         self.as_torch = as_torch
         self._slots_n = max(num_workers, 1)
         self._data = factory.identity()
+        self._totals = dict.fromkeys(COUNTERS, 0)
         self._reset_epoch(0)
         self._live: dict[int, tuple[Stage, Iterator[Any]]] = {}
 
@@ -187,6 +196,7 @@ class StreamLoader:
         return self._epoch
 
     def _reset_epoch(self, epoch: int) -> None:
+        self._counts = dict.fromkeys(COUNTERS, 0)
         self._epoch = epoch
         self._batches = 0
         self._last_slot = -1
@@ -211,62 +221,106 @@ class StreamLoader:
         return pipe
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        batches = self._iter_workers() if self.num_workers else self._iter_local()
-        for batch in batches:
+        items = self._iter_workers() if self.num_workers else self._iter_local()
+        for item in items:
+            if isinstance(item, Count):  # counted after the epoch's last batch
+                self._count(item.counts)
+                continue
+            self._count(item["stats"])
             self._batches += 1
-            yield self._to_torch(batch) if self.as_torch else batch
+            yield self._to_torch(item) if self.as_torch else item
+        self._end_epoch()
+
+    def _count(self, counts: dict[str, Any]) -> None:
+        for key in COUNTERS:
+            n = counts.get(key, 0)
+            self._counts[key] += n
+            self._totals[key] += n
+
+    def _end_epoch(self) -> None:
+        c = self._counts
+        if not self._batches:
+            logger.warning("epoch %d yielded no batches (empty shards or sequence?)", self._epoch)
+        level = logging.WARNING if c["shards_cut"] or c["skipped_malformed"] else logging.INFO
+        logger.log(level, "epoch %d: %d batches; skipped %d malformed samples, %d shards cut "
+                   "short (%d samples lost); %d documents split into %d extra pieces; %d tokens "
+                   "truncated", self._epoch, self._batches, c["skipped_malformed"],
+                   c["shards_cut"], c["skipped_unreadable"], c["documents_split"],
+                   c["split_extra_pieces"], c["truncated_tokens"])
         self._reset_epoch(self._epoch + 1)
 
-    def _run(self, slot: int, batches: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    @property
+    def counters(self) -> dict[str, dict[str, int]]:
+        """``{"epoch": {...}, "total": {...}}``: samples skipped (``skipped_malformed``,
+        ``skipped_unreadable``: lost with the rest of a cut shard when its count is known),
+        ``shards_cut``, ``documents_split``, ``split_extra_pieces`` and ``truncated_tokens``,
+        for the current epoch and since the start of training (kept in the state)."""
+        return {"epoch": dict(self._counts), "total": dict(self._totals)}
+
+    def _run(self, slot: int, items: Iterator[Any]) -> Iterator[Any]:
         """The quota runner, shared by the in-process and the DataLoader-worker paths: yields
-        the batches of ``slot`` for this epoch, at most its quota (see
-        :meth:`_quota`). Without ``batches_per_epoch`` the epoch ends with the data. With it,
-        the source cycles over passes and never ends unless the data yields no batches at
-        all; running out before the quota then raises, in both paths, since a rank that
-        yields fewer batches than the others would hang a collective operation.
+        the batches of ``slot`` for this epoch, at most its quota (see :meth:`_quota`), each
+        with the counts of the markers read before it added to its ``stats`` (a last
+        :class:`Count` with the ones read after the epoch's last batch). Without
+        ``batches_per_epoch`` the epoch ends with the data. With it, the source cycles over
+        passes and never ends unless the data yields no batches at all; running out before
+        the quota then raises, in both paths, since a rank that yields fewer batches than
+        the others would hang a collective operation.
 
         Raises:
             StreamStateError: ``batches_per_epoch`` is set and the data ran out first.
         """
         quota = self._quota(slot)
         count = 0
+        pending: dict[str, int] = {}
         while quota is None or count < quota:
-            batch = next(batches, None)
-            if batch is None:
-                if quota is None:
-                    return
-                raise StreamStateError(
-                    f"StreamConfig.batches_per_epoch={self.config.batches_per_epoch}: rank "
-                    f"{self.rank} slot {slot} expected {quota} more batches this epoch, but the "
-                    f"data ran out after {count} (does it yield any batch at all?)")
+            item = next(items, None)
+            if isinstance(item, Marker):
+                if isinstance(item, Count):
+                    add_counts(pending, item.counts)
+                continue
+            if item is None:
+                if quota is not None:
+                    raise StreamStateError(
+                        f"StreamConfig.batches_per_epoch={self.config.batches_per_epoch}: rank "
+                        f"{self.rank} slot {slot} expected {quota} more batches this epoch, but "
+                        f"the data ran out after {count} (does it yield any batch at all?)")
+                if pending:
+                    yield Count(pending)
+                return
+            stats = item["stats"]
+            for key in SKIP_COUNTERS:
+                stats[key] = stats.get(key, 0) + pending.pop(key, 0)
             count += 1
-            yield batch
+            yield item
 
-    def _iter_local(self) -> Iterator[dict[str, Any]]:
+    def _iter_local(self) -> Iterator[Any]:
         if 0 not in self._live:
             pipe = self._build(0)
             self._live[0] = (pipe, iter(pipe))
         pipe, it = self._live[0]
-        for batch in self._run(0, it):
-            self._slot_batches[0] += 1
-            self._last_slot = 0
-            yield batch
+        for item in self._run(0, it):
+            if not isinstance(item, Count):
+                self._slot_batches[0] += 1
+                self._last_slot = 0
+            yield item
         self._states[0] = pipe.state_dict()
         if self.config.batches_per_epoch is None:
             self._live.clear()
 
-    def _iter_workers(self) -> Iterator[dict[str, Any]]:
+    def _iter_workers(self) -> Iterator[Any]:
         import torch.utils.data
 
         offset = (self._last_slot + 1) % self._slots_n
         dataset = _worker_dataset_class()(self, offset)
         loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
                                              collate_fn=_identity)
-        for slot, batch, state in loader:
+        for slot, item, state in loader:
             self._states[slot] = state
-            self._slot_batches[slot] += 1
-            self._last_slot = slot
-            yield batch
+            if not isinstance(item, Count):
+                self._slot_batches[slot] += 1
+                self._last_slot = slot
+            yield item
 
     @staticmethod
     def _to_torch(batch: dict[str, Any]) -> dict[str, Any]:
@@ -291,7 +345,8 @@ class StreamLoader:
         return {"kind": "stream_loader", "version": STATE_VERSION, "epoch": self._epoch,
                 "batches_in_epoch": self._batches, "last_slot": self._last_slot,
                 "slot_batches": list(self._slot_batches), "slots": states,
-                "config": self._fingerprint(), "data": self._data}
+                "config": self._fingerprint(), "data": self._data,
+                "counters": self.counters}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly where ``state`` was taken, on the next ``iter()``.
@@ -323,6 +378,9 @@ class StreamLoader:
         self._last_slot = int(state["last_slot"])
         self._slot_batches = [int(x) for x in state["slot_batches"]]
         self._states = list(state["slots"])
+        counters = state.get("counters") or {}
+        self._counts = {k: int(counters.get("epoch", {}).get(k, 0)) for k in COUNTERS}
+        self._totals = {k: int(counters.get("total", {}).get(k, 0)) for k in COUNTERS}
         self._live.clear()
 
 
@@ -341,8 +399,8 @@ class _WorkerDataset:
         info = torch.utils.data.get_worker_info()
         slot = (info.id + self.offset) % self.loader._slots_n
         pipe = self.loader._build(slot)
-        for batch in self.loader._run(slot, iter(pipe)):
-            yield slot, batch, pipe.state_dict()
+        for item in self.loader._run(slot, iter(pipe)):
+            yield slot, item, pipe.state_dict()
 
 
 @functools.cache

@@ -74,16 +74,19 @@ def _bfd_loop(order: list[int], lens: list[int], max_length: int, min_len: int) 
     return bins
 
 
-def split_overflow(seqs: list[np.ndarray], max_length: int, overflow: str
-                   ) -> tuple[list[np.ndarray], int]:
-    """Make every sequence fit ``max_length`` tokens.
+def fit_sequences(seqs: list[np.ndarray], max_length: int, overflow: str
+                  ) -> tuple[list[np.ndarray], dict[int, dict[str, int]]]:
+    """Make every sequence fit ``max_length`` tokens, and say what that did to each piece.
 
     ``overflow="split"`` cuts a long sequence into consecutive pieces of ``max_length`` tokens
     (the last one shorter; no token lost; each piece is a sequence of its own), ``"truncate"``
     keeps its first ``max_length`` tokens. Empty sequences are dropped.
 
     Returns:
-        (sequences, truncated_tokens): the fitted sequences in order, and tokens dropped.
+        (pieces, notes): the fitted sequences in order, and for the pieces that were changed,
+        ``index -> counts``: ``truncated_tokens`` (tokens cut off that sequence),
+        ``documents_split`` (1 on the first piece of a split sequence) and
+        ``split_extra_pieces`` (1 on every later piece).
 
     Raises:
         ValueError: ``overflow`` is neither ``"split"`` nor ``"truncate"``.
@@ -91,14 +94,33 @@ def split_overflow(seqs: list[np.ndarray], max_length: int, overflow: str
     if overflow not in ("split", "truncate"):
         raise ValueError(f"overflow: expected 'split' or 'truncate', got {overflow!r}")
     out: list[np.ndarray] = []
-    truncated = 0
+    notes: dict[int, dict[str, int]] = {}
     for s in seqs:
-        if len(s) <= max_length:
-            if len(s):
+        n = len(s)
+        if n <= max_length:
+            if n:
                 out.append(s)
         elif overflow == "truncate":
+            notes[len(out)] = {"truncated_tokens": n - max_length}
             out.append(s[:max_length])
-            truncated += len(s) - max_length
         else:
-            out.extend(s[i:i + max_length] for i in range(0, len(s), max_length))
-    return out, truncated
+            notes[len(out)] = {"documents_split": 1}
+            for i in range(0, n, max_length):
+                if i:
+                    notes[len(out)] = {"split_extra_pieces": 1}
+                out.append(s[i:i + max_length])
+    return out, notes
+
+
+def split_overflow(seqs: list[np.ndarray], max_length: int, overflow: str
+                   ) -> tuple[list[np.ndarray], int]:
+    """:func:`fit_sequences` with only the total of truncated tokens.
+
+    Returns:
+        (sequences, truncated_tokens): the fitted sequences in order, and tokens dropped.
+
+    Raises:
+        ValueError: ``overflow`` is neither ``"split"`` nor ``"truncate"``.
+    """
+    out, notes = fit_sequences(seqs, max_length, overflow)
+    return out, sum(n.get("truncated_tokens", 0) for n in notes.values())

@@ -51,7 +51,8 @@ def padded_length(longest: int, *, pad_to_multiple_of: int | None = None,
 def collate(rows: Sequence[Sequence[np.ndarray]], *, pad_token_id: int,
             max_length: int | None = None, pad_to: int | None = None,
             pad_to_multiple_of: int | None = None, attention: AttentionKind = "none",
-            truncated_tokens: int = 0) -> dict[str, Any]:
+            truncated_tokens: int = 0, counters: dict[str, int] | None = None
+            ) -> dict[str, Any]:
     """One batch from ``rows`` (each a list of ``int[n]`` token arrays placed back to back);
     see the module docstring for the keys, shapes and dtypes.
 
@@ -61,6 +62,8 @@ def collate(rows: Sequence[Sequence[np.ndarray]], *, pad_token_id: int,
         pad_to_multiple_of: otherwise pad to the longest row rounded up to this multiple.
         attention: which ``attention_mask`` to add, if any.
         truncated_tokens: reported in ``stats``.
+        counters: more counts to report in ``stats`` (``truncated_tokens`` among them
+            overrides the argument).
 
     Raises:
         ValueError: no rows, an empty row, or a row longer than ``pad_to``.
@@ -103,6 +106,8 @@ def collate(rows: Sequence[Sequence[np.ndarray]], *, pad_token_id: int,
         "packing_efficiency": real / (b * (max_length or t)),
         "truncated_tokens": int(truncated_tokens),
     }
+    if counters:
+        batch["stats"].update(counters)
     return batch
 
 

@@ -337,7 +337,7 @@ def _cause(exn: BaseException) -> str:
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
         parts.append(f"{type(cur).__name__}: {cur}")
-        cur = cur.__cause__ or cur.__context__
+        cur = cur.__cause__ or (None if cur.__suppress_context__ else cur.__context__)
     return " <- ".join(parts)
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from rlbuffers.stream.errors import ShardError
 from rlbuffers.stream.shards import iter_shard
-from rlbuffers.stream.stages import Stage, check_kind
+from rlbuffers.stream.stages import Count, PassEnd, Stage, check_kind
 
 logger = logging.getLogger(__name__)
 
@@ -61,14 +61,18 @@ class ShardSource(Stage):
         slot, num_slots: this reader's slot, ``rank * num_workers + worker`` of
             ``world_size * num_workers``.
         first_pass: the pass to start at (the loader passes the epoch).
-        cycle: continue with the next pass when this one ends (an infinite stream).
+        cycle: continue with the next pass when this one ends (an infinite stream), with a
+            :class:`~rlbuffers.stream.stages.PassEnd` marker between passes.
         shuffle_shards: shuffle the shard order per pass.
         uneven: policy when the shard count is not a multiple of ``num_slots``
             (logged once at WARNING).
-        on_error: ``"raise"`` a :class:`ShardError`, or ``"warn"``: log it and skip the rest of
-            that shard.
+        on_error: ``"raise"`` a :class:`ShardError`, or ``"warn"``: log it, skip the rest of
+            that shard and count it (a ``Count({"shards_cut": 1, "skipped_unreadable": n})``
+            marker, ``n`` from the expected count, 0 when unknown).
         expected_samples: samples per shard URL (e.g. from ``shards.json``), checked against
             what each shard yields; ``None``: each shard looks up its own manifest.
+        markers: yield :class:`~rlbuffers.stream.stages.Count` and ``PassEnd`` markers among
+            the samples (the loader's pipeline counts and cuts windows with them).
 
     State: ``{pass, shard, offset}``: shard index in this slot's list and samples read from it.
     """
@@ -76,7 +80,7 @@ class ShardSource(Stage):
     def __init__(self, urls: Sequence[str], *, seed: int = 0, slot: int = 0, num_slots: int = 1,
                  first_pass: int = 0, cycle: bool = False, shuffle_shards: bool = True,
                  uneven: UnevenPolicy = "wrap", on_error: Literal["raise", "warn"] = "raise",
-                 expected_samples: dict[str, int] | None = None) -> None:
+                 expected_samples: dict[str, int] | None = None, markers: bool = False) -> None:
         self.urls = list(urls)
         self.seed = int(seed)
         self.slot, self.num_slots = int(slot), int(num_slots)
@@ -85,6 +89,8 @@ class ShardSource(Stage):
         self.uneven: UnevenPolicy = uneven
         self.on_error = on_error
         self.expected_samples = expected_samples
+        self.markers = markers
+        self._failure: Count | None = None
         self._pass, self._shard, self._offset = int(first_pass), 0, 0
         split_shards(self.urls, self.slot, self.num_slots, uneven=uneven)  # validate early
         extra = len(self.urls) % self.num_slots
@@ -103,33 +109,41 @@ class ShardSource(Stage):
             urls = [urls[i] for i in order]
         return split_shards(urls, self.slot, self.num_slots, uneven=self.uneven)
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[Any]:
         while True:
             shards = self.shards_for_pass(self._pass)
             fresh = self._shard == 0 and self._offset == 0
             read = 0
             while self._shard < len(shards):
-                for sample in self._read(shards[self._shard]):
+                url = shards[self._shard]
+                for sample in self._read(url):
                     read += 1
                     yield sample
-                self._shard += 1
-                self._offset = 0
+                cut = self._failure
+                self._shard, self._offset, self._failure = self._shard + 1, 0, None
+                if cut is not None and self.markers:  # after the cursor moved on: never twice
+                    yield cut
             if not self.cycle or (fresh and read == 0):
                 return  # a whole pass without samples: cycling would spin for ever
             self._pass, self._shard, self._offset = self._pass + 1, 0, 0
+            if self.markers:
+                yield PassEnd(self._pass - 1)
 
     def _read(self, url: str) -> Iterator[dict[str, Any]]:
+        known = self.expected_samples
+        expected = None if known is None else known.get(url)
         try:
-            known = self.expected_samples
-            for sample in iter_shard(url, skip_samples=self._offset,
-                                     expected_samples=None if known is None else known.get(url),
+            for sample in iter_shard(url, skip_samples=self._offset, expected_samples=expected,
                                      find_manifest=known is None):
                 self._offset += 1
                 yield sample
         except ShardError as exn:
             if self.on_error == "raise":
                 raise
-            logger.warning("skipping the rest of shard %s: %s", url, exn)
+            lost = max(expected - self._offset, 0) if expected is not None else 0
+            logger.warning("skipping the rest of shard %s (%s samples lost): %s", url,
+                           lost if expected is not None else "unknown number of", exn)
+            self._failure = Count({"shards_cut": 1, "skipped_unreadable": lost})
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": "shards", "pass": self._pass, "shard": self._shard,
@@ -148,18 +162,20 @@ class IndexSource(Stage):
     ``uneven='drop'`` every slot gets ``len(data) // num_slots`` items, with ``'wrap'`` the
     permutation wraps around to give every slot the ceiling).
 
-    Resuming is O(1): the state is ``{pass, position}``.
+    Resuming is O(1): the state is ``{pass, position}``. ``markers``: a ``PassEnd`` marker
+    between passes when cycling (as for :class:`ShardSource`).
     """
 
     def __init__(self, data: Sequence[Any], *, seed: int = 0, shuffle: bool = True,
                  slot: int = 0, num_slots: int = 1, first_pass: int = 0, cycle: bool = False,
-                 uneven: UnevenPolicy = "wrap") -> None:
+                 uneven: UnevenPolicy = "wrap", markers: bool = False) -> None:
         if len(data) == 0:
             raise ValueError("data: expected at least one item, got an empty sequence")
         self.data = data
         self.seed, self.shuffle = int(seed), shuffle
         self.slot, self.num_slots = int(slot), int(num_slots)
         self.cycle, self.uneven = cycle, uneven
+        self.markers = markers
         self._pass, self._position = int(first_pass), 0
 
     def _count(self) -> int:
@@ -179,6 +195,8 @@ class IndexSource(Stage):
             if not self.cycle:
                 return
             self._pass, self._position = self._pass + 1, 0
+            if self.markers:
+                yield PassEnd(self._pass - 1)
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": "index", "pass": self._pass, "position": self._position}

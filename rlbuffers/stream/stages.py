@@ -14,7 +14,6 @@ stage, whatever the position in the epoch.
 
 from __future__ import annotations
 
-import itertools
 import queue
 import threading
 from abc import ABC, abstractmethod
@@ -55,6 +54,39 @@ def check_kind(state: dict[str, Any], kind: str) -> None:
 def stage_rng(seed: int, salt: int, epoch: int, window: int) -> np.random.Generator:
     """The generator for one window of one stage: a pure function of its arguments."""
     return np.random.default_rng([seed, salt, epoch, window])
+
+
+class Marker:
+    """An in-band control item: every stage passes markers on (a windowed stage after its
+    window's outputs) and never batches them; the loader consumes them."""
+
+    __slots__ = ()
+
+
+class Count(Marker):
+    """Events to count (``{"skipped_malformed": 1}``, ...): the loader adds them to the stats
+    of the next batch it yields and to its own counters."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self, counts: dict[str, int]) -> None:
+        self.counts = counts
+
+    def __repr__(self) -> str:
+        return f"Count({self.counts})"
+
+
+class PassEnd(Marker):
+    """The end of one pass over a cycling source: shuffling windows end here, so no window
+    mixes the items of two passes (see :class:`WindowStage`)."""
+
+    __slots__ = ("pass_index",)
+
+    def __init__(self, pass_index: int) -> None:
+        self.pass_index = pass_index
+
+    def __repr__(self) -> str:
+        return f"PassEnd({self.pass_index})"
 
 
 _NO_RNG = np.random.default_rng(0)  # given to stages with needs_rng = False, which ignore it
@@ -146,6 +178,11 @@ class WindowStage(Stage):
     states are the same as without it: a state only ever names windows the consumer has
     processed.
 
+    Markers (:class:`Marker`) do not count towards ``window_items``; they are passed on after
+    the window's outputs. A :class:`PassEnd` ends the window early (unless
+    ``cut_at_pass_end`` is False), so that a stage that reorders its window never moves an item
+    of the next pass ahead of one of this pass.
+
     Memory: at most ``window_items`` inputs plus their outputs (``1 + k`` windows of inputs
     with read-ahead).
     """
@@ -153,6 +190,8 @@ class WindowStage(Stage):
     kind = "window"
     needs_rng = True
     """False: :meth:`process` ignores its ``rng`` (seeding a generator per window is skipped)."""
+    cut_at_pass_end = True
+    """End the window at a :class:`PassEnd` (False only for order-preserving stages)."""
 
     def __init__(self, upstream: Stage, window_items: int, *, seed: int = 0, epoch: int = 0,
                  salt: int = 0, read_ahead_windows: int = 0) -> None:
@@ -194,10 +233,12 @@ class WindowStage(Stage):
             last = len(outputs) - 1
             for i in range(skip, last):
                 self._emitted = i + 1
-                yield emit(outputs[i])
+                out = outputs[i]
+                yield out if isinstance(out, Marker) else emit(out)
             self._next_window(end)  # before the last output: its receiver is past the window
             if skip <= last:
-                yield emit(outputs[last])
+                out = outputs[last]
+                yield out if isinstance(out, Marker) else emit(out)
             skip = 0
 
     def _windows(self, source: Iterator[Any], window: int
@@ -206,18 +247,36 @@ class WindowStage(Stage):
         inputs = self._inputs(source)
         if self.read_ahead_windows:
             inputs = prefetch(inputs, self.read_ahead_windows)
-        for items, end in inputs:
-            rng = stage_rng(self.seed, self.salt, self.epoch, window) if self.needs_rng else _NO_RNG
-            yield self.process(items, rng), end
+        for items, markers, end in inputs:
+            if items:
+                rng = (stage_rng(self.seed, self.salt, self.epoch, window) if self.needs_rng
+                       else _NO_RNG)
+                outputs = self.process(items, rng)
+            else:
+                outputs = []
+            yield (outputs + markers if markers else outputs), end
             window += 1
 
-    def _inputs(self, source: Iterator[Any]) -> Iterator[tuple[list[Any], dict[str, Any]]]:
-        """(prepared items, upstream state at the window end) per window."""
+    def _inputs(self, source: Iterator[Any]
+                ) -> Iterator[tuple[list[Any], list[Marker], dict[str, Any]]]:
+        """(prepared items, markers, upstream state at the window end) per window."""
+        n = self.window_items
+        cut = self.cut_at_pass_end
         while True:
-            items = list(itertools.islice(source, self.window_items))
-            if not items:
+            items: list[Any] = []
+            markers: list[Marker] = []
+            for item in source:
+                if isinstance(item, Marker):
+                    markers.append(item)
+                    if cut and isinstance(item, PassEnd):
+                        break
+                    continue
+                items.append(item)
+                if len(items) == n:
+                    break
+            if not items and not markers:
                 return
-            yield self.prepare(items), self.upstream.state_dict()
+            yield (self.prepare(items) if items else items), markers, self.upstream.state_dict()
 
     def _next_window(self, end: dict[str, Any]) -> None:
         self._window += 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,7 +20,9 @@ from tokenizers import Tokenizer
 
 from rlbuffers.cache import ByteLRUCache
 from rlbuffers.stream.errors import ShardError
-from rlbuffers.stream.stages import Stage, WindowStage
+from rlbuffers.stream.stages import Count, Stage, WindowStage
+
+logger = logging.getLogger(__name__)
 
 
 def content_key(text: str) -> bytes:
@@ -128,24 +131,32 @@ def text_of(item: Any, text_field: str) -> str:
     grouped shards store texts).
 
     Raises:
-        ShardError: the sample has neither, or its JSON lacks ``text_field`` (key and URL named).
+        ShardError: the sample has neither, its ``txt`` is not UTF-8, its ``json`` does not
+            parse or lacks a string ``text_field`` (sample key and shard URL named).
     """
     if isinstance(item, str):
         return item
-    if "txt" in item:
-        return item["txt"].decode("utf-8")
-    if "json" in item:
-        record = json.loads(item["json"])
-        if isinstance(record, str):
-            return record
-        value = record.get(text_field) if isinstance(record, dict) else None
-        if isinstance(value, str):
-            return value
-        where = f"sample {item.get('__key__')!r} of {item.get('__url__')!r}"
-        raise ShardError(f"{where}: expected a string field {text_field!r} in its json, "
-                         f"got keys {sorted(record) if isinstance(record, dict) else record!r}")
-    raise ShardError(f"sample {item.get('__key__')!r} of {item.get('__url__')!r}: expected a "
-                     f"'txt' or 'json' entry, got {sorted(item)}")
+    where = f"sample {item.get('__key__')!r} of {item.get('__url__')!r}"
+    try:
+        if "txt" in item:
+            return item["txt"].decode("utf-8")
+        if "json" in item:
+            record = json.loads(item["json"])
+        else:
+            raise ShardError(f"{where}: expected a 'txt' or 'json' entry, got {sorted(item)}")
+    except (UnicodeDecodeError, ValueError) as exn:  # JSONDecodeError is a ValueError
+        if isinstance(exn, ShardError):
+            raise
+        kind = "txt" if "txt" in item else "json"
+        raise ShardError(f"{where}: its {kind!r} is malformed ({type(exn).__name__}: "
+                         f"{exn})") from exn
+    if isinstance(record, str):
+        return record
+    value = record.get(text_field) if isinstance(record, dict) else None
+    if isinstance(value, str):
+        return value
+    raise ShardError(f"{where}: expected a string field {text_field!r} in its json, "
+                     f"got keys {sorted(record) if isinstance(record, dict) else record!r}")
 
 
 class Tokenize(WindowStage):
@@ -159,23 +170,43 @@ class Tokenize(WindowStage):
 
     def __init__(self, upstream: Stage, tokenizer: TextTokenizer | None, *,
                  text_field: str = "text", tokenize_batch_texts: int = 256,
-                 read_ahead_windows: int = 0) -> None:
+                 read_ahead_windows: int = 0, on_error: str = "raise") -> None:
         super().__init__(upstream, tokenize_batch_texts, salt=2,
                          read_ahead_windows=read_ahead_windows)
         self.tokenizer = tokenizer
         self.text_field = text_field
+        self.on_error = on_error
 
     def prepare(self, items: list[Any]) -> list[Any]:
         """The texts of a window (JSON decoded here, in the read-ahead thread if any), or the
-        items unchanged when they all are token arrays."""
+        items unchanged when they all are token arrays. A malformed sample raises
+        :class:`ShardError` (``on_error="raise"``) or becomes a
+        ``Count({"skipped_malformed": 1})`` marker in its place, logged (``"warn"``)."""
         if all(isinstance(x, np.ndarray) for x in items):
             return items
         field = self.text_field
-        return [x if isinstance(x, str) else text_of(x, field) for x in items]
+        try:
+            return [x if isinstance(x, str) else text_of(x, field) for x in items]
+        except ShardError:
+            if self.on_error == "raise":
+                raise
+        return [self._text_or_skip(x) for x in items]
+
+    def _text_or_skip(self, item: Any) -> str | Count:
+        try:
+            return text_of(item, self.text_field)
+        except ShardError as exn:
+            logger.warning("skipping a malformed sample: %s", exn)
+            return Count({"skipped_malformed": 1})
 
     def process(self, items: list[Any], rng: np.random.Generator) -> list[Any]:
-        if not items or not isinstance(items[0], str):
+        texts = [x for x in items if isinstance(x, str)]
+        if not texts:
             return items
         if self.tokenizer is None:
             raise ValueError("tokenizer: expected a TextTokenizer for text items, got None")
-        return self.tokenizer.encode_batch(items)
+        ids = self.tokenizer.encode_batch(texts)
+        if len(texts) == len(items):
+            return ids
+        it = iter(ids)
+        return [next(it) if isinstance(x, str) else x for x in items]

@@ -14,6 +14,7 @@ from rlbuffers.stream import (
     StreamLoader,
     StreamStateError,
     TokenStoreWriter,
+    iter_shard,
     resolve_shards,
 )
 
@@ -313,3 +314,109 @@ def test_state_from_a_sequence_of_another_length_is_refused(tokenizer, texts):
     state = loader.state_dict()
     with pytest.raises(StreamStateError, match=r"data.items': expected 299.*got 300"):
         StreamLoader.from_sequence(texts[:-1], tokenizer, PACK).load_state_dict(state)
+
+
+def _bad_shard(path: Path) -> None:
+    """A shard with two malformed samples among good ones: bad JSON and non-UTF-8 text."""
+    from rlbuffers.stream.tario import TarWriter, end_marker
+
+    tar = TarWriter(str(path))
+    tar.add("k0.json", json.dumps({"text": "the shard"}).encode())
+    tar.add("k1.json", b"{oops")
+    tar.add("k2.txt", b"\xff\xfe not utf-8")
+    tar.add("k3.txt", b"a batch of packing")
+    tar.add(*end_marker(4))
+    tar.close()
+
+
+def test_malformed_records_are_named_or_skipped_and_counted(tmp_path: Path, shard_dir,
+                                                           tokenizer, tokenizer_json, texts,
+                                                           caplog):
+    import logging
+    import shutil
+
+    from rlbuffers.stream import ShardError
+
+    for url in resolve_shards(shard_dir):
+        shutil.copy(url, tmp_path)
+    _bad_shard(tmp_path / "zz-bad.tar")
+    with pytest.raises(ShardError, match=r"sample 'k1' of '.*zz-bad.tar'.*JSONDecodeError"):
+        list(StreamLoader.from_shards(tmp_path / "zz-bad.tar", tokenizer, PACK))
+    cfg = dataclasses.replace(PACK, on_error="warn")
+    with caplog.at_level(logging.INFO, logger="rlbuffers.stream"):
+        loader = StreamLoader.from_shards(tmp_path, tokenizer, cfg)
+        batches = list(loader)
+    got = Counter(s for b in batches for s in sequences_of(b))
+    good = texts + ["the shard", "a batch of packing"]
+    assert got == Counter(tuple(r) for r in reference(tokenizer_json, good))
+    assert sum(b["stats"]["skipped_malformed"] for b in batches) == 2
+    assert loader.counters["total"]["skipped_malformed"] == 2
+    assert "'k2' of" in caplog.text and "UnicodeDecodeError" in caplog.text
+    assert "skipped 2 malformed samples" in caplog.text
+
+
+def test_counters_are_in_batches_and_state_and_survive_resume(tmp_path: Path, shard_dir,
+                                                              tokenizer, tokenizer_json, texts):
+    import shutil
+
+    for url in resolve_shards(shard_dir):
+        shutil.copy(url, tmp_path)
+    _bad_shard(tmp_path / "zz-bad.tar")
+    cfg = dataclasses.replace(PACK, max_length=64, on_error="warn")
+    ref = reference(tokenizer_json, texts)
+    expected = {"skipped_malformed": 2, "documents_split": sum(len(r) > 64 for r in ref),
+                "split_extra_pieces": sum(-(-len(r) // 64) - 1 for r in ref)}
+    assert expected["documents_split"] > 10
+
+    def make():
+        return StreamLoader.from_shards(tmp_path, tokenizer, cfg)
+    loader = make()
+    batches = list(loader)
+    per_batch = {k: sum(b["stats"][k] for b in batches) for k in expected}
+    assert per_batch == expected
+    totals = loader.counters["total"]
+    assert {k: totals[k] for k in expected} == expected
+    for k in (1, len(batches) // 2, len(batches) - 1):
+        first = make()
+        it = iter(first)
+        head = [next(it)["stats"] for _ in range(k)]
+        state = json.loads(json.dumps(first.state_dict()))
+        assert state["counters"]["epoch"]["documents_split"] == sum(
+            s["documents_split"] for s in head)
+        again = make()
+        again.load_state_dict(state)
+        rest = [b["stats"] for b in again]
+        assert {key: sum(s[key] for s in head + rest) for key in expected} == expected
+        assert {key: again.counters["total"][key] for key in expected} == expected
+
+
+def test_truncated_tokens_go_to_the_batches_that_hold_them(shard_dir, tokenizer,
+                                                            tokenizer_json, texts):
+    batches = list(StreamLoader.from_shards(shard_dir, tokenizer, PAD))
+    ref = reference(tokenizer_json, texts)
+    assert sum(b["stats"]["truncated_tokens"] for b in batches) == sum(
+        max(0, len(r) - 128) for r in ref)
+    for b in batches:  # a batch reports truncation only if it holds a max-length sequence
+        longest = int(b["attention_mask"].sum(axis=1).max())
+        assert b["stats"]["truncated_tokens"] == 0 or longest == 128
+
+
+def test_ranks_never_deliver_the_next_pass_within_an_epoch(shard_dir, tokenizer,
+                                                           tokenizer_json):
+    # packing windows (100 sequences) longer than the tail of a rank's pass: before the fix a
+    # window spanned the pass boundary and its shuffled rows mixed in the next pass's data
+    cfg = dataclasses.replace(PACK, uneven_shards="drop", batches_per_epoch=12,
+                              batching=Packing(rows_per_batch=3, packing_window_sequences=100))
+    urls = resolve_shards(shard_dir)
+    delivered = []
+    for rank in range(2):
+        loader = StreamLoader.from_shards(urls, tokenizer, cfg, rank=rank, world_size=2)
+        seqs = [s for b in loader for s in sequences_of(b)]
+        own = ShardSource(urls, seed=cfg.seed, slot=rank, num_slots=2, uneven="drop")
+        texts = [json.loads(s["json"])["text"] for u in own.shards_for_pass(0)
+                 for s in iter_shard(u)]
+        pieces = {tuple(r[i:i + 256]) for r in reference(tokenizer_json, texts)
+                  for i in range(0, len(r), 256)}
+        assert len(seqs) > 100 and set(seqs) <= pieces  # only this rank's pass-0 data
+        delivered.append(Counter(seqs))
+    assert not set(delivered[0]) & set(delivered[1])
