@@ -420,3 +420,40 @@ def test_ranks_never_deliver_the_next_pass_within_an_epoch(shard_dir, tokenizer,
         assert len(seqs) > 100 and set(seqs) <= pieces  # only this rank's pass-0 data
         delivered.append(Counter(seqs))
     assert not set(delivered[0]) & set(delivered[1])
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"max_length": 1}, r"StreamConfig.max_length: expected an int >= 2, got 1"),
+    ({"max_length": 1.5}, r"StreamConfig.max_length: expected an int >= 2, got 1.5 \(float\)"),
+    ({"max_length": "512"}, r"StreamConfig.max_length: expected an int >= 2, got '512' \(str\)"),
+    ({"max_length": True}, r"StreamConfig.max_length: .*got True \(bool\)"),
+    ({"shuffle_buffer_samples": 2.0}, r"StreamConfig.shuffle_buffer_samples: .*2.0 \(float\)"),
+    ({"batches_per_epoch": 0}, r"StreamConfig.batches_per_epoch: expected None or an int >= 1"),
+    ({"batching": Packing(packing_window_sequences=8)} | {"seed": -1}, r"StreamConfig.seed"),
+    ({"batching": "pack"}, r"StreamConfig.batching: expected Packing\(...\) or Padding"),
+    ({"on_error": "ignore"}, r"StreamConfig.on_error: expected one of \('raise', 'warn'\)"),
+    ({"shuffle_shards": 1}, r"StreamConfig.shuffle_shards: expected a bool, got 1"),
+])
+def test_config_fields_are_typed_and_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        StreamConfig(**kwargs)
+
+
+def test_sub_config_fields_are_typed_and_named():
+    with pytest.raises(ValueError, match=r"Packing.packing_window_sequences: .*2.5 \(float\)"):
+        Packing(packing_window_sequences=2.5)
+    with pytest.raises(ValueError, match=r"Padding.max_tokens: expected None or an int >= 1"):
+        Padding(max_tokens=0)
+    with pytest.raises(ValueError, match=r"Padding.batch_size: .*'8' \(str\)"):
+        Padding(batch_size="8")
+
+
+def test_an_epoch_without_batches_is_a_warning(tmp_path: Path, tokenizer, caplog):
+    import logging
+    import tarfile
+
+    with tarfile.open(tmp_path / "empty.tar", "w"):
+        pass
+    with caplog.at_level(logging.WARNING, logger="rlbuffers.stream"):
+        assert list(StreamLoader.from_shards(tmp_path, tokenizer, PACK)) == []
+    assert "epoch 0 yielded no batches" in caplog.text

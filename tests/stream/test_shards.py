@@ -298,3 +298,26 @@ def test_import_does_not_pull_in_torch_or_webdataset():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120).stdout
     assert out.strip() == "[]"
+
+
+def test_no_oversize_warning_for_a_sample_that_exactly_fits(tmp_path: Path, caplog):
+    from rlbuffers.stream.shards import closed_shard_bytes, tar_sample_bytes
+
+    limit = 20_480
+    # the largest payload whose shard (sample + end marker + closing blocks) is exactly 20,480
+    size = max(n for n in range(0, limit, 512)
+               if closed_shard_bytes(tar_sample_bytes({"txt": b"x" * n})) <= limit)
+    with caplog.at_level(logging.WARNING):
+        paths = write_shards(tmp_path / "a", records=["x" * size] * 2, max_shard_bytes=limit,
+                             progress=False)
+    assert [p.stat().st_size for p in paths] == [limit, limit]
+    assert "larger than max_shard_bytes" not in caplog.text
+    with caplog.at_level(logging.WARNING):
+        write_shards(tmp_path / "b", records=["x" * (size + 512)], max_shard_bytes=limit,
+                     progress=False)
+    assert "larger than max_shard_bytes" in caplog.text
+
+
+def test_unreachable_url_names_its_cause():
+    with pytest.raises(ShardError, match=r"127.0.0.1:9.*cannot open.*(Connect|refused)"):
+        list(iter_shard("http://127.0.0.1:9/x.tar"))
