@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from typing import Any
 from rlbuffers.memory.capacity import capacity
 from rlbuffers.memory.cgroup import CGROUP_ROOT, PROC_SELF_CGROUP
 from rlbuffers.memory.limits import available_bytes, memory_limit_bytes
-from rlbuffers.memory.peak import PeakMemory
+from rlbuffers.memory.peak import PeakMemory, _cuda_device
 from rlbuffers.memory.process import peak_rss_bytes, rss_bytes
 
 log = logging.getLogger(__name__)
@@ -70,9 +71,10 @@ class MemoryMonitor:
     Args:
         warn_below_available_bytes: :meth:`check` logs a warning whenever available memory
             is under this many bytes (>= 0).
-        warn_fractions: fractions of the memory limit (host RAM or cgroup limit) whose
-            crossing logs a warning, once per crossing, from :meth:`check` and from the
-            sampling thread of each phase (each in (0, 1]).
+        warn_fractions: fractions of the memory limit (host RAM or cgroup limit; or of the
+            CUDA ``device``'s memory, whichever is fuller) whose crossing logs a warning,
+            once per crossing, from :meth:`check` and from the sampling thread of each phase
+            (each in (0, 1]).
         device: CUDA device whose ``max_memory_allocated`` each phase records (None: RSS only).
         sample_interval_s: seconds between RSS samples inside a phase.
         log_capacity: log :func:`capacity` (RAM, cgroup limit, CPUs, CUDA devices) now.
@@ -92,6 +94,7 @@ class MemoryMonitor:
         self.warn_below_available_bytes = int(warn_below_available_bytes)
         self.warn_fractions = _check_fractions(warn_fractions)
         self.device = device
+        self._cuda = _cuda_device(device)
         self.sample_interval_s = sample_interval_s
         self._cgroup = (proc_cgroup, cgroup_root)
         self._level = 0  # how many warn_fractions are crossed now
@@ -137,8 +140,13 @@ class MemoryMonitor:
         return snap
 
     def _used_fraction(self, avail: int) -> float:
+        """Used fraction of the RAM limit, or of the CUDA device's memory if that is higher."""
         limit = memory_limit_bytes(*self._cgroup)
-        return min(1.0, max(0.0, 1 - avail / limit)) if limit else 0.0
+        used = min(1.0, max(0.0, 1 - avail / limit)) if limit else 0.0
+        if self._cuda is not None:
+            free, total = sys.modules["torch"].cuda.mem_get_info(self._cuda)
+            used = max(used, 1 - free / total)
+        return used
 
     def _on_sample(self, _rss: int) -> None:
         self._warn_fractions(self._used_fraction(available_bytes(*self._cgroup)))

@@ -11,8 +11,10 @@ from typing import Any
 
 from rlbuffers.memory.process import peak_rss_bytes, reset_peak_rss, rss_bytes
 
-_active_lock = threading.Lock()
-_active = 0  # PeakMemory blocks open now: only the outermost may reset the high-water mark
+_open_lock = threading.Lock()
+#: PeakMemory blocks open now. A block entering resets the high-water marks; it first lifts
+#: every open block's carried peak to the marks so far, so nested blocks all stay exact.
+_open: list[PeakMemory] = []
 
 
 def _cuda_device(device: Any) -> Any:
@@ -27,9 +29,10 @@ def _cuda_device(device: Any) -> Any:
 class PeakMemory:
     """Context manager measuring the peak memory of its block, in bytes.
 
-    RSS is sampled every ``sample_interval_s`` by a thread; when this is the outermost open
-    ``PeakMemory`` and Linux allows it, the kernel's high-water mark (``VmHWM``) is reset on
-    entry and read on exit, which catches peaks between samples.
+    RSS is sampled every ``sample_interval_s`` by a thread; where Linux allows it, the
+    kernel's high-water mark (``VmHWM``) is reset on entry and read on exit, which catches
+    peaks between samples. Nested (or concurrent) blocks stay exact: a block that resets the
+    marks first carries the peak so far into the blocks already open.
 
     Args:
         device: a CUDA device (``"cuda:0"``, ``torch.device``) whose
@@ -59,6 +62,7 @@ class PeakMemory:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._hwm = False
+        self._rss_carry = self._cuda_carry = 0
 
     @property
     def peak_extra_bytes(self) -> int:
@@ -76,17 +80,31 @@ class PeakMemory:
         while not self._stop.wait(self.sample_interval_s):
             self._sample()
 
+    def _reset_marks(self) -> None:
+        """Carry the peaks so far into the open blocks, then reset the high-water marks."""
+        with _open_lock:
+            rss_so_far = peak_rss_bytes()
+            cuda_so_far = {}
+            for other in _open:
+                other._rss_carry = max(other._rss_carry, rss_so_far)
+                if other.device is not None:
+                    torch = sys.modules["torch"]
+                    key = str(other.device)
+                    if key not in cuda_so_far:
+                        cuda_so_far[key] = torch.cuda.max_memory_allocated(other.device)
+                    other._cuda_carry = max(other._cuda_carry, cuda_so_far[key])
+            self._hwm = reset_peak_rss()
+            if self.device is not None:
+                torch = sys.modules["torch"]
+                torch.cuda.synchronize(self.device)
+                self.cuda_start_bytes = torch.cuda.memory_allocated(self.device)
+                torch.cuda.reset_peak_memory_stats(self.device)
+            _open.append(self)
+
     def __enter__(self) -> PeakMemory:
-        global _active
-        with _active_lock:
-            self._hwm = _active == 0 and reset_peak_rss()
-            _active += 1
+        self._rss_carry = self._cuda_carry = 0
+        self._reset_marks()
         self.start_rss_bytes = self.peak_rss_bytes = rss_bytes()
-        if self.device is not None:
-            torch = sys.modules["torch"]
-            torch.cuda.synchronize(self.device)
-            self.cuda_start_bytes = torch.cuda.memory_allocated(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="PeakMemory", daemon=True)
         self._thread.start()
@@ -94,18 +112,19 @@ class PeakMemory:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        global _active
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         self._sample()
-        if self._hwm:
-            self.peak_rss_bytes = max(self.peak_rss_bytes, peak_rss_bytes())
-        with _active_lock:
-            _active -= 1
+        with _open_lock:
+            _open.remove(self)
+            if self._hwm:
+                self.peak_rss_bytes = max(self.peak_rss_bytes, peak_rss_bytes(),
+                                          self._rss_carry)
+            if self.device is not None:
+                torch = sys.modules["torch"]
+                torch.cuda.synchronize(self.device)
+                self.cuda_peak_bytes = max(torch.cuda.max_memory_allocated(self.device),
+                                           self._cuda_carry)
         self.peak_extra_rss_bytes = max(0, self.peak_rss_bytes - self.start_rss_bytes)
-        if self.device is not None:
-            torch = sys.modules["torch"]
-            torch.cuda.synchronize(self.device)
-            self.cuda_peak_bytes = torch.cuda.max_memory_allocated(self.device)
-            self.cuda_peak_extra_bytes = max(0, self.cuda_peak_bytes - self.cuda_start_bytes)
+        self.cuda_peak_extra_bytes = max(0, self.cuda_peak_bytes - self.cuda_start_bytes)
