@@ -26,6 +26,7 @@ from rlbuffers.stream.shards import resolve_shards, shard_table
 from rlbuffers.stream.sources import IndexSource, ShardSource
 from rlbuffers.stream.stages import BlockShuffle, Count, Marker, Stage
 from rlbuffers.stream.tokenize import TextTokenizer, Tokenize
+from rlbuffers.stream.workers import worker_loader
 
 logger = logging.getLogger(__name__)
 
@@ -133,10 +134,6 @@ def _data_difference(mine: dict[str, Any], theirs: Any) -> str | None:
             return (f"state 'data.shards[{i}]': expected [name, samples, bytes] {a} (this "
                     f"loader), got {b}: the state belongs to another shard set")
     return "state 'data.sha256': the shard table differs from this loader's"
-
-
-def _identity(x: Any) -> Any:
-    return x
 
 
 class StreamLoader:
@@ -309,13 +306,8 @@ class StreamLoader:
             self._live.clear()
 
     def _iter_workers(self) -> Iterator[Any]:
-        import torch.utils.data
-
         offset = (self._last_slot + 1) % self._slots_n
-        dataset = _worker_dataset_class()(self, offset)
-        loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
-                                             collate_fn=_identity)
-        for slot, item, state in loader:
+        for slot, item, state in worker_loader(self, offset, self.num_workers):
             self._states[slot] = state
             if not isinstance(item, Count):
                 self._slot_batches[slot] += 1
@@ -382,29 +374,3 @@ class StreamLoader:
         self._counts = {k: int(counters.get("epoch", {}).get(k, 0)) for k in COUNTERS}
         self._totals = {k: int(counters.get("total", {}).get(k, 0)) for k in COUNTERS}
         self._live.clear()
-
-
-class _WorkerDataset:
-    """Runs one slot's pipeline inside a DataLoader worker; yields (slot, batch, state).
-    Combined with ``torch.utils.data.IterableDataset`` by :func:`_worker_dataset` (torch is
-    imported only when workers are used)."""
-
-    def __init__(self, loader: StreamLoader, offset: int) -> None:
-        self.loader = loader
-        self.offset = offset
-
-    def __iter__(self) -> Iterator[tuple[int, dict[str, Any], dict[str, Any]]]:
-        import torch.utils.data
-
-        info = torch.utils.data.get_worker_info()
-        slot = (info.id + self.offset) % self.loader._slots_n
-        pipe = self.loader._build(slot)
-        for item in self.loader._run(slot, iter(pipe)):
-            yield slot, item, pipe.state_dict()
-
-
-@functools.cache
-def _worker_dataset_class() -> type:
-    import torch.utils.data
-
-    return type("StreamWorkerDataset", (_WorkerDataset, torch.utils.data.IterableDataset), {})

@@ -1,0 +1,102 @@
+"""The DataLoader-worker path of :class:`~rlbuffers.stream.StreamLoader`: each worker runs one
+slot's pipeline through the loader's quota runner and sends ``(slot, item, state)``; and
+workers exit when the process that started them dies.
+
+Orphaned workers: after a SIGKILL of the consumer, a torch DataLoader worker can block for ever
+in ``multiprocessing`` queue finalisation (its feeder thread waits to flush a full pipe that
+nobody reads). Each worker therefore asks Linux to kill it when its parent dies
+(``prctl(PR_SET_PDEATHSIG, SIGKILL)``), and elsewhere watches ``os.getppid()`` from a daemon
+thread. Caveat of the Linux mechanism: "parent" is the *thread* that forked the worker, i.e.
+the one that started iterating the loader; iterate it from a thread that outlives the loop.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlbuffers.stream.loader import StreamLoader
+
+logger = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+PARENT_POLL_S = 0.5
+"""How often the fallback thread (non-Linux) checks whether the parent is still alive."""
+
+
+def _watch_parent(parent_pid: int) -> None:
+    event = threading.Event()
+    while not event.wait(PARENT_POLL_S):
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Make this process exit when ``parent_pid`` (its parent) dies: SIGKILL via
+    ``prctl(PR_SET_PDEATHSIG)`` on Linux, else a daemon thread polling ``os.getppid()``
+    every ``PARENT_POLL_S`` seconds. Exits at once if the parent is already gone."""
+    armed = False
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            armed = libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            armed = False
+    if not armed:
+        threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True,
+                         name="rlbuffers-parent-watch").start()
+    if os.getppid() != parent_pid:  # died before the signal was armed
+        os._exit(1)
+
+
+def _worker_init(parent_pid: int, worker_id: int) -> None:
+    die_with_parent(parent_pid)
+
+
+class _WorkerDataset:
+    """Runs one slot's pipeline inside a DataLoader worker; yields (slot, item, state).
+    Combined with ``torch.utils.data.IterableDataset`` by :func:`_worker_dataset_class`
+    (torch is imported only when workers are used)."""
+
+    def __init__(self, loader: StreamLoader, offset: int) -> None:
+        self.loader = loader
+        self.offset = offset
+
+    def __iter__(self) -> Iterator[tuple[int, Any, dict[str, Any]]]:
+        import torch.utils.data
+
+        info = torch.utils.data.get_worker_info()
+        slot = (info.id + self.offset) % self.loader._slots_n
+        pipe = self.loader._build(slot)
+        for item in self.loader._run(slot, iter(pipe)):
+            yield slot, item, pipe.state_dict()
+
+
+@functools.cache
+def _worker_dataset_class() -> type:
+    import torch.utils.data
+
+    return type("StreamWorkerDataset", (_WorkerDataset, torch.utils.data.IterableDataset), {})
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def worker_loader(loader: StreamLoader, offset: int, num_workers: int) -> Any:
+    """A ``torch.utils.data.DataLoader`` over ``num_workers`` forked workers, worker ``i``
+    running slot ``(i + offset) % num_workers``; yields ``(slot, item, state)``."""
+    import torch.utils.data
+
+    dataset = _worker_dataset_class()(loader, offset)
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=None, num_workers=num_workers, collate_fn=_identity,
+        worker_init_fn=functools.partial(_worker_init, os.getpid()))
