@@ -22,7 +22,7 @@ from rlbuffers.stream.batching import Pack, PadBatch, RowBatch, add_counts
 from rlbuffers.stream.config import Packing, Padding, StreamConfig
 from rlbuffers.stream.errors import StreamStateError
 from rlbuffers.stream.padding import collate
-from rlbuffers.stream.shards import resolve_shards, shard_table
+from rlbuffers.stream.reading import resolve_shards, shard_table
 from rlbuffers.stream.sources import IndexSource, ShardSource
 from rlbuffers.stream.stages import BlockShuffle, Count, Marker, Stage
 from rlbuffers.stream.tokenize import TextTokenizer, Tokenize

@@ -10,7 +10,7 @@ from typing import Any, Literal
 import numpy as np
 
 from rlbuffers.stream.errors import ShardError
-from rlbuffers.stream.shards import iter_shard
+from rlbuffers.stream.reading import iter_shard
 from rlbuffers.stream.stages import Count, PassEnd, Stage, check_kind
 
 logger = logging.getLogger(__name__)
