@@ -177,3 +177,15 @@ def test_causal_lm_bad_input_is_named():
         causal_lm_token_logprobs(model, ids, logits_to_keep=6)
     with pytest.raises(ValueError, match=r"input_ids: expected shape \[B, T\]"):
         causal_lm_token_logprobs(model, ids[0])
+
+
+def test_frozen_head_gives_hidden_grads_only():
+    hidden, weight, bias, targets = leaves(2, 7, 8, 30, bias=True, seed=9)
+    weight.requires_grad_(False)
+    bias.requires_grad_(False)
+    lp = token_logprobs(hidden, weight, targets.int(), chunk_tokens=5, lm_head_bias=bias)
+    (gh,) = torch.autograd.grad(lp.sum(), [hidden])
+    (want,) = torch.autograd.grad(naive(hidden, weight, targets, bias)[0].sum(), [hidden])
+    torch.testing.assert_close(gh, want, atol=ATOL, rtol=1e-4)
+    with torch.no_grad():
+        assert not token_logprobs(hidden, weight, targets, lm_head_bias=bias).requires_grad
