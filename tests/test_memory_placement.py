@@ -66,6 +66,12 @@ def test_cpu_only_plan_and_apply():
         apply_placement(mods, plan)
 
 
+def test_spec_from_module_counts_training_state_only_when_trained():
+    m = torch.nn.Linear(10, 10)  # 110 parameters
+    assert ModelSpec.from_module(m, "trained").bytes == 110 * 4 * 4  # weights, grads, 2 adam
+    assert ModelSpec.from_module(m, "frozen").bytes == 110 * 4
+
+
 def test_bad_input_is_named():
     with pytest.raises(ValueError, match="bytes: expected >= 0, got -1"):
         ModelSpec(-1, "trained")

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from rlbuffers.memory.budget import estimate_training_bytes
+
 log = logging.getLogger(__name__)
 ROLES = ("trained", "frozen", "periodic")
 _ORDER = {"trained": 0, "frozen": 1, "periodic": 2}
@@ -34,6 +36,14 @@ class ModelSpec:
 
     bytes: int
     role: str
+
+    @classmethod
+    def from_module(cls, module: torch.nn.Module, role: str, *,
+                    optimizer: str = "adamw") -> ModelSpec:
+        """Spec from a module's parameters: weights, plus gradients and ``optimizer`` state
+        when ``role`` is ``"trained"`` (see :func:`estimate_training_bytes`)."""
+        est = estimate_training_bytes(module, optimizer=optimizer)
+        return cls(est.total if role == "trained" else est.weights, role)
 
     def __post_init__(self) -> None:
         if self.bytes < 0:
