@@ -3,6 +3,8 @@ persistent tier and commit generation 0."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 import uuid
 from collections.abc import Mapping
@@ -15,7 +17,7 @@ from rlbuffers.errors import BufferExistsError
 from rlbuffers.ring import RingState
 from rlbuffers.spec import FieldSpec
 from rlbuffers.storage.layout import ChunkLayout, plan_stored_chunk_rows
-from rlbuffers.storage.location import Location
+from rlbuffers.storage.location import Location, fsync_path
 from rlbuffers.storage.manifest import Manifest
 from rlbuffers.storage.zarr_tier import ZarrTier
 
@@ -48,7 +50,8 @@ def create_tier(
     keep_generations: int,
 ) -> ZarrTier:
     """Create an empty buffer at ``loc`` and commit it as generation 0 (arguments as for
-    ``ReplayBuffer.create``; ``internal``: the internal columns and their specs).
+    ``ReplayBuffer.create``; ``internal``: the internal columns and their specs). On local
+    disk this is atomic: the buffer appears whole or not at all.
 
     Raises:
         ValueError: a bad capacity, chunk size, codec or keep_generations.
@@ -76,4 +79,16 @@ def create_tier(
         rng=dict(np.random.Generator(np.random.PCG64(seed)).bit_generator.state),
         keep_generations=keep,
     )
-    return ZarrTier.create(loc, manifest)
+    if not loc.local:  # object stores have no directory rename: creation is not atomic there
+        return ZarrTier.create(loc, manifest)
+    # Build the buffer beside its final place, then rename it there: a crash leaves either no
+    # buffer (plus a hidden leftover, removed by the next create) or a whole one.
+    parent, name = loc.root.parent, loc.root.name
+    parent.mkdir(parents=True, exist_ok=True)
+    for old in parent.glob(f".{name}.creating-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    tmp = parent / f".{name}.creating-{uuid.uuid4().hex[:8]}"
+    built = ZarrTier.create(Location(tmp), manifest).manifest
+    os.rename(tmp, loc.root)  # onto a missing or empty directory
+    fsync_path(parent)
+    return ZarrTier(loc, built)

@@ -158,6 +158,40 @@ class Saver:
                       self.tier.loc, type(e).__name__, e)
             fut.set_exception(e)
 
+    def _after_failure(self, job: SaveJob) -> None:
+        """A save failed: unless its commit's rename had already happened, its changes are
+        pending again and what it staged is dropped (left for the next save if even that
+        cannot be told)."""
+        try:
+            done = self.tier.committed(job.generation)
+        except Exception:
+            done = None
+        if done:
+            return
+        for name, cs in job.todo.items():
+            self.dirty[name] |= job.base_chunks(name, cs)
+        if done is False:
+            try:
+                self.tier.abort()
+            except Exception as e:
+                log.warning("%s: could not drop the failed save's chunks (%s); the next save "
+                            "does", self.tier.loc, e)
+
+    def _after_commit(self, gen: int) -> int:
+        """Reclaim old commits and record the working tier's state. Failures are logged, not
+        raised: the commit stands, the next save reclaims, and a stale ``state.json`` only
+        makes the next open rebuild more chunks. Returns the bytes reclaimed."""
+        reclaimed = 0
+        try:
+            reclaimed = self.tier.apply(gen)
+            self.working.flush()
+            with self.lock:
+                self.working.write_state(gen, set().union(*self.dirty.values()))
+        except Exception as e:
+            log.warning("%s: generation %d is committed, but finishing it failed (%s: %s); "
+                        "the next save retries", self.tier.loc, gen, type(e).__name__, e)
+        return reclaimed
+
     def _run(self, job: SaveJob) -> SaveReport:
         t0 = time.perf_counter()
         tier, gen = self.tier, job.generation
@@ -174,24 +208,14 @@ class Saver:
                     chunks += count
             tier.commit(job.commit.replace(generation=gen, committed_at=time.time()))
         except BaseException:
-            tier.abort()
             job.abandon()
             with self.lock:
-                for name, cs in job.todo.items():
-                    self.dirty[name] |= job.base_chunks(name, cs)
                 self._job = None
+                self._after_failure(job)
             raise
         with self.lock:
             self._job = None
-        try:
-            reclaimed = tier.apply(gen)
-        except Exception as e:  # committed: what is left over is reclaimed next time
-            log.warning("%s: generation %d is committed, but reclaiming older commits failed "
-                        "(%s: %s); the next save retries", tier.loc, gen, type(e).__name__, e)
-            reclaimed = 0
-        self.working.flush()
-        with self.lock:
-            self.working.write_state(gen, set().union(*self.dirty.values()))
+        reclaimed = self._after_commit(gen)
         report = SaveReport(gen, chunks, nbytes, raw, time.perf_counter() - t0, reclaimed)
         log.info("saved %s: %s", tier.loc, report)
         return report

@@ -91,6 +91,8 @@ class ZarrTier:
         self._arrays: dict[str, zarr.Array] = {}
         self._meta: dict[str, tuple[int, Any]] = {}  # name -> (ndim, array metadata); never changes
         self._staged: dict[str, dict[int, int]] = {}  # name -> {chunk: bytes} of the open save
+        self._history: dict[int, Manifest] = {}  # kept commits' manifests read so far
+        self._stage_arrays: dict[str, zarr.Array] = {}  # arrays the open save writes
         #: a format 1-2 buffer: its chunks are the files in <field>/ (generation 0)
         self._legacy = manifest.chunks is None
         #: the commit this tier reads.
@@ -189,9 +191,11 @@ class ZarrTier:
             bytes written (compressed, including the checksums).
         """
         dst = array_path(name, generation)
-        if not self.loc.exists(f"{dst}/zarr.json"):
-            self.loc.copy(f"{name}/zarr.json", f"{dst}/zarr.json")
-        stage = self._open(dst, mode="r+")
+        stage = self._stage_arrays.get(dst)
+        if stage is None:
+            if not self.loc.exists(f"{dst}/zarr.json"):
+                self.loc.copy(f"{name}/zarr.json", f"{dst}/zarr.json")
+            stage = self._stage_arrays[dst] = self._open(dst, mode="r+")
         a = c * self.layout.stored_chunk_rows[name]
         if self.specs[name].ragged:
             blob = np.empty(len(data), dtype=object)
@@ -217,8 +221,8 @@ class ZarrTier:
         self.loc.sync_tree(f"{VERSIONS}/g{gen}")
         write_manifest(self.loc, manifest, history_file(gen))
         write_manifest(self.loc, manifest)
-        self.manifest = manifest
-        self._staged = {}
+        self.manifest = self._history[gen] = manifest
+        self._staged, self._stage_arrays = {}, {}
 
     def apply(self, generation: int) -> int:
         """After the commit of ``generation`` (or on opening for writing): drop what no kept
@@ -234,18 +238,25 @@ class ZarrTier:
         head = self.manifest
         first_kept = head.generation - head.keep_generations + 1
         history = [g for g in self._history_generations() if g != head.generation]
-        kept = [head] + [read_manifest(self.loc, history_file(g))
-                         for g in history if g >= first_kept]
+        kept = [head] + [self._kept_manifest(g) for g in history if g >= first_kept]
         dropped = [g for g in history if g < first_kept]
         used = {(n, c, e[0]) for m in kept for n, t in (m.chunks or {}).items()
                 for c, e in t.items()}
         reclaimed = self._drop_versions(dropped, used)
         for g in dropped:  # last: a crash before this redoes the deletions next time
             self.loc.remove_file(history_file(g))
+            self._history.pop(g, None)
         if reclaimed:
             log.info("%s: reclaimed %d bytes of commits older than generation %d", self.loc,
                      reclaimed, first_kept)
         return reclaimed
+
+    def _kept_manifest(self, generation: int) -> Manifest:
+        """A kept commit's manifest (read once; commits never change)."""
+        m = self._history.get(generation)
+        if m is None:
+            m = self._history[generation] = read_manifest(self.loc, history_file(generation))
+        return m
 
     def _drop_versions(self, dropped: list[int], used: set[tuple[str, int, int]]) -> int:
         """Delete the chunk files that the ``dropped`` commits list and no kept commit uses
@@ -255,7 +266,7 @@ class ZarrTier:
         reclaimed = 0
         gone: set[tuple[str, int, int]] = set()
         for g in sorted(dropped):
-            for name, table in (read_manifest(self.loc, history_file(g)).chunks or {}).items():
+            for name, table in (self._kept_manifest(g).chunks or {}).items():
                 for c, (cg, size) in table.items():
                     key = (name, c, cg)
                     if key in used or key in gone or (cg != 0 and cg not in used_gens):
@@ -269,11 +280,24 @@ class ZarrTier:
                 self.loc.remove_tree(f"{VERSIONS}/g{g}")
         return reclaimed
 
+    def committed(self, generation: int) -> bool:
+        """Whether ``manifest.json`` on storage already names ``generation`` (after an error
+        part-way through :meth:`commit`: the rename may have happened); if so, this tier
+        adopts that commit."""
+        head = read_manifest(self.loc)
+        if head.generation == generation and head.generation > self.manifest.generation:
+            self.manifest, self._staged, self._stage_arrays = head, {}, {}
+            self._history[generation] = head
+        return head.generation == generation
+
     def abort(self) -> None:
-        """Drop everything staged and not committed (arrays of generations after the head)."""
-        self._staged = {}
+        """Drop everything staged and not committed (arrays of generations after the head).
+        After a failed commit, call :meth:`committed` first: it adopts a commit whose rename
+        happened, so this never deletes a committed chunk."""
+        self._staged, self._stage_arrays = {}, {}
+        head = self.manifest.generation
         for g in self._version_generations():
-            if g > self.manifest.generation:
+            if g > head:
                 log.info("removing uncommitted %s/%s/g%d", self.loc, VERSIONS, g)
                 self.loc.remove_tree(f"{VERSIONS}/g{g}")
 
