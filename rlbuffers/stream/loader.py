@@ -213,8 +213,9 @@ class StreamLoader:
                                0 if cycle else self._epoch, cycle)
         pipe = build_pipeline(source, self.tokenizer, self.config,
                               epoch=0 if cycle else self._epoch)
-        if self._states[slot] is not None:
-            pipe.load_state_dict(self._states[slot])
+        state = self._states[slot]
+        if state is not None:
+            pipe.load_state_dict(state)
         return pipe
 
     def __iter__(self) -> Iterator[dict[str, Any]]:

@@ -74,7 +74,8 @@ class _WorkerDataset:
         import torch.utils.data
 
         info = torch.utils.data.get_worker_info()
-        slot = (info.id + self.offset) % self.loader._slots_n
+        worker = info.id if info is not None else 0  # None: iterated outside a worker
+        slot = (worker + self.offset) % self.loader._slots_n
         pipe = self.loader._build(slot)
         for item in self.loader._run(slot, iter(pipe)):
             yield slot, item, pipe.state_dict()
