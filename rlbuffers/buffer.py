@@ -1,10 +1,6 @@
 """ReplayBuffer: a FIFO ring of transitions on disk, sampled from an uncompressed working tier
-and committed to a compressed Zarr v3 group with incremental, atomic saves.
-
-The parts: :mod:`rlbuffers.ring` (ring state as a value), :mod:`rlbuffers.samplers` (index
-policies), :mod:`rlbuffers.storage.store` (working tier + saver, or read-only reads),
-:mod:`rlbuffers.storage.manifest` (the commit record). ``docs/format.md`` has the layout.
-"""
+and committed to a compressed Zarr v3 group with incremental, atomic saves. Where each part
+lives: ``docs/internals.md``; the on-disk layout: ``docs/format.md``."""
 
 from __future__ import annotations
 
@@ -62,8 +58,7 @@ class ReplayBuffer:
     def _load_state(self, m: Manifest, sampler: Sampler | None = None) -> None:
         self._ring: RingState = m.ring
         self.sampler: Sampler = sampler or samplers.sampler_from_state(m.sampler)
-        self._rng = np.random.Generator(getattr(np.random, m.rng["bit_generator"])())
-        self._rng.bit_generator.state = m.rng
+        self._rng = samplers.generator_from_state(m.rng)
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], *, capacity: int,
@@ -72,8 +67,7 @@ class ReplayBuffer:
                seed: int | None = None, working_dir: str | os.PathLike[str] | None = None,
                overwrite: bool = False, storage_options: Mapping[str, Any] | None = None,
                keep_generations: int = KEEP_GENERATIONS) -> ReplayBuffer:
-        """Create an empty buffer at ``path`` (a directory or fsspec URL), committed as
-        generation 0.
+        """Create an empty buffer at ``path`` (a directory or fsspec URL): generation 0.
 
         Args:
             capacity: most transitions held; the oldest are overwritten beyond it.
@@ -101,17 +95,15 @@ class ReplayBuffer:
             chunk_transitions=chunk_transitions, codec=codec,
             sampler_state=sampler.state_dict(), seed=seed, overwrite=overwrite,
             keep_generations=keep_generations)
-        return cls(tier, mode="r+", working_dir=working_dir, fresh=True,
-                   sampler=sampler)
+        return cls(tier, mode="r+", working_dir=working_dir, fresh=True, sampler=sampler)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, mode: str = "r+",
              working_dir: str | os.PathLike[str] | None = None,
              storage_options: Mapping[str, Any] | None = None,
              generation: int | None = None) -> ReplayBuffer:
-        """Open the last commit of the buffer at ``path`` (reads the manifest; a working tier
-        that mirrors the commit is reused, else rebuilt chunk by chunk). Data added after the
-        last ``save`` is discarded.
+        """Open the last commit at ``path`` (a working tier that mirrors it is reused, else
+        rebuilt chunk by chunk); data added after the last ``save`` is discarded.
 
         Args:
             mode: ``"r+"`` (read/write) or ``"r"`` (read-only: a snapshot of one commit, read
@@ -190,12 +182,9 @@ class ReplayBuffer:
         self._open_check()
         return self._storage.gather(name, np.asarray(slots, dtype=np.int64).ravel())
 
-    def _rows(self, slots: np.ndarray) -> dict[str, Any]:
-        return spec.batch_rows(self._fields, slots.shape, lambda n: self._gather(n, slots))
-
     def sample(self, batch_size: int, *, rng: np.random.Generator | None = None) -> dict[str, Any]:
-        """Draw ``batch_size`` (B) transitions with the buffer's sampler, from ``rng`` (default
-        the buffer's own generator, saved by ``save``).
+        """Draw ``batch_size`` (B) transitions with the sampler, from ``rng`` (default: the
+        buffer's own generator, saved by ``save``).
 
         Returns:
             ``{field: [B, *shape]}`` (sequences: ``[B, L, *shape]``; ragged fields: a list of B
@@ -207,20 +196,20 @@ class ReplayBuffer:
         """
         batch_size = positive_int("batch_size", batch_size)
         draw = self.sampler.sample(batch_size, self._context(), rng or self._rng)
-        return {**self._rows(draw.slots), "indices": self._ring.ids(draw.slots),
-                "weights": draw.weights}
+        rows = spec.batch_rows(self._fields, draw.slots.shape,
+                               lambda n: self._gather(n, draw.slots))
+        return {**rows, "indices": self._ring.ids(draw.slots), "weights": draw.weights}
 
     def __getitem__(self, key: int | slice | np.ndarray | list[int]) -> dict[str, Any]:
-        """Transitions by position in insertion order (0 = oldest, -1 = newest).
-
-        An int gives one transition (``{field: [*shape]}``); a slice or an int array gives
-        ``{field: [N, *shape]}`` (ragged: a list).
+        """Transitions by position (0 = oldest, -1 = newest): an int gives ``{field:
+        [*shape]}``, a slice or int array ``{field: [N, *shape]}`` (ragged: a list).
 
         Raises:
             IndexError: a position outside ``[-len, len)``.
         """
         positions = self._ring.positions(key)
-        rows = self._rows(self._ring.slots(np.atleast_1d(positions)))
+        slots = self._ring.slots(np.atleast_1d(positions))
+        rows = spec.batch_rows(self._fields, slots.shape, lambda n: self._gather(n, slots))
         return {n: v[0] for n, v in rows.items()} if positions.ndim == 0 else rows
 
     def update_priorities(self, indices: Any, priorities: Any) -> int:
@@ -241,27 +230,23 @@ class ReplayBuffer:
 
     def save(self, *, metadata: Mapping[str, Any] | None = None, full: bool = False,
              background: bool = False) -> SaveReport | SaveFuture:
-        """Commit every change since the last commit, as the buffer is at this call.
-
-        Writes only the chunks changed since the last commit, in runs of at most ~32 MiB raw
-        (so extra memory is bounded whatever the buffer size), then commits atomically. On any
-        error before the commit the previous commit stays intact and the changes stay pending.
+        """Commit the buffer as it is at this call: write the chunks changed since the last
+        commit (runs of <= ~32 MiB raw: bounded memory), then commit atomically (a new
+        snapshot; commits older than ``keep_generations`` are reclaimed). On an error before
+        the commit the previous one stays intact and the changes stay pending.
 
         Args:
             metadata: JSON dict stored with the commit (``buf.metadata``); None keeps the last.
             full: rewrite all filled chunks.
-            background: encode and write in a thread and return at once; ``add``, ``extend``,
-                ``sample``, ``update_priorities`` may go on (chunks they overwrite before the
-                save reads them are copied aside). ``save``/``wait_for_save``/``close`` wait.
+            background: write in a thread and return a ``Future`` of the report at once;
+                ``add``, ``extend``, ``sample``, ``update_priorities`` may go on meanwhile.
 
         Returns:
-            a :class:`SaveReport`, or with ``background=True`` a ``concurrent.futures.Future``
-            of one (its ``result()`` raises the save's error, if any).
+            a :class:`SaveReport` (or its ``Future``, whose ``result()`` raises its error).
 
         Raises:
-            TypeError: metadata is not JSON-serialisable. OSError: the write failed (e.g. disk
-            full); nothing committed. ReadOnlyError: opened with ``mode="r"``. Also the error
-            of an earlier background save whose future nobody asked.
+            TypeError: metadata is not JSON. OSError: the write failed (e.g. disk full).
+            ReadOnlyError: ``mode="r"``. Also an unseen earlier background save's error.
         """
         storage = self._writer()
         storage.saver.wait()
@@ -271,11 +256,7 @@ class ReplayBuffer:
         return storage.commit(commit, full=full, background=background)
 
     def refresh(self) -> None:
-        """(``mode="r"``) Move this reader to the latest commit.
-
-        Raises:
-            ValueError: the buffer is open for writing (it always holds its own latest state).
-        """
+        """Move this reader (``mode="r"``; else ValueError) to the latest commit."""
         self._open_check()
         if not isinstance(self._storage, ReadOnlyStorage):
             raise ValueError(f"{self.path}: refresh() is for readers (mode='r')")
@@ -288,8 +269,7 @@ class ReplayBuffer:
         if isinstance(self._storage, WritableStorage):
             self._storage.saver.wait()
 
-    rng = property(lambda self: self._rng, doc="The buffer's np.random.Generator (its state "
-                   "is saved by ``save`` and restored by ``open``).")
+    rng = property(lambda self: self._rng, doc="The buffer's generator (saved by ``save``).")
 
     def _open_check(self) -> None:
         if self._closed:
@@ -315,5 +295,4 @@ class ReplayBuffer:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"ReplayBuffer({str(self.path)!r}, size={len(self)}, capacity={self.capacity}, "
-                f"generation={self.generation}, fields={list(self._fields)})")
+        return f"ReplayBuffer({str(self.path)!r}, size={len(self)}, generation={self.generation})"

@@ -186,6 +186,13 @@ def priority_update(sampler: Sampler, ctx: SampleContext, ring: RingState, indic
     return slots, update(slots, pr[live][::-1][last], ctx), int(live.sum())
 
 
+def generator_from_state(state: dict[str, Any]) -> np.random.Generator:
+    """A ``np.random.Generator`` in the saved ``bit_generator.state`` ``state``."""
+    rng = np.random.Generator(getattr(np.random, state["bit_generator"])())
+    rng.bit_generator.state = state
+    return rng
+
+
 def _need(ctx: SampleContext, n: int) -> None:
     if ctx.size < n:
         raise BufferEmptyError(f"cannot sample: buffer holds {ctx.size} transitions, need >= {n}")
