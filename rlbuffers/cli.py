@@ -100,8 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     from rlbuffers.convert_cli import add_convert_parser
     from rlbuffers.stream.cli import add_shards_parser
 
+    from rlbuffers.verify_cli import add_verify_parser
+
     add_shards_parser(sub)
     add_convert_parser(sub)
+    add_verify_parser(sub)
     return parser
 
 

@@ -1,0 +1,105 @@
+"""``repair``: rewrite damaged committed chunks from a working tier that still holds their rows.
+
+A chunk of the last commit that fails its checksum, is missing or truncated can be rewritten
+when the writer's working tier (uncompressed, on local disk) still mirrors that commit for the
+chunk's slots: ``state.json`` vouches for the tier (same buffer, written in this boot, same
+generation) and none of the chunk's base chunks changed since the commit. The repair is a new
+commit (generation + 1) with the same contents, so readers of the damaged commit are not
+disturbed; chunks that cannot be repaired are reported, not guessed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from rlbuffers.storage.location import Location
+from rlbuffers.storage.store import default_working_dir
+from rlbuffers.storage.working import WorkingTier
+from rlbuffers.storage.zarr_tier import ZarrTier
+
+log = logging.getLogger(__name__)
+
+
+def repair(
+    path: str | os.PathLike[str],
+    *,
+    working_dir: str | os.PathLike[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Verify the last commit of the buffer at ``path`` and rewrite its damaged chunks from the
+    working tier where it can. Do not run it while a writer has the buffer open.
+
+    Args:
+        working_dir: the writer's working tier (default as ``ReplayBuffer.open``).
+
+    Returns:
+        ``{"generation": the commit now on disk, "repaired": [{field, chunk, reason}],
+        "unrepairable": [{field, chunk, reason, why}]}``.
+
+    Raises:
+        NotABufferError, FormatVersionError: as ``ReplayBuffer.open``. OSError: the repair
+        commit could not be written (the damaged commit is left as it was).
+    """
+    loc = Location(path, storage_options)
+    tier = ZarrTier.open(loc)
+    m = tier.manifest
+    bad = tier.verify()
+    report: dict[str, Any] = {"generation": m.generation, "repaired": [], "unrepairable": []}
+    if not bad:
+        return report
+    wdir = Path(working_dir) if working_dir is not None else default_working_dir(loc)
+    why_not, working = _working_tier(wdir, tier)
+    good = []
+    for name, c, reason in bad:
+        entry = {"field": name, "chunk": c, "reason": reason}
+        if working is None:
+            report["unrepairable"].append({**entry, "why": why_not})
+        elif m.layout.base_of(name, [c]) & set(working.state.get("dirty_chunks", [])):
+            report["unrepairable"].append(
+                {**entry, "why": "the working tier changed these rows since the commit"})
+        else:
+            good.append((name, c, entry))
+    if good and working is not None:
+        gen = m.generation + 1
+        tier.abort()
+        try:
+            for name, c, _ in good:
+                a, b = m.layout.stored_slots(name, c)
+                tier.stage_chunks(gen, name, c, working.columns[name].read_range(a, b))
+            tier.commit(m.replace(generation=gen, committed_at=time.time()))
+        except BaseException:
+            if not tier.committed(gen):
+                tier.abort()
+            raise
+        finally:
+            working.close()
+        working.write_state(gen, working.state.get("dirty_chunks", []))
+        tier.apply(gen)
+        report["generation"] = gen
+        report["repaired"] = [entry for _, _, entry in good]
+        log.info("%s: repaired %d chunk(s) in generation %d", loc, len(good), gen)
+    elif working is not None:
+        working.close()
+    return report
+
+
+def _working_tier(wdir: Path, tier: ZarrTier) -> tuple[str, WorkingTier | None]:
+    """The working tier at ``wdir`` if it mirrors ``tier``'s commit, else why not."""
+    m = tier.manifest
+    try:
+        working = WorkingTier(wdir, m.specs, m.capacity, m.layout.base_chunk_rows,
+                              create=False, buffer_id=m.buffer_id)
+    except (OSError, ValueError) as e:
+        return f"no usable working tier at {wdir} ({type(e).__name__}: {e})", None
+    if not working.trusted(m.buffer_id):
+        working.close()
+        return f"the working tier at {wdir} is another buffer's or from another boot", None
+    if working.state.get("generation") != m.generation:
+        working.close()
+        return (f"the working tier at {wdir} mirrors generation "
+                f"{working.state.get('generation')}, not {m.generation}"), None
+    return "", working
