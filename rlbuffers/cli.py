@@ -99,7 +99,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_inspect)
     from rlbuffers.convert_cli import add_convert_parser
     from rlbuffers.stream.cli import add_shards_parser
-
     from rlbuffers.verify_cli import add_verify_parser
 
     add_shards_parser(sub)
