@@ -76,7 +76,8 @@ def render(r: dict[str, Any]) -> str:
 
 def _inspect(args: argparse.Namespace) -> int:
     options = json.loads(args.storage_options) if args.storage_options else None
-    report = inspect_path(args.path, verify=args.verify, storage_options=options)
+    report = inspect_path(args.path, verify=args.verify, storage_options=options,
+                          generation=args.generation)
     print(json.dumps(report, indent=1) if args.json else render(report))
     return 1 if report.get("corrupt") else 0
 
@@ -91,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help='fsspec options for a URL, e.g. \'{"endpoint_url": "http://..."}\' '
                         "(credentials may also come from the usual environment variables)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--generation", type=int, default=None,
+                   help="report a kept older commit instead of the last")
     p.add_argument(
         "--verify",
         action="store_true",

@@ -101,3 +101,16 @@ def test_missing_or_truncated_chunk_is_corrupt_not_zeros(tmp_path, fields, capsy
 def test_bad_keep_generations_is_named(tmp_path, fields):
     with pytest.raises(ValueError, match="keep_generations: expected a positive integer, got 0"):
         ReplayBuffer.create(tmp_path / "b", capacity=4, fields=fields, keep_generations=0)
+
+
+def test_inspect_a_kept_generation(tmp_path, fields, capsys):
+    path = tmp_path / "b"
+    with _writer(path, fields, keep=2) as w:
+        for g in range(3):
+            w.extend(make_batch(4 * g, 4))
+            w.save(metadata={"g": g + 1})
+    assert main(["inspect", str(path), "--json", "--generation", "2"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert (r["generation"], r["total_added"], r["metadata"]) == (2, 8, {"g": 2})
+    assert main(["inspect", str(path), "--generation", "1"]) == 2
+    assert "generation 1 is not kept" in capsys.readouterr().err
