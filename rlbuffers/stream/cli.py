@@ -34,6 +34,15 @@ def _parse_bytes(text: str) -> int:
             f"expected a size in bytes such as 268435456 or 256MiB, got {text!r}") from None
 
 
+def _records_per_sample(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an int >= 1, got {text!r}") from None
+
+
 def _write(args: argparse.Namespace) -> int:
     try:
         paths = write_shards(args.out, files=args.inputs, max_shard_bytes=args.max_shard_bytes,
@@ -76,9 +85,10 @@ def add_shards_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
                    help="largest shard file in bytes, e.g. 256MiB (default)")
     w.add_argument("--max-shard-samples", type=int, default=2**31,
                    help="most samples per shard")
-    w.add_argument("--records-per-sample", type=int, default=1,
+    w.add_argument("--records-per-sample", type=_records_per_sample, default="auto",
                    help="records stored together in one jsonl tar member (faster reading of "
-                        "short records); 1 (default): one tar sample per record")
+                        "short records); 1: one tar sample per record; auto (default): short "
+                        "records grouped into ~16 KiB members, long ones alone")
     w.add_argument("--prefix", default="shard", help="shard file name prefix")
     w.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     w.set_defaults(func=_write)

@@ -205,8 +205,55 @@ def _check_write_args(out_dir: Any, max_shard_bytes: int, max_shard_samples: int
         raise ValueError(f"max_shard_bytes: expected >= {RECORD}, got {max_shard_bytes}")
     if max_shard_samples < 1:
         raise ValueError(f"max_shard_samples: expected >= 1, got {max_shard_samples}")
-    if records_per_sample < 1:
-        raise ValueError(f"records_per_sample: expected >= 1, got {records_per_sample}")
+    if records_per_sample != "auto" and (isinstance(records_per_sample, bool) or not
+                                         isinstance(records_per_sample, int) or
+                                         records_per_sample < 1):
+        raise ValueError(f"records_per_sample: expected 'auto' or an int >= 1, got "
+                         f"{records_per_sample!r}")
+
+
+AUTO_GROUP_BYTES = 16 * 2**10
+"""``records_per_sample="auto"``: records shorter than this are grouped into ``jsonl``
+members of about this many bytes; longer ones keep a member of their own."""
+
+
+class _Grouper:
+    """Turns input samples into tar samples (one per record, or ``jsonl`` groups) for
+    ``put(sample, first_record_index, records)``."""
+
+    def __init__(self, put: Any, records_per_sample: int | str, max_shard_samples: int,
+                 max_shard_bytes: int) -> None:
+        self.put = put
+        self.auto = records_per_sample == "auto"
+        # A group holds at most max_shard_samples records, so it always fits in one shard.
+        self.cap = max_shard_samples if self.auto else min(int(records_per_sample),
+                                                           max_shard_samples)
+        self.max_bytes = min(AUTO_GROUP_BYTES, max_shard_bytes // 8) if self.auto else None
+        self.lines: list[bytes] = []
+        self.bytes = 0
+        self.first = 0
+
+    def add(self, index: int, sample: dict[str, bytes]) -> None:
+        if self.cap == 1 and not self.auto:
+            self.put(sample, index, 1)
+            return
+        if self.max_bytes is not None and sum(map(len, sample.values())) >= self.max_bytes:
+            self.flush()
+            self.put(sample, index, 1)  # a long record: tar overhead is negligible
+            return
+        if not self.lines:
+            self.first = index
+        line = _record_line(sample)
+        self.lines.append(line)
+        self.bytes += len(line) + 1
+        if len(self.lines) >= self.cap or (self.max_bytes is not None
+                                           and self.bytes >= self.max_bytes):
+            self.flush()
+
+    def flush(self) -> None:
+        if self.lines:
+            self.put({"jsonl": b"\n".join(self.lines)}, self.first, len(self.lines))
+            self.lines, self.bytes = [], 0
 
 
 def write_shards(
@@ -216,7 +263,7 @@ def write_shards(
     records: Iterable[Any] = (),
     max_shard_bytes: int = 256 * 2**20,
     max_shard_samples: int = 2**31,
-    records_per_sample: int = 1,
+    records_per_sample: int | str = "auto",
     prefix: str = "shard",
     progress: bool = True,
 ) -> list[Path]:
@@ -233,8 +280,11 @@ def write_shards(
             sample larger than that gets a shard of its own (logged).
         max_shard_samples: upper bound on samples (records) per shard.
         records_per_sample: records stored together in one ``jsonl`` tar member (see the
-            module docstring); ``1``: one tar sample per record (``json`` / ``txt``). Shards
-            and the manifest count records either way.
+            module docstring); ``1``: one tar sample per record (``json`` / ``txt``), what
+            plain webdataset readers expect record by record; ``"auto"`` (default): records
+            shorter than ``AUTO_GROUP_BYTES`` (16 KiB) grouped into members of about that
+            size, longer ones one per member (short documents then read several times
+            faster). Shards and the manifest count records either way.
         progress: show a tqdm progress bar (records written).
 
     Returns:
@@ -242,7 +292,7 @@ def write_shards(
 
     Raises:
         ValueError: ``out_dir`` is not a path, ``max_shard_bytes`` < 10,240, or
-            ``max_shard_samples`` or ``records_per_sample`` < 1.
+            ``max_shard_samples`` < 1, or ``records_per_sample`` neither ``"auto"`` nor >= 1.
         ShardError: a missing or malformed input (see :func:`iter_input_samples`).
     """
     _check_write_args(out_dir, max_shard_bytes, max_shard_samples, records_per_sample)
@@ -260,20 +310,11 @@ def write_shards(
         writer.write(sample, n_records)
         bar.update(n_records)
 
-    group: list[bytes] = []
-    # A group holds at most max_shard_samples records, so it always fits in one shard.
-    group_cap = min(records_per_sample, max_shard_samples)
+    grouper = _Grouper(put, records_per_sample, max_shard_samples, max_shard_bytes)
     try:
         for index, sample in enumerate(iter_input_samples(files=files, records=records)):
-            if records_per_sample == 1:
-                put(sample, index, 1)
-                continue
-            group.append(_record_line(sample))
-            if len(group) == group_cap:
-                put({"jsonl": b"\n".join(group)}, index + 1 - len(group), len(group))
-                group = []
-        if group:
-            put({"jsonl": b"\n".join(group)}, index + 1 - len(group), len(group))
+            grouper.add(index, sample)
+        grouper.flush()
     finally:
         writer.close()
         bar.close()

@@ -159,6 +159,32 @@ def text_of(item: Any, text_field: str) -> str:
                      f"got keys {sorted(record) if isinstance(record, dict) else record!r}")
 
 
+def json_texts(items: list[Any], text_field: str) -> list[str] | None:
+    """The texts of a window of ``json`` samples decoded in one ``json.loads`` call (about 8x
+    cheaper per sample than one call each, which matters for short documents), or None when
+    that does not apply cleanly (another kind of item, a malformed record, a record without a
+    string ``text_field``): the caller then decodes one by one and names the bad sample.
+
+    The joined array must hold exactly one string or object per sample; a line holding
+    several values, or one split over two lines, changes the count or the types and falls
+    back to per-sample decoding."""
+    try:
+        payloads = [x["json"] for x in items]
+        records = json.loads(b"[" + b",".join(payloads) + b"]")
+    except (TypeError, KeyError, ValueError):
+        return None
+    if len(records) != len(items):
+        return None
+    texts = []
+    for record in records:
+        if type(record) is dict:
+            record = record.get(text_field)
+        if type(record) is not str:
+            return None
+        texts.append(record)
+    return texts
+
+
 class Tokenize(WindowStage):
     """Tokenizes ``tokenize_batch_texts`` items at a time (one Rust batch call); yields
     ``int32[n]`` token arrays. Items that already are integer arrays pass through unchanged
@@ -185,6 +211,9 @@ class Tokenize(WindowStage):
         if all(isinstance(x, np.ndarray) for x in items):
             return items
         field = self.text_field
+        texts = json_texts(items, field)
+        if texts is not None:
+            return texts
         try:
             return [x if isinstance(x, str) else text_of(x, field) for x in items]
         except ShardError:

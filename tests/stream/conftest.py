@@ -45,7 +45,7 @@ def tokenizer(tokenizer_json: str) -> TextTokenizer:
 def shard_dir(tmp_path_factory: pytest.TempPathFactory, texts: list[str]) -> Path:
     out = tmp_path_factory.mktemp("shards")
     write_shards(out, records=[{"text": t, "i": i} for i, t in enumerate(texts)],
-                 max_shard_bytes=30_000, progress=False)
+                 max_shard_bytes=30_000, records_per_sample=1, progress=False)
     return out
 
 

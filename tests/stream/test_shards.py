@@ -29,7 +29,7 @@ def test_round_trip_from_jsonl_and_text_files(tmp_path: Path):
     txt = tmp_path / "b.txt"
     txt.write_text("a whole document\nwith lines")
     out = tmp_path / "out"
-    paths = write_shards(out, files=[str(jl), txt], progress=False)
+    paths = write_shards(out, files=[str(jl), txt], records_per_sample=1, progress=False)
     samples = read_all([str(p) for p in paths])
     assert [s["__key__"] for s in samples] == ["000000000000", "000000000001", "000000000002"]
     assert [json.loads(s["json"]) for s in samples[:2]] == [{"text": "one"}, {"text": "two"}]
@@ -74,7 +74,7 @@ def test_grouped_records_read_back_as_one_sample_each(tmp_path: Path):
     items = [str(jl), tmp_path / "b.txt"]
     (tmp_path / "b.txt").write_text("a text file\nwith a newline")
     plain = read_all([str(p) for p in write_shards(tmp_path / "plain", files=items,
-                                                   progress=False)])
+                                                   records_per_sample=1, progress=False)])
     paths = write_shards(tmp_path / "g", files=items, records_per_sample=4, progress=False)
     grouped = read_all([str(p) for p in paths])
     # same records, same keys; texts come back as JSON strings (text_of reads both)
@@ -224,7 +224,8 @@ def test_inputs_are_explicit_paths_or_records(tmp_path: Path):
     with pytest.raises(ValueError, match="out_dir: expected a directory path, got list"):
         write_shards([str(real)])  # inputs where the directory goes
     # a string among records is a text, whether or not a file of that name exists
-    paths = write_shards(tmp_path / "o4", records=[str(real)], progress=False)
+    paths = write_shards(tmp_path / "o4", records=[str(real)], records_per_sample=1,
+                         progress=False)
     assert [s["txt"] for s in read_all([str(p) for p in paths])] == [str(real).encode()]
 
 
@@ -321,3 +322,24 @@ def test_no_oversize_warning_for_a_sample_that_exactly_fits(tmp_path: Path, capl
 def test_unreachable_url_names_its_cause():
     with pytest.raises(ShardError, match=r"127.0.0.1:9.*cannot open.*(Connect|refused)"):
         list(iter_shard("http://127.0.0.1:9/x.tar"))
+
+
+def test_auto_grouping_keeps_records_and_keys_and_leaves_long_ones_alone(tmp_path: Path):
+    items = [{"text": "x" * (20_000 if i % 50 == 7 else i % 300)} for i in range(400)]
+    plain = read_all([str(p) for p in write_shards(tmp_path / "p", records=items,
+                                                   records_per_sample=1, progress=False)])
+    paths = write_shards(tmp_path / "a", records=items, max_shard_bytes=200_000, progress=False)
+    auto = read_all([str(p) for p in paths])
+    assert [(s["__key__"], json.loads(s["json"])) for s in auto] == [
+        (s["__key__"], json.loads(s["json"])) for s in plain]
+    members = []
+    for p in paths:
+        with tarfile.open(p) as tar:
+            members += tar.getnames()
+    long_ones = [f"{i:012d}.json" for i in range(400) if i % 50 == 7]
+    assert set(long_ones) <= set(members)  # 20 KB records keep a member of their own
+    grouped = [m for m in members if m.endswith(".jsonl")]
+    assert len(grouped) < 40 and len(members) < 60  # 392 short records in a few members
+    assert read_manifest(tmp_path / "a")["records_per_sample"] == "auto"
+    with pytest.raises(ValueError, match="records_per_sample: expected 'auto' or an int"):
+        write_shards(tmp_path / "b", records=["a"], records_per_sample="some")

@@ -1,11 +1,15 @@
+import json
 import multiprocessing
 import pickle
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from rlbuffers.stream import ShardError, TextTokenizer, content_key, text_of
+from rlbuffers.stream.tokenize import json_texts
 
 from .conftest import EOS_ID
 
@@ -78,3 +82,26 @@ def test_text_of_samples():
     with pytest.raises(ShardError, match="'txt' or 'json'"):
         text_of({"__key__": "k", "png": b""}, "text")
     assert content_key("a") != content_key("b") and len(content_key("a")) == 16
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(
+    st.dictionaries(st.sampled_from(["text", "body"]), st.one_of(st.text(), st.integers()),
+                    max_size=2).map(lambda d: json.dumps(d).encode()),
+    st.text(max_size=20).map(lambda t: json.dumps(t).encode()),
+    st.sampled_from([b"{oops", b"1,2", b"[1", b"2]", b'{"text": "a"},{"text": "b"}', b"",
+                     b"\xff"])), min_size=1, max_size=8))
+def test_batched_json_decoding_agrees_with_one_by_one(payloads):
+    items = [{"json": p, "__key__": str(i), "__url__": "u"} for i, p in enumerate(payloads)]
+    batched = json_texts(items, "text")
+    one_by_one = []
+    for item in items:
+        try:
+            one_by_one.append(text_of(item, "text"))
+        except ShardError:
+            one_by_one = None
+            break
+    if batched is not None:  # when it answers, it answers like the careful path
+        assert batched == one_by_one
+    if one_by_one is not None:  # and it answers every clean window
+        assert batched == one_by_one
