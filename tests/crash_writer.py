@@ -7,7 +7,8 @@ ids alone. Prints ``start`` first, ``ready`` once the buffer is created or opene
 
 import sys
 
-print("start", flush=True)  # before the imports, so a parent can time kills from here
+if __name__ == "__main__":  # before the imports, so a parent can time kills from here
+    print("start", flush=True)
 
 import numpy as np  # noqa: E402
 
