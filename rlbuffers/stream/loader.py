@@ -82,7 +82,9 @@ class _SourceFactory:
     """Builds the source of one slot (picklable, for DataLoader workers)."""
 
     urls: tuple[str, ...] | None
-    data: Sequence[Any] | None
+    """Shard URLs, or None for a sequence source."""
+    data: Sequence[Any]
+    """The sequence (unused, ``()``, for shards)."""
     cfg: StreamConfig
     table: tuple[tuple[Any, ...], ...] = ()
     """``(name, samples, bytes)`` per shard (see :func:`~rlbuffers.stream.shards.shard_table`)."""
@@ -90,13 +92,12 @@ class _SourceFactory:
     @classmethod
     def for_shards(cls, shards: Any, cfg: StreamConfig) -> _SourceFactory:
         urls = tuple(resolve_shards(shards))
-        return cls(urls, None, cfg, tuple(tuple(row) for row in shard_table(urls)))
+        return cls(urls, (), cfg, tuple(tuple(row) for row in shard_table(urls)))
 
     def identity(self) -> dict[str, Any]:
         """What the data is, for the state: the shard table and its digest, or the length of
         the sequence (and its token count when it has one, as a TokenStore does)."""
         if self.urls is None:
-            assert self.data is not None  # internal invariant: one of urls / data is set
             return {"kind": "sequence", "items": len(self.data),
                     "tokens": getattr(self.data, "num_tokens", None)}
         rows = [list(r) for r in self.table]
@@ -112,7 +113,6 @@ class _SourceFactory:
                                first_pass=first_pass, cycle=cycle, shuffle_shards=c.shuffle_shards,
                                uneven=c.uneven_shards, on_error=c.on_error,
                                expected_samples=counts, markers=True)
-        assert self.data is not None  # internal invariant: one of urls / data is set
         return IndexSource(self.data, seed=c.seed, shuffle=c.shuffle_shards, slot=slot,
                            num_slots=num_slots, first_pass=first_pass, cycle=cycle,
                            uneven=c.uneven_shards, markers=True)

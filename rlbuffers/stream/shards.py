@@ -197,7 +197,7 @@ class _SizedShardWriter:
 
 
 def _check_write_args(out_dir: Any, max_shard_bytes: int, max_shard_samples: int,
-                      records_per_sample: int) -> None:
+                      records_per_sample: int | str) -> None:
     if not isinstance(out_dir, (str, os.PathLike)):
         raise ValueError(f"out_dir: expected a directory path, got {type(out_dir).__name__} "
                          "(inputs go in files= or records=)")
@@ -225,6 +225,7 @@ class _Grouper:
                  max_shard_bytes: int) -> None:
         self.put = put
         self.auto = records_per_sample == "auto"
+        self.single = records_per_sample == 1
         # A group holds at most max_shard_samples records, so it always fits in one shard.
         self.cap = max_shard_samples if self.auto else min(int(records_per_sample),
                                                            max_shard_samples)
@@ -234,7 +235,7 @@ class _Grouper:
         self.first = 0
 
     def add(self, index: int, sample: dict[str, bytes]) -> None:
-        if self.cap == 1 and not self.auto:
+        if self.single:
             self.put(sample, index, 1)
             return
         if self.max_bytes is not None and sum(map(len, sample.values())) >= self.max_bytes:

@@ -457,3 +457,18 @@ def test_an_epoch_without_batches_is_a_warning(tmp_path: Path, tokenizer, caplog
     with caplog.at_level(logging.WARNING, logger="rlbuffers.stream"):
         assert list(StreamLoader.from_shards(tmp_path, tokenizer, PACK)) == []
     assert "epoch 0 yielded no batches" in caplog.text
+
+
+def test_counters_cross_from_workers(tmp_path: Path, shard_dir, tokenizer):
+    import shutil
+
+    urls = resolve_shards(shard_dir)
+    urls = urls[: len(urls) - (len(urls) + 1) % 2]  # with the bad one, an even number:
+    for url in urls:                                 # no shard repeated over the 2 workers
+        shutil.copy(url, tmp_path)
+    _bad_shard(tmp_path / "zz-bad.tar")
+    cfg = dataclasses.replace(PACK, on_error="warn")
+    loader = StreamLoader.from_shards(tmp_path, tokenizer, cfg, num_workers=2)
+    batches = list(loader)
+    assert sum(b["stats"]["skipped_malformed"] for b in batches) <= 2
+    assert loader.counters["total"]["skipped_malformed"] == 2  # trailing ones included
