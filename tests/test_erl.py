@@ -217,19 +217,3 @@ def test_restore_metrics_drops_uncommitted_and_restores_lost_lines(tmp_path):
     erl.restore_metrics(path, history)
     assert [json.loads(line) for line in path.read_text().splitlines()] == [
         {"generation": 1, "save_bytes": 10}, {"generation": 2}, {"generation": 3, "save_bytes": 30}]
-
-
-def test_prune_keeps_newest_committed_checkpoints(tmp_path):
-    for name in ("gen-1", "gen-2", "gen-3", "gen-4", "gen-5.tmp"):
-        (tmp_path / name).mkdir()
-    erl.prune_checkpoints(tmp_path, committed=3, keep=2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["gen-2", "gen-3"]
-
-
-def test_write_checkpoint_replaces_a_stale_directory_atomically(tmp_path):
-    (tmp_path / "gen-2").mkdir()
-    (tmp_path / "gen-2" / "stale.pt").write_bytes(b"x")
-    final = erl.write_checkpoint(tmp_path, 2, {"state.pt": {"generation": 2}})
-    assert sorted(p.name for p in final.iterdir()) == ["state.pt"]
-    assert torch.load(final / "state.pt", weights_only=True) == {"generation": 2}
-    assert not (tmp_path / "gen-2.tmp").exists()

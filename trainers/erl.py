@@ -33,7 +33,6 @@ import json
 import logging
 import os
 import random
-import shutil
 import sys
 import textwrap
 import time
@@ -48,6 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlbuffers import FieldSpec, ReplayBuffer
+from rlbuffers.checkpoint import Checkpoints, create_run
 from rlbuffers.memory import MemoryMonitor
 
 MIB = 2**20
@@ -155,7 +155,7 @@ def parse_config(argv: list[str] | None = None) -> Config:
     given = vars(parser.parse_args(argv))
     run_dir = Path(given.get("run_dir", Config.run_dir))
     if not given.get("resume"):
-        if (run_dir / "config.json").exists():
+        if run_dir.exists() and any(run_dir.iterdir()):
             parser.error(f"{run_dir} already holds a run: pass --resume or another --run-dir")
         return Config(**given)
     saved = json.loads((run_dir / "config.json").read_text())
@@ -370,49 +370,10 @@ def td3_update(learner: Learner, batch: dict[str, np.ndarray], cfg: Config) -> f
 
 
 # ------------------------------------------------------------------------------------------
-# Checkpoints: ckpt/gen-N is written first, the buffer commit then makes generation N real
+# Checkpoints (rlbuffers.checkpoint): ckpt/gen-N first, then the buffer commit makes it real
 # ------------------------------------------------------------------------------------------
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_checkpoint(ckpt_dir: Path, gen: int, files: dict[str, Any]) -> Path:
-    """Write ``files`` (name -> object for ``torch.save``) as ``ckpt_dir/gen-{gen}``, atomically:
-    into ``gen-{gen}.tmp``, fsync every file and the directory, then rename."""
-    tmp, final = ckpt_dir / f"gen-{gen}.tmp", ckpt_dir / f"gen-{gen}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for name, obj in files.items():
-        with open(tmp / name, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-    fsync_dir(tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    os.rename(tmp, final)
-    fsync_dir(ckpt_dir)
-    return final
-
-
-def checkpoint_gens(ckpt_dir: Path) -> list[int]:
-    """Generations of the complete checkpoint directories, ascending."""
-    names = (p.name for p in ckpt_dir.glob("gen-*") if not p.name.endswith(".tmp"))
-    return sorted(int(n[len("gen-"):]) for n in names)
-
-
-def prune_checkpoints(ckpt_dir: Path, committed: int, keep: int) -> None:
-    """Delete temporary dirs, checkpoints newer than the buffer's commit (a crash came between
-    the two writes) and all but the ``keep`` newest committed ones."""
-    for tmp in ckpt_dir.glob("gen-*.tmp"):
-        shutil.rmtree(tmp)
-    gens = checkpoint_gens(ckpt_dir)
-    old = [g for g in gens if g <= committed][:-keep]
-    for g in old + [g for g in gens if g > committed]:
-        shutil.rmtree(ckpt_dir / f"gen-{g}")
+def checkpoints(cfg: Config) -> Checkpoints:
+    return Checkpoints(Path(cfg.run_dir) / "ckpt", prefix="gen", keep=cfg.keep_checkpoints)
 
 
 def rng_states(rng: np.random.Generator) -> dict[str, Any]:
@@ -432,7 +393,7 @@ def set_rng_states(states: dict[str, Any], rng: np.random.Generator) -> None:
 def write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(data)
-    os.replace(tmp, path)
+    os.replace(tmp, path)  # metrics.jsonl is rebuilt from the checkpoint: no fsync needed
 
 
 def restore_metrics(path: Path, history: list[dict[str, Any]]) -> None:
@@ -493,21 +454,22 @@ def buffer_fields(obs_dim: int, act_dim: int) -> dict[str, FieldSpec]:
 def open_run(cfg: Config, obs_dim: int, act_dim: int) -> tuple[ReplayBuffer, dict[str, Any] | None]:
     """Create the run directory and its buffer, or (``--resume``) reopen the buffer at its last
     commit and load the checkpoint of that generation (None if no generation completed)."""
-    run_dir = Path(cfg.run_dir)
-    ckpt_dir = run_dir / "ckpt"
-    if not cfg.resume:
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        config = json.dumps(dataclasses.asdict(cfg), indent=1)
-        write_atomic(run_dir / "config.json", config.encode())
-        buf = ReplayBuffer.create(run_dir / "buffer", capacity=cfg.buffer_capacity,
-                                  fields=buffer_fields(obs_dim, act_dim), seed=cfg.seed)
-        return buf, None
+    run_dir, ckpts = Path(cfg.run_dir), checkpoints(cfg)
+    if not cfg.resume:  # atomic: the run directory appears complete or not at all
+        def make_buffer(d: Path) -> None:
+            (d / "ckpt").mkdir()
+            ReplayBuffer.create(d / "buffer", capacity=cfg.buffer_capacity,
+                                fields=buffer_fields(obs_dim, act_dim), seed=cfg.seed).close()
+
+        create_run(run_dir, dataclasses.asdict(cfg), make_buffer)
+        return ReplayBuffer.open(run_dir / "buffer"), None
     buf = ReplayBuffer.open(run_dir / "buffer", mode="r+")
     gen = int(buf.metadata.get("trainer_generation", 0))
-    prune_checkpoints(ckpt_dir, gen, cfg.keep_checkpoints)
-    if gen == 0:
+    ckpts.prune(gen)
+    ckpt = ckpts.latest(gen)
+    if ckpt is None:
         return buf, None
-    state = torch.load(ckpt_dir / f"gen-{gen}" / "state.pt", weights_only=True)
+    state = torch.load(ckpt / "state.pt", weights_only=True)
     restore_metrics(run_dir / "metrics.jsonl", state["history"])
     return buf, state
 
@@ -559,14 +521,14 @@ def run_generations(cfg: Config, env: gym.Env, population: list[Actor], learner:
                "td3_updates": learner.updates, "buffer_size": len(buf),
                "wall_seconds": round(trainer["wall_seconds"], 2)}
         history.append(row)
-        write_checkpoint(run_dir / "ckpt", gen, {
+        checkpoints(cfg).write(gen, {
             "state.pt": {"population": [a.state_dict() for a in population],
                          "learner": learner.full_state(), "rng": rng_states(rng),
                          "trainer": trainer, "history": history, "config": dataclasses.asdict(cfg)},
             "best_actor.pt": best.state_dict(),
         })
         report = buf.save(metadata={"trainer_generation": gen, "env_steps": trainer["env_steps"]})
-        prune_checkpoints(run_dir / "ckpt", gen, cfg.keep_checkpoints)
+        checkpoints(cfg).prune(gen)
         # 6. Progress: one line, metrics.jsonl, curve.png.
         mem = monitor.check()
         row = {**row, "save_seconds": round(report.seconds, 4), "save_bytes": report.bytes_written,

@@ -1,0 +1,172 @@
+"""Run checkpoints, with the replay buffer's commit as the commit point of the run.
+
+A trainer that keeps a replay buffer has two things to save per step (or generation): its own
+state (models, optimizers, RNGs, counters) and the buffer. Neither write can be atomic with the
+other, so the protocol orders them:
+
+1. :meth:`Checkpoints.write` puts the trainer state in ``<root>/<prefix>-<N>/``, atomically
+   (a temporary directory, every file fsynced, renamed into place, parent fsynced);
+2. ``buf.save(metadata={..., "<key>": N})`` commits the buffer naming step ``N``: **this
+   commit makes step N real**;
+3. :meth:`Checkpoints.prune` drops checkpoints newer than the commit (a crash came between 1
+   and 2) and all but the ``keep`` newest committed ones.
+
+On resume, the buffer's last commit names the step; :meth:`Checkpoints.latest` returns the
+directory of that step: the last complete (checkpoint, buffer commit) pair. :func:`create_run`
+makes a new run directory atomically, so a run is either absent or resumable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlbuffers.storage.location import fsync_path
+
+log = logging.getLogger(__name__)
+
+#: The trainer state file written as JSON in every checkpoint (plain data, human-readable).
+STATE_JSON = "state.json"
+
+
+def _write_file(path: Path, write: Callable[[Any], None]) -> None:
+    with open(path, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Replace the file ``path`` with ``data`` as JSON: temporary file, fsync, rename, fsync of
+    the directory."""
+    tmp = path.with_name(path.name + ".tmp")
+    _write_file(tmp, lambda f: f.write(json.dumps(data, indent=1).encode()))
+    os.replace(tmp, path)
+    fsync_path(path.parent)
+
+
+@dataclass(frozen=True)
+class Checkpoints:
+    """The checkpoint directories ``<root>/<prefix>-<N>/`` of one run.
+
+    Attributes:
+        root: the directory holding them (created on first write).
+        prefix: directory name before ``-N`` (e.g. ``"gen"`` or ``"step"``).
+        keep: complete committed checkpoints kept by :meth:`prune` (>= 1).
+    """
+
+    root: Path
+    prefix: str = "step"
+    keep: int = 2
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.keep, int) or self.keep < 1:
+            raise ValueError(f"keep: expected an integer >= 1, got {self.keep!r}")
+        object.__setattr__(self, "root", Path(self.root))
+
+    def path(self, step: int) -> Path:
+        """The directory of checkpoint ``step``."""
+        return self.root / f"{self.prefix}-{step}"
+
+    def write(self, step: int, torch_files: dict[str, Any] | None = None,
+              state: dict[str, Any] | None = None) -> Path:
+        """Write checkpoint ``step`` atomically: each of ``torch_files`` (file name -> object)
+        with ``torch.save``, and ``state`` (plain JSON data) as ``state.json``; every file and
+        the directory fsynced, then renamed over any older ``<prefix>-<step>``.
+
+        Raises:
+            ValueError: ``step`` is negative. OSError: the write failed (no checkpoint
+            ``step`` is left half-written).
+        """
+        if not isinstance(step, int) or step < 0:
+            raise ValueError(f"step: expected an integer >= 0, got {step!r}")
+        final = self.path(step)
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        if torch_files:
+            import torch  # only trainers that save torch state need it
+
+            for name, obj in torch_files.items():
+                _write_file(tmp / name, lambda f, obj=obj: torch.save(obj, f))
+        if state is not None:
+            _write_file(tmp / STATE_JSON, lambda f: f.write(json.dumps(state).encode()))
+        fsync_path(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(tmp, final)
+        fsync_path(self.root)
+        return final
+
+    def steps(self) -> list[int]:
+        """Steps of the complete checkpoint directories, ascending."""
+        out = []
+        for p in self.root.glob(f"{self.prefix}-*"):
+            n = p.name[len(self.prefix) + 1:]
+            if n.isdigit():
+                out.append(int(n))
+        return sorted(out)
+
+    def prune(self, committed: int) -> None:
+        """Delete temporary directories, checkpoints newer than the buffer's commit
+        ``committed`` (a crash came between the checkpoint and the commit), and all but the
+        ``keep`` newest committed ones."""
+        for tmp in self.root.glob(f"{self.prefix}-*.tmp"):
+            shutil.rmtree(tmp, ignore_errors=True)
+        steps = self.steps()
+        old = [s for s in steps if s <= committed][:-self.keep]
+        for s in old + [s for s in steps if s > committed]:
+            shutil.rmtree(self.path(s), ignore_errors=True)
+
+    def latest(self, committed: int) -> Path | None:
+        """The checkpoint of the buffer's last commit ``committed`` (the step its metadata
+        names): the last complete pair; None when ``committed`` is 0 (nothing done yet).
+
+        Raises:
+            FileNotFoundError: the commit names a step whose checkpoint is missing.
+        """
+        if committed == 0:
+            return None
+        path = self.path(committed)
+        if not path.is_dir():
+            raise FileNotFoundError(f"{path}: the buffer's commit names step {committed}, "
+                                    "but its checkpoint is missing")
+        return path
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    """The JSON trainer state of the checkpoint directory ``path``."""
+    return dict(json.loads((path / STATE_JSON).read_text()))
+
+
+def create_run(run_dir: str | os.PathLike[str], config: dict[str, Any],
+               create: Callable[[Path], None]) -> Path:
+    """Make a new run directory atomically: ``config.json`` and whatever ``create(dir)``
+    writes (e.g. the replay buffer) are built in a hidden sibling and renamed into place, so
+    ``run_dir`` is either absent or complete (a leftover sibling of a crashed creation is
+    removed here).
+
+    Raises:
+        FileExistsError: ``run_dir`` exists and is not empty.
+    """
+    run = Path(run_dir)
+    if run.exists() and any(run.iterdir()):
+        raise FileExistsError(f"run_dir: {run} already holds a run (resume it, or pick "
+                              "another directory)")
+    run.parent.mkdir(parents=True, exist_ok=True)
+    for old in run.parent.glob(f".{run.name}.creating-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    tmp = run.parent / f".{run.name}.creating-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    write_json_atomic(tmp / "config.json", config)
+    create(tmp)
+    fsync_path(tmp)
+    os.rename(tmp, run)  # onto a missing or empty directory
+    fsync_path(run.parent)
+    return run

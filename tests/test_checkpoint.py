@@ -1,0 +1,83 @@
+"""rlbuffers.checkpoint: atomic checkpoint directories, the buffer commit as the commit point,
+pruning, and atomic run creation (crashed at each of its filesystem operations)."""
+
+import numpy as np
+import pytest
+import torch
+
+from rlbuffers import FieldSpec, ReplayBuffer
+from rlbuffers.checkpoint import Checkpoints, create_run, load_state
+from tests.faults import FaultInjector, SimulatedCrash
+
+
+def test_prune_keeps_newest_committed_checkpoints(tmp_path):
+    for name in ("gen-1", "gen-2", "gen-3", "gen-4", "gen-5.tmp"):
+        (tmp_path / name).mkdir()
+    Checkpoints(tmp_path, prefix="gen", keep=2).prune(committed=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gen-2", "gen-3"]
+
+
+def test_write_checkpoint_replaces_a_stale_directory_atomically(tmp_path):
+    (tmp_path / "gen-2").mkdir()
+    (tmp_path / "gen-2" / "stale.pt").write_bytes(b"x")
+    final = Checkpoints(tmp_path, prefix="gen").write(2, {"state.pt": {"generation": 2}},
+                                                      state={"step": 2, "lr": 0.1})
+    assert sorted(p.name for p in final.iterdir()) == ["state.json", "state.pt"]
+    assert torch.load(final / "state.pt", weights_only=True) == {"generation": 2}
+    assert load_state(final) == {"step": 2, "lr": 0.1}
+    assert not (tmp_path / "gen-2.tmp").exists()
+
+
+def test_the_buffer_commit_names_the_checkpoint(tmp_path):
+    ckpts = Checkpoints(tmp_path / "ckpt", keep=2)
+    buf = ReplayBuffer.create(tmp_path / "buffer", capacity=8, fields={"x": FieldSpec((), "int64")})
+    for step in (1, 2, 3):
+        buf.extend({"x": np.arange(2) + step})
+        ckpts.write(step, state={"step": step})
+        buf.save(metadata={"step": step})
+        ckpts.prune(step)
+    ckpts.write(4, state={"step": 4})  # killed before the buffer commit of step 4
+    buf.close()
+    committed = ReplayBuffer.open(tmp_path / "buffer", mode="r").metadata["step"]
+    assert load_state(ckpts.latest(committed)) == {"step": 3}
+    ckpts.prune(committed)
+    assert ckpts.steps() == [2, 3]
+    assert ckpts.latest(0) is None
+    with pytest.raises(FileNotFoundError, match="names step 1, but its checkpoint is missing"):
+        ckpts.latest(1)
+
+
+def test_bad_arguments_are_named(tmp_path):
+    with pytest.raises(ValueError, match="keep: expected an integer >= 1, got 0"):
+        Checkpoints(tmp_path, keep=0)
+    with pytest.raises(ValueError, match="step: expected an integer >= 0, got -1"):
+        Checkpoints(tmp_path).write(-1, state={})
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "x").write_text("")
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        create_run(tmp_path / "run", {}, lambda d: None)
+
+
+def _make(d):
+    (d / "ckpt").mkdir()
+    ReplayBuffer.create(d / "buffer", capacity=4, fields={"x": FieldSpec((), "int64")}).close()
+
+
+def test_run_creation_is_atomic_under_a_crash_at_each_operation(tmp_path):
+    counter = FaultInjector()
+    with counter.installed():
+        create_run(tmp_path / "count", {"lr": 1}, _make)
+    assert counter.count > 10
+    for k in range(1, counter.count + 1):
+        run = tmp_path / f"run{k}"
+        try:
+            with FaultInjector(at=k, mode="crash").installed():
+                create_run(run, {"lr": 1}, _make)
+        except SimulatedCrash:
+            pass
+        if run.exists():  # complete: resumable
+            assert (run / "config.json").read_text() and (run / "ckpt").is_dir()
+            ReplayBuffer.open(run / "buffer").close()
+        else:  # absent: a fresh start works
+            create_run(run, {"lr": 1}, _make)
+            ReplayBuffer.open(run / "buffer").close()
