@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from rlbuffers.intmath import round_up
 from rlbuffers.stream.packing import fit_sequences, pack_bfd
 from rlbuffers.stream.stages import Stage, WindowStage
 
@@ -120,7 +121,7 @@ def budget_batches(lengths: list[int], *, max_tokens: int | None, batch_size: in
     longest = 0
     for i, n in enumerate(lengths):
         new_longest = max(longest, n)
-        padded = -(-new_longest // m) * m
+        padded = round_up(new_longest, m)
         too_many = batch_size is not None and len(cur) >= batch_size
         too_big = max_tokens is not None and padded * (len(cur) + 1) > max_tokens
         if cur and (too_many or too_big):

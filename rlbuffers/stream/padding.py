@@ -28,6 +28,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from rlbuffers.intmath import round_up
+
 AttentionKind = Literal["none", "padding", "block_causal"]
 IGNORE_INDEX = -100
 
@@ -45,7 +47,7 @@ def padded_length(longest: int, *, pad_to_multiple_of: int | None = None,
             raise ValueError(f"pad_to: expected >= the longest row ({longest}), got {pad_to}")
         return int(pad_to)
     m = pad_to_multiple_of or 1
-    return int(-(-longest // m) * m)
+    return int(round_up(longest, m))
 
 
 def collate(rows: Sequence[Sequence[np.ndarray]], *, pad_token_id: int,

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from rlbuffers.intmath import ceil_div
 from rlbuffers.stream.errors import ShardError
 from rlbuffers.stream.reading import iter_shard
 from rlbuffers.stream.stages import Count, PassEnd, Stage, check_kind
@@ -180,7 +181,7 @@ class IndexSource(Stage):
 
     def _count(self) -> int:
         n, s = len(self.data), self.num_slots
-        return n // s if self.uneven == "drop" else -(-n // s)
+        return n // s if self.uneven == "drop" else ceil_div(n, s)
 
     def __iter__(self) -> Iterator[Any]:
         n = len(self.data)

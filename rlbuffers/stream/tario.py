@@ -24,6 +24,8 @@ import tarfile
 from collections.abc import Iterator
 from typing import BinaryIO
 
+from rlbuffers.intmath import round_up
+
 BLOCK = 512
 RECORD = 10240  # tarfile pads a closed archive to a multiple of this
 END_MARKER_NAME = "__rlbuffers_end__"
@@ -34,11 +36,6 @@ _CHKSUM_BLANK = 8 * ord(" ")
 
 class TarFormatError(ValueError):
     """The byte stream is not a complete, undamaged tar archive (the message says where)."""
-
-
-def round_up(n: int, multiple: int) -> int:
-    """``n`` rounded up to a multiple of ``multiple``."""
-    return -(-n // multiple) * multiple
 
 
 def member_bytes(payload_bytes: int) -> int:
