@@ -19,7 +19,7 @@ from rlbuffers.storage.manifest import Manifest
 from rlbuffers.storage.zarr_tier import ZarrTier
 
 #: Restarts of a report whose commit a running writer reclaimed while it was read.
-READ_ATTEMPTS = 5
+READ_ATTEMPTS = 10
 
 
 class _Stats:

@@ -11,6 +11,7 @@ import numpy as np
 
 from rlbuffers import FieldSpec, PrioritizedSampler, ReplayBuffer
 from rlbuffers.cli import main
+from tests.crash_writer import CAPACITY, CHUNK, FIELDS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,19 +60,22 @@ def test_inspect_errors(tmp_path, capsys):
 
 def test_inspect_while_writer_runs(tmp_path):
     path = tmp_path / "live"
+    # the writer saves every few ms: keep enough commits for a --verify pass to finish on one
+    ReplayBuffer.create(path, capacity=CAPACITY, fields=FIELDS, chunk_transitions=CHUNK,
+                        sampler=PrioritizedSampler(), seed=0, keep_generations=8).close()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "tests.crash_writer", str(path), "0"],
                             stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     try:
         lines = (proc.stdout.readline(), proc.stdout.readline())
-        assert lines == ("start\n", "ready\n")  # created: manifest.json is committed
+        assert lines == ("start\n", "ready\n")  # opened
         seen = set()
         for _ in range(8):
             res = subprocess.run([sys.executable, "-m", "rlbuffers.cli", "inspect", str(path),
                                   "--json", "--verify"], capture_output=True, text=True, env=env)
             assert res.returncode == 0, res.stderr
             r = json.loads(res.stdout)
-            assert r["corrupt"] == [] and r["size"] == min(r["total_added"], 600)
+            assert r["corrupt"] == [] and r["size"] == min(r["total_added"], CAPACITY)
             assert r["metadata"].get("total", 0) == r["total_added"]
             seen.add(r["generation"])
         assert len(seen) > 1  # the writer committed while we were reading
