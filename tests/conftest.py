@@ -2,28 +2,17 @@
 
 from __future__ import annotations
 
-import ctypes
-import sys
-
 import numpy as np
 import pytest
 
 from rlbuffers import FieldSpec
+from rlbuffers.memory.process import set_mmap_threshold
 
 
-def _fixed_mmap_threshold() -> None:
-    """Make glibc serve every block of >= 1 MiB with mmap and return it to the OS when freed.
-    By default glibc raises its threshold after the first such free (up to 32 MiB) and keeps
-    later freed blocks in the heap, so whether RSS falls after a free would depend on what
-    earlier tests allocated; the memory tests measure known allocations and need it not to."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD = 1 MiB
-        except (OSError, AttributeError):
-            pass
-
-
-_fixed_mmap_threshold()
+# glibc serves blocks >= 1 MiB by mmap and returns them when freed: whether RSS falls after a
+# free must not depend on what earlier tests allocated (the memory tests measure known
+# allocations).
+set_mmap_threshold(1 << 20)
 
 FIELD_KINDS = {
     "frame": FieldSpec((4, 6, 6), "uint8"),

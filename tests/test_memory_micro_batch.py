@@ -86,6 +86,19 @@ def test_uneven_split_still_gives_full_batch_gradients():
     assert_grads_equal(model, want)
 
 
+def test_a_smaller_batch_runs_whole_without_lowering_the_kept_size():
+    model, batch = make_problem()
+    amb = AdaptiveMicroBatch(model, max_micro_batch=8)
+    small = {k: v[:3] for k, v in batch.items()}
+    step = Step(model, limit=8)
+    amb.run(small, step)
+    assert step.sizes == [3] and amb.micro_batch == 8
+    want = full_batch_grads(model, batch)
+    amb.run(batch, step)
+    assert step.sizes[1:] == [8, 4]
+    assert_grads_equal(model, want)
+
+
 def test_other_errors_propagate_and_micro_batch_one_gives_up():
     model, batch = make_problem()
     amb = AdaptiveMicroBatch(model, max_micro_batch=4)

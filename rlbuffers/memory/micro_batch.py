@@ -149,10 +149,11 @@ class AdaptiveMicroBatch:
     def _slices(self, n: int, tokens: list[int] | None) -> list[slice]:
         if tokens is not None and self.max_tokens is not None:
             return _split_tokens(tokens, self.max_tokens)
-        if self.micro_batch is None or self.micro_batch > n:
+        if self.micro_batch is None:
             self.micro_batch = n if self.max_micro_batch is None else \
                 min(n, self.max_micro_batch)
-        return _split_count(n, self.micro_batch)
+        # A smaller logical batch runs whole but does not lower the size kept for later ones.
+        return _split_count(n, min(self.micro_batch, n))
 
     def _check_predicted(self, slices: list[slice], tokens: list[int] | None) -> None:
         if self.cost is None or self.budget_bytes is None:

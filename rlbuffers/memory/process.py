@@ -52,3 +52,30 @@ def reset_peak_rss() -> bool:
         log.debug("cannot reset the peak RSS: %s", e)
         return False
     return True
+
+
+def set_mmap_threshold(nbytes: int = 1 << 20) -> bool:
+    """Make glibc serve every heap block of at least ``nbytes`` bytes with ``mmap`` and give it
+    back to the OS when freed (``mallopt(M_MMAP_THRESHOLD, nbytes)``).
+
+    By default glibc raises its threshold after the first large free (up to 32 MiB) and keeps
+    later freed blocks in the heap, so whether RSS falls after a free depends on what the
+    process allocated before. Measurements of known allocations (tests, benchmarks, soft
+    memory budgets) call this first so RSS follows live memory.
+
+    Returns:
+        True when set; False off Linux/glibc (nothing changed).
+
+    Raises:
+        ValueError: ``nbytes`` < 1.
+    """
+    if nbytes < 1:
+        raise ValueError(f"nbytes: expected >= 1, got {nbytes}")
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        return bool(ctypes.CDLL("libc.so.6").mallopt(-3, int(nbytes)))  # -3: M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False
