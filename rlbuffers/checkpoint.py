@@ -76,9 +76,11 @@ class Checkpoints:
         return self.root / f"{self.prefix}-{step}"
 
     def write(self, step: int, torch_files: dict[str, Any] | None = None,
-              state: dict[str, Any] | None = None) -> Path:
+              state: dict[str, Any] | None = None,
+              writers: dict[str, Callable[[Path], None]] | None = None) -> Path:
         """Write checkpoint ``step`` atomically: each of ``torch_files`` (file name -> object)
-        with ``torch.save``, and ``state`` (plain JSON data) as ``state.json``; every file and
+        with ``torch.save``, each of ``writers`` (file name -> ``write(path)``, e.g. a
+        safetensors save), and ``state`` (plain JSON data) as ``state.json``; every file and
         the directory fsynced, then renamed over any older ``<prefix>-<step>``.
 
         Raises:
@@ -96,6 +98,9 @@ class Checkpoints:
 
             for name, obj in torch_files.items():
                 _write_file(tmp / name, lambda f, obj=obj: torch.save(obj, f))
+        for name, write in (writers or {}).items():
+            write(tmp / name)
+            fsync_path(tmp / name)
         if state is not None:
             _write_file(tmp / STATE_JSON, lambda f: f.write(json.dumps(state).encode()))
         fsync_path(tmp)

@@ -1,0 +1,275 @@
+"""GRPO trainer (trainers/grpo.py) on a tiny random Llama with a tokenizer trained here: packed
+chunked log-probs and the loss's gradients against a naive padded full-logits GRPO loss,
+group advantages, answer extraction, rollouts in the buffer, LoRA and mu > 1, and a crash
+between checkpoint and commit whose resume equals the uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from tests.heavy import require
+
+require("reasoning_gym", "transformers", "peft", "tokenizers")
+
+from rlbuffers import ReplayBuffer  # noqa: E402
+from rlbuffers.memory import AdaptiveMicroBatch  # noqa: E402
+from trainers import grpo  # noqa: E402
+
+# peft 0.21 reads a property that transformers 5 deprecates
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+
+CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A 2-layer Llama (hidden 32) and a byte-level BPE tokenizer (vocab ~400) with a chat
+    template, trained on reasoning-gym problems: everything a --model directory needs."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    d = tmp_path_factory.mktemp("tiny")
+    texts = [p["question"] + " <answer>" + str(p["answer"]) + "</answer>"
+             for p in grpo.task_problems("basic_arithmetic", 200, 0)]
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>",
+                                  pad_token="<|endoftext|>", chat_template=CHAT)
+    tok.save_pretrained(d)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=len(tok),
+                      tie_word_embeddings=True, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id, max_position_embeddings=1024)
+    LlamaForCausalLM(cfg).save_pretrained(d)
+    return d
+
+
+ARGS = ["--task", "basic_arithmetic", "--train-size", "40", "--prompts-per-step", "2",
+        "--group-size", "3", "--max-completion-tokens", "12", "--max-prompt-tokens", "120",
+        "--pack-tokens", "200", "--memory-budget", "none", "--train-threads", "1",
+        "--lr", "1e-2", "--no-evaluate"]
+
+
+def fake_scores(problems, indices, texts, cfg):
+    """Deterministic rewards that vary within groups (the tiny model never answers right)."""
+    r = np.array([(sum(map(ord, t)) % 7) / 6 for t in texts], np.float32)
+    return {"correctness": (r > 0.5).astype(np.float32), "formatted": np.zeros(len(r), bool),
+            "reward": r}
+
+
+def rows(path):
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+# ----- log-probs and loss against naive references -----------------------------------------
+
+def make_rollouts(seed=0, n=5, vocab=50):
+    g = np.random.default_rng(seed)
+    prompts = [g.integers(3, vocab, g.integers(2, 7)) for _ in range(n)]
+    comps = [g.integers(3, vocab, g.integers(1, 6)) for _ in range(n)]
+    return prompts, comps
+
+
+def naive_logprobs(model, prompts, comps):
+    """Per sequence, unpacked: full logits, log_softmax, gather at the completion tokens."""
+    out = []
+    for p, c in zip(prompts, comps, strict=True):
+        ids = torch.from_numpy(np.concatenate([p, c]))[None]
+        logits = model(input_ids=ids).logits[0, len(p) - 1:-1]
+        out.append(torch.log_softmax(logits.float(), -1).gather(
+            1, torch.from_numpy(c)[:, None]).squeeze(1))
+    return out
+
+
+@pytest.fixture
+def tiny_model():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(1)
+    return LlamaForCausalLM(LlamaConfig(hidden_size=16, intermediate_size=32,
+                                        num_hidden_layers=2, num_attention_heads=2,
+                                        num_key_value_heads=1, vocab_size=50,
+                                        max_position_embeddings=128))
+
+
+@pytest.mark.parametrize("norm", ["sequence", "token", "constant"])
+def test_update_gradient_equals_naive_padded_grpo_loss(tiny_model, norm):
+    cfg = grpo.Config(pack_tokens=16, max_prompt_tokens=8, max_completion_tokens=8, beta=0.1,
+                      epsilon=0.1, epsilon_high=0.3, loss_norm=norm, chunk_tokens=3,
+                      max_grad_norm=0.0)
+    prompts, comps = make_rollouts()
+    seqs = [np.concatenate([p, c]) for p, c in zip(prompts, comps, strict=True)]
+    lens = [len(c) for c in comps]
+    g = np.random.default_rng(5)
+    adv = g.normal(size=len(seqs)).astype(np.float32)
+    old = [g.normal(-4, 0.3, k).astype(np.float32) for k in lens]  # ratios far from 1: clipping
+    ref = [g.normal(-4, 0.3, k).astype(np.float32) for k in lens]
+    per_token = {"advantage": [np.full(k, a, np.float32) for k, a in zip(lens, adv, strict=True)],
+                 "weight": grpo.token_weights(lens, cfg), "old": old, "ref": ref}
+    batch = grpo.packed_batch(seqs, [len(p) for p in prompts], cfg, 0, per_token)
+    assert len(batch["input_ids"]) < len(seqs)  # really packed
+
+    # Naive: per sequence, full logits; GRPO's clipped surrogate + beta * k3, per --loss-norm.
+    tiny_model.zero_grad()
+    terms, n_tok = [], sum(lens)
+    for lp, a, o, r in zip(naive_logprobs(tiny_model, prompts, comps), adv, old, ref,
+                           strict=True):
+        ratio = torch.exp(lp - torch.from_numpy(o))
+        surr = torch.minimum(ratio * a, ratio.clamp(0.9, 1.3) * a)
+        d = torch.from_numpy(r) - lp
+        per = -(surr - 0.1 * (torch.exp(d) - d - 1))
+        terms.append(per.mean() / len(lens) if norm == "sequence" else
+                     per.sum() / (n_tok if norm == "token" else len(lens) * 8))
+    torch.stack(terms).sum().backward()
+    want = {n: p.grad.clone() for n, p in tiny_model.named_parameters()}
+
+    opt = torch.optim.SGD(tiny_model.parameters(), lr=0.0)  # step is a no-op: grads kept
+    opt.zero_grad = lambda set_to_none=True: None
+    amb = AdaptiveMicroBatch(tiny_model, max_micro_batch=1)  # one packed row per micro-batch
+    out = grpo.update(tiny_model, opt, amb, batch, cfg, n_tok, record_behaviour=False)
+    assert 0 < out["clip_fraction"] < 1
+    for n, p in tiny_model.named_parameters():
+        torch.testing.assert_close(p.grad, want[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_packed_logprobs_equal_per_sequence_full_logits(tiny_model):
+    cfg = grpo.Config(pack_tokens=20, max_prompt_tokens=8, max_completion_tokens=8,
+                      chunk_tokens=4)
+    prompts, comps = make_rollouts(seed=3, n=7)
+    seqs = [np.concatenate([p, c]) for p, c in zip(prompts, comps, strict=True)]
+    batch = grpo.packed_batch(seqs, [len(p) for p in prompts], cfg, 0, {})
+    lp = torch.zeros(sum(len(c) for c in comps))
+    lp[batch["index"][batch["mask"]]] = grpo.packed_logprobs(tiny_model, batch, cfg).detach()
+    want = torch.cat(naive_logprobs(tiny_model, prompts, comps)).detach()
+    torch.testing.assert_close(lp, want, rtol=1e-5, atol=1e-5)
+
+
+def test_record_behaviour_gives_ratio_one_and_the_current_logprobs(tiny_model):
+    cfg = grpo.Config(pack_tokens=16, max_prompt_tokens=8, max_completion_tokens=8, beta=0.0)
+    prompts, comps = make_rollouts(seed=4)
+    lens = [len(c) for c in comps]
+    seqs = [np.concatenate([p, c]) for p, c in zip(prompts, comps, strict=True)]
+    per_token = {"advantage": [np.ones(k, np.float32) for k in lens],
+                 "weight": grpo.token_weights(lens, cfg)}
+    batch = grpo.packed_batch(seqs, [len(p) for p in prompts], cfg, 0, per_token)
+    opt = torch.optim.SGD(tiny_model.parameters(), lr=0.0)
+    out = grpo.update(tiny_model, opt, AdaptiveMicroBatch(tiny_model), batch, cfg, sum(lens),
+                      record_behaviour=True)
+    want = torch.cat(naive_logprobs(tiny_model, prompts, comps)).detach()
+    torch.testing.assert_close(out["behaviour"], want, rtol=1e-5, atol=1e-5)
+    assert out["clip_fraction"] == 0.0 and out["kl"] == 0.0
+
+
+# ----- advantages and answers -----------------------------------------------------------------
+
+def test_group_advantages_against_numpy():
+    r = np.array([1.0, 0.0, 0.5, 0.25, 0.25, 0.25], np.float32)
+    adv, flat = grpo.group_advantages(r, 3, "group")
+    first = r[:3] - r[:3].mean()
+    np.testing.assert_allclose(adv[:3], first / r[:3].std(ddof=1), rtol=1e-6)
+    np.testing.assert_array_equal(adv[3:], 0.0)  # all equal: no signal, no division by 0
+    assert flat == 0.5
+    adv, _ = grpo.group_advantages(r, 3, "none")
+    np.testing.assert_allclose(adv[:3], first, rtol=1e-6)
+
+
+@pytest.mark.parametrize("text, want", [
+    ("so <answer>42</answer>", ("42", True)),
+    ("<answer>1</answer> then <answer> -7 </answer>", ("-7", True)),
+    ("the total is 1,250 apples", ("1250", False)),
+    ("no idea", (None, False)),
+])
+def test_extract_answer(text, want):
+    assert grpo.extract_answer(text) == want
+
+
+def test_numeric_match_and_wilson():
+    assert grpo.numeric_match("9", "9 (apples)") == 1.0
+    assert grpo.numeric_match("9.0", "9") == 1.0 and grpo.numeric_match("8", "9") == 0.0
+    lo, hi = grpo.wilson(5, 10)
+    assert lo < 0.5 < hi and hi - 0.5 == pytest.approx(0.5 - lo)
+
+
+# ----- the trainer end to end ---------------------------------------------------------------
+
+def test_crash_between_checkpoint_and_commit_resumes_to_the_uninterrupted_run(
+        tiny_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(grpo, "score_group", fake_scores)
+    base = [*ARGS, "--model", str(tiny_dir), "--beta", "0.04"]
+    grpo.main([*base, "--run-dir", str(tmp_path / "a"), "--steps", "3"])
+    want = rows(tmp_path / "a")
+    assert len(want) == 3 and any(r["grad_norm"] > 0 for r in want)
+
+    real_save = ReplayBuffer.save
+
+    def crash_at_step_3(self, *a, **kw):  # the checkpoint of step 3 is written, not committed
+        if kw.get("metadata", {}).get("trainer_step") == 3:
+            raise KeyboardInterrupt
+        return real_save(self, *a, **kw)
+
+    monkeypatch.setattr(ReplayBuffer, "save", crash_at_step_3)
+    with pytest.raises(SystemExit, match="step 2 is the last complete one"):
+        grpo.main([*base, "--run-dir", str(tmp_path / "b"), "--steps", "3"])
+    monkeypatch.setattr(ReplayBuffer, "save", real_save)
+    grpo.main(["--run-dir", str(tmp_path / "b"), "--resume"])
+    got = rows(tmp_path / "b")
+    keys = ["step", "reward_mean", "loss", "kl", "clip_fraction", "grad_norm",
+            "completion_tokens"]
+    assert [[r[k] for k in keys] for r in got] == [[r[k] for k in keys] for r in want]
+    buf = ReplayBuffer.open(tmp_path / "b" / "buffer", mode="r")
+    assert len(buf) == 3 * 2 * 3 and buf.metadata["trainer_step"] == 3
+    np.testing.assert_array_equal(buf[np.arange(len(buf))]["step"], np.repeat([1, 2, 3], 6))
+    buf.close()
+
+
+def test_lora_with_mu_iterations_reads_groups_back_from_the_buffer(tiny_dir, tmp_path,
+                                                                   monkeypatch):
+    monkeypatch.setattr(grpo, "score_group", fake_scores)
+    sampled = []
+    real_sample = ReplayBuffer.sample
+
+    def spy(self, n, **kw):
+        out = real_sample(self, n, **kw)
+        sampled.append(out["group"])
+        return out
+
+    monkeypatch.setattr(ReplayBuffer, "sample", spy)
+    run = tmp_path / "lora"
+    grpo.main([*ARGS, "--model", str(tiny_dir), "--run-dir", str(run), "--steps", "2",
+               "--lora-rank", "4", "--num-iterations", "3", "--evaluate", "--eval-size", "3"])
+    r = rows(run)
+    assert len(r) == 2 and all(x["kl"] >= 0 for x in r)
+    assert len(sampled) == 4  # (mu - 1) per step, each the step's P whole groups
+    for groups in sampled:
+        assert groups.shape == (2, 3) and (groups == groups[:, :1]).all()
+    assert (run / "curve.png").stat().st_size > 0
+    ev = json.loads((run / "eval.json").read_text())
+    assert ev["before"]["task"]["n"] == 3 and "after" in ev
+    adapter = next((run / "ckpt").glob("step-2")) / "weights.safetensors"
+    assert adapter.stat().st_size < 200_000  # adapters only, not the model
+    out = subprocess.run([sys.executable, "-m", "rlbuffers.cli", "inspect", str(run / "buffer"),
+                          "--json"], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out)["size"] == 12
+
+
+@pytest.mark.parametrize("flag, value, match", [
+    ("--group-size", "1", "--group-size: expected >= 2, got 1"),
+    ("--loss-norm", "mean", "--loss-norm: expected 'sequence', 'token' or 'constant'"),
+    ("--pack-tokens", "10", "--pack-tokens: expected >= --max-prompt-tokens"),
+    ("--memory-budget", "lots", "--memory-budget: expected an integer"),
+])
+def test_bad_settings_are_named(tmp_path, flag, value, match):
+    with pytest.raises(ValueError, match=match):
+        grpo.main(["--run-dir", str(tmp_path / "x"), flag, value])

