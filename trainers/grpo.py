@@ -54,6 +54,7 @@ from rlbuffers import FieldSpec, ReplayBuffer
 from rlbuffers.checkpoint import Checkpoints, create_run, load_state
 from rlbuffers.memory import AdaptiveMicroBatch, MemoryMonitor, auto_budget, token_logprobs
 from rlbuffers.memory.oom import free_memory, is_out_of_memory
+from rlbuffers.memory.process import set_mmap_threshold
 from rlbuffers.memory.reference import reference_bytes_saved
 from rlbuffers.samplers import GroupSampler
 from rlbuffers.stream.packing import pack_bfd
@@ -75,6 +76,9 @@ class Config:
     """Local transformers causal-LM directory with a tokenizer ('': SmolLM2-135M-Instruct)."""
     task: str = "gsm_symbolic"
     """reasoning-gym task of the training and held-out prompts (e.g. basic_arithmetic)."""
+    task_config: str = "{}"
+    """JSON keyword arguments of the task's reasoning-gym dataset (e.g. for basic_arithmetic:
+    '{"min_terms": 2, "max_terms": 2, "max_digits": 1}')."""
     train_size: int = 2000
     """Training problems generated from the task (seed --seed)."""
     eval_size: int = 100
@@ -123,8 +127,12 @@ class Config:
     """LoRA alpha."""
     format_reward: float = 0.1
     """Added to the reward when the answer is written inside <answer></answer>."""
-    pack_tokens: int = 1024
-    """Tokens per packed row of the update (>= max prompt + completion tokens)."""
+    pack_tokens: int = 512
+    """Tokens per packed row of the update (>= max prompt + completion tokens). Attention
+    costs O(row^2) memory per row: short rows keep it small."""
+    micro_batch_tokens: int = 512
+    """Tokens per micro-batch of the update (whole packed rows; at least one row); halved by
+    AdaptiveMicroBatch on out-of-memory or over the memory budget."""
     chunk_tokens: int = 512
     """Tokens per chunk of the LM head in token_logprobs."""
     memory_budget: str = "auto"
@@ -132,8 +140,9 @@ class Config:
     (available RAM less a margin) or 'none'."""
     generation_batch: int = 0
     """Sequences per generate call (0: as many as the memory budget allows)."""
-    gradient_checkpointing: bool = False
-    """Recompute decoder activations in backward (generation never pays for it)."""
+    gradient_checkpointing: bool = True
+    """Recompute decoder activations in backward (generation never pays for it: the policy
+    generates in eval mode with the KV cache)."""
     generate_threads: int = 1
     """torch threads while generating (decoding is overhead-bound: more rarely help)."""
     train_threads: int = 0
@@ -191,10 +200,11 @@ def render(tok: Any, question: str) -> str:
                                        add_generation_prompt=True, tokenize=False))
 
 
-def task_problems(task: str, size: int, seed: int) -> Any:
+def task_problems(task: str, size: int, seed: int, config: str = "{}") -> Any:
+    """``size`` problems of reasoning-gym's ``task`` (``config``: JSON keyword arguments)."""
     import reasoning_gym
 
-    return reasoning_gym.create_dataset(task, size=size, seed=seed)
+    return reasoning_gym.create_dataset(task, size=size, seed=seed, **json.loads(config))
 
 
 def asdiv_problems(n: int) -> list[dict[str, Any]]:
@@ -235,7 +245,7 @@ def numeric_match(answer: str | None, truth: str) -> float:
 
 def prompt_store(cfg: Config, tok: Any, model_dir: Path, path: Path) -> None:
     """Tokenize the training prompts once into a memory-mapped token store at ``path``."""
-    problems = task_problems(cfg.task, cfg.train_size, cfg.seed)
+    problems = task_problems(cfg.task, cfg.train_size, cfg.seed, cfg.task_config)
     tokenizer = TextTokenizer.from_file(model_dir / "tokenizer.json")
     build_token_store(path, (render(tok, p["question"]) for p in problems), tokenizer,
                       total=cfg.train_size, progress=False)
@@ -281,7 +291,12 @@ def make_policy(cfg: Config) -> tuple[Any, Any, Path]:
             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                             "down_proj"]))
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        base = model.get_base_model() if cfg.lora_rank else model
+        if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5
+            base.activation_checkpointing_enable({"use_reentrant": False})
+        else:
+            base.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
         if cfg.lora_rank:
             model.enable_input_require_grads()
     return model, tok, model_dir
@@ -308,6 +323,8 @@ def packed_batch(seqs: list[np.ndarray], prompt_lens: list[int], cfg: Config, pa
     r, t = ids.shape
     out = {"input_ids": ids, "position_ids": b["position_ids"],
            "targets": np.concatenate([ids[:, 1:], np.full((r, 1), pad_id)], 1),
+           "real": np.arange(t)[None, :] < np.array([sum(len(seqs[i]) for i in row)
+                                                     for row in bins])[:, None],
            "mask": np.zeros((r, t), bool), "index": np.full((r, t), -1, np.int64)}
     out.update({k: np.zeros((r, t), np.float32) for k in per_token})
     starts = np.cumsum([0] + [len(s) - p for s, p in zip(seqs, prompt_lens, strict=True)])
@@ -772,6 +789,7 @@ def main(argv: list[str] | None = None) -> None:
     check_config(cfg)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(cfg.train_threads or os.cpu_count() or 1)
+    set_mmap_threshold()  # freed activations and gradients leave RSS: phase peaks do not stack
     monitor = MemoryMonitor()
     model, tok, model_dir = make_policy(cfg)
     buf, ckpt = open_run(cfg, model, tok, model_dir)
@@ -779,7 +797,8 @@ def main(argv: list[str] | None = None) -> None:
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     budget = memory_budget(cfg)
-    amb = AdaptiveMicroBatch(model, budget_bytes=budget, grow_after=10)
+    amb = AdaptiveMicroBatch(model, budget_bytes=budget, grow_after=10,
+                             max_tokens=cfg.micro_batch_tokens, tokens_key="real")
     rng = np.random.default_rng(cfg.seed)
     trainer: dict[str, Any] = {"step": 0, "groups": 0, "data": {"epoch": 0, "position": 0},
                                "eval": {}}
@@ -797,8 +816,8 @@ def main(argv: list[str] | None = None) -> None:
     if cfg.lora_rank:
         monitor.record_saving("shared_reference", reference_bytes_saved(model))
     store = TokenStore(run_dir / "prompts")
-    problems = task_problems(cfg.task, cfg.train_size, cfg.seed)
-    held_out = task_problems(cfg.task, cfg.eval_size, cfg.seed + 1_000_003) \
+    problems = task_problems(cfg.task, cfg.train_size, cfg.seed, cfg.task_config)
+    held_out = task_problems(cfg.task, cfg.eval_size, cfg.seed + 1_000_003, cfg.task_config) \
         if cfg.eval_size else []
     asdiv = asdiv_problems(cfg.eval_asdiv) if cfg.eval_asdiv else []
     ckpts = Checkpoints(run_dir / "ckpt", prefix="step", keep=cfg.keep_checkpoints)

@@ -1,0 +1,204 @@
+"""Benchmark of ``trainers/grpo.py`` against TRL's ``GRPOTrainer``: section ``grpo`` of
+``docs/benchmarks.md``.
+
+Both trainers get the same model (SmolLM2-135M-Instruct, fp32), prompts (reasoning-gym, the
+same chat template and system prompt), reward (reasoning-gym's ``score_answer`` on the
+extracted answer plus the format reward), group size, completion length, beta, learning rate,
+AdamW, and LoRA on or off. TRL keeps its defaults otherwise (gradient checkpointing on). Each
+run is a fresh subprocess (``--child ours|trl``); the parent samples its RSS every 50 ms (the
+whole process, model loading and imports included) and reads its per-step seconds and
+completion tokens from what the child prints. Runs of the two trainers alternate (TRL, ours,
+TRL, ours, ...), so a slow spell of the shared machine falls on both; medians of ``--runs``
+runs of ``--steps`` steps each.
+
+Rows (see ``ROWS``): LoRA r=16, G=4, 64 tokens, beta 0.04; full fine-tuning G=8, 256 tokens,
+beta 0.04; full fine-tuning G=4, 64 tokens (whose weights + gradients + AdamW state alone are
+~2.15 GB: the floor). ``--only NAME,...`` runs some rows and keeps each row's text in
+``~/.cache/rlbuffers/bench-grpo-rows``; the section is written when every row has a text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+MIB = 2**20
+ROWS_DIR = Path.home() / ".cache" / "rlbuffers" / "bench-grpo-rows"
+COMMON = {"prompts": 4, "lr": 1e-5, "task": "gsm_symbolic", "threads": 2}
+ROWS = {
+    "lora": {"group": 4, "tokens": 64, "beta": 0.04, "lora": 16, "lr": 1e-4},
+    "full_g8_256": {"group": 8, "tokens": 256, "beta": 0.04, "lora": 0},
+    "full_g4_64": {"group": 4, "tokens": 64, "beta": 0.04, "lora": 0},
+}
+TITLES = {"lora": "LoRA r=16, G=4, 64 tokens, beta 0.04",
+          "full_g8_256": "full fine-tuning, G=8, 256 tokens, beta 0.04",
+          "full_g4_64": "full fine-tuning, G=4, 64 tokens, beta 0.04"}
+
+
+# ----- children ---------------------------------------------------------------------------
+
+def child_ours(row: dict[str, Any], steps: int, out: Path) -> None:
+    from trainers import grpo
+
+    args = ["--run-dir", str(out / "run"), "--task", row["task"], "--steps", str(steps),
+            "--prompts-per-step", str(row["prompts"]), "--group-size", str(row["group"]),
+            "--max-completion-tokens", str(row["tokens"]), "--beta", str(row["beta"]),
+            "--lora-rank", str(row["lora"]), "--lr", str(row["lr"]), "--no-evaluate",
+            "--generate-threads", str(row["threads"]), "--train-threads", str(row["threads"])]
+    grpo.main(args)
+    for line in (out / "run" / "metrics.jsonl").read_text().splitlines():
+        m = json.loads(line)
+        print("STEP " + json.dumps({"seconds": m["step_seconds"],
+                                    "tokens": m["completion_tokens"]}), flush=True)
+
+
+def child_trl(row: dict[str, Any], steps: int, out: Path) -> None:
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trainers import grpo
+    from trainers.lm import smollm2_dir
+
+    torch.set_num_threads(row["threads"])
+    problems = grpo.task_problems(row["task"], 2000, 0)
+    order = __import__("numpy").random.default_rng([0, 0]).permutation(len(problems))
+    data = Dataset.from_list([
+        {"prompt": [{"role": "system", "content": grpo.SYSTEM},
+                    {"role": "user", "content": problems[int(i)]["question"]}], "idx": int(i)}
+        for i in order[:row["prompts"] * steps]])
+    cfg = grpo.Config(group_size=row["group"])
+
+    def reward(completions: list[Any], idx: list[int], **_: Any) -> list[float]:
+        texts = [c[0]["content"] for c in completions]
+        per_prompt = [idx[k] for k in range(0, len(idx), row["group"])]
+        return grpo.score_group(problems, per_prompt, texts, cfg)["reward"].tolist()
+
+    class Times(TrainerCallback):
+        def on_step_begin(self, *a: Any, **k: Any) -> None:
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *a: Any, **k: Any) -> None:
+            self.seconds = time.perf_counter() - self.t0
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **k: Any) -> None:
+            if logs and "completions/mean_length" in logs:
+                n = logs["completions/mean_length"] * row["prompts"] * row["group"]
+                print("STEP " + json.dumps({"seconds": self.seconds, "tokens": n}), flush=True)
+
+    peft_config = None
+    if row["lora"]:
+        from peft import LoraConfig
+        peft_config = LoraConfig(r=row["lora"], lora_alpha=32, lora_dropout=0.0,
+                                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                 "gate_proj", "up_proj", "down_proj"])
+    args = GRPOConfig(output_dir=str(out / "trl"), per_device_train_batch_size=row["prompts"]
+                      * row["group"], gradient_accumulation_steps=1,
+                      num_generations=row["group"], max_completion_length=row["tokens"],
+                      max_steps=steps, learning_rate=row["lr"], beta=row["beta"],
+                      logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
+                      bf16=False, seed=0, temperature=1.0, shuffle_dataset=False)
+    trainer = GRPOTrainer(model=str(smollm2_dir()), reward_funcs=reward, args=args,
+                          train_dataset=data, peft_config=peft_config, callbacks=[Times()])
+    trainer.train()
+
+
+# ----- parent -----------------------------------------------------------------------------
+
+def run_child(kind: str, row: dict[str, Any], steps: int) -> dict[str, float]:
+    """One run in a fresh process: its peak RSS (sampled by this process every 50 ms, the
+    same way for both trainers; the kernel's ``ru_maxrss`` is not used because the memory
+    monitor of ours resets the high-water mark per phase), median step seconds and completion
+    tokens per second."""
+    import psutil
+    with tempfile.TemporaryDirectory(prefix="bench-grpo-") as tmp:
+        cmd = [sys.executable, "-m", "tools.bench.bench_grpo", "--child", kind,
+               "--row", json.dumps(row), "--steps", str(steps), "--out", tmp]
+        env = dict(os.environ, OMP_NUM_THREADS=str(row["threads"]),
+                   TOKENIZERS_PARALLELISM="false")
+        with open(Path(tmp) / "out.txt", "w+") as out, open(Path(tmp) / "err.txt", "w+") as err:
+            p = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env)
+            proc, peak = psutil.Process(p.pid), 0
+            while p.poll() is None:
+                try:
+                    peak = max(peak, proc.memory_info().rss)
+                except psutil.NoSuchProcess:
+                    break
+                time.sleep(0.05)
+            out.seek(0), err.seek(0)
+            stdout, stderr = out.read(), err.read()
+        if p.wait():
+            raise RuntimeError(f"{kind} child failed:\n{stderr[-3000:]}")
+    steps_out = [json.loads(line[5:]) for line in stdout.splitlines() if line.startswith("STEP ")]
+    secs = [s["seconds"] for s in steps_out]
+    return {"peak_rss_mib": peak / MIB, "step_seconds": statistics.median(secs),
+            "tokens_per_s": sum(s["tokens"] for s in steps_out) / sum(secs)}
+
+
+def bench_row(name: str, runs: int, steps: int) -> str:
+    from tools.bench.report import stamp, table
+    row = {**COMMON, **ROWS[name]}
+    results: dict[str, list[dict[str, float]]] = {"ours": [], "trl": []}
+    for _ in range(runs):
+        for kind in ("trl", "ours"):
+            results[kind].append(run_child(kind, row, steps))
+            print(kind, results[kind][-1], flush=True)
+    med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in results.items()}
+    o, t = med["ours"], med["trl"]
+    floor = 135e6 * 16 / MIB if not row["lora"] else 0  # fp32 weights + grads + 2 AdamW moments
+    rows = [["rlbuffers trainers/grpo.py", f"{o['peak_rss_mib']:,.0f}",
+             f"{o['peak_rss_mib'] / t['peak_rss_mib']:.2f}x",
+             f"{o['step_seconds']:.1f}", f"{o['step_seconds'] / t['step_seconds']:.2f}x",
+             f"{o['tokens_per_s']:.1f}"],
+            ["TRL 1.16 GRPOTrainer", f"{t['peak_rss_mib']:,.0f}", "1.00x",
+             f"{t['step_seconds']:.1f}", "1.00x", f"{t['tokens_per_s']:.1f}"]]
+    text = (f"### {TITLES[name]}\n\n{stamp()} {row['prompts']} prompts x {row['group']} "
+            f"completions x {row['tokens']} tokens per step, {steps} steps per run, medians of "
+            f"{runs} runs each, {row['threads']} threads.\n\n"
+            + table(["trainer", "peak RSS MiB", "vs TRL", "s / step", "vs TRL",
+                     "completion tokens / s"], rows))
+    if floor:
+        text += (f"\n\nPeak minus the {floor:,.0f} MiB floor of fp32 weights + gradients + "
+                 f"AdamW state: ours {o['peak_rss_mib'] - floor:,.0f} MiB, TRL "
+                 f"{t['peak_rss_mib'] - floor:,.0f} MiB.")
+    return text
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", help="comma-separated rows: " + ",".join(ROWS))
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--child", choices=["ours", "trl"], help="internal: run one trainer")
+    p.add_argument("--row", help="internal")
+    p.add_argument("--out", help="internal")
+    a = p.parse_args()
+    if a.child:
+        {"ours": child_ours, "trl": child_trl}[a.child](json.loads(a.row), a.steps, Path(a.out))
+        return
+    from tools.bench.report import write_section
+    ROWS_DIR.mkdir(parents=True, exist_ok=True)
+    for name in a.only.split(",") if a.only else list(ROWS):
+        text = bench_row(name, a.runs, a.steps)
+        print(text, flush=True)
+        (ROWS_DIR / f"{name}.md").write_text(text)
+    if all((ROWS_DIR / f"{n}.md").exists() for n in ROWS):
+        body = ["Per step: generate P x G completions, score, reference log-probs, update. "
+                "Peak RSS is the whole process (imports and model loading included), sampled "
+                "every 50 ms by the parent, the same way for both trainers."]
+        write_section("grpo", "\n\n".join(
+            ["## GRPO trainer vs TRL GRPOTrainer (SmolLM2-135M-Instruct, CPU)", *body]
+            + [(ROWS_DIR / f"{n}.md").read_text() for n in ROWS]))
+
+
+if __name__ == "__main__":
+    main()
