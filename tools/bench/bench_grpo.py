@@ -66,14 +66,14 @@ def child_trl(row: dict[str, Any], steps: int, out: Path) -> None:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from trainers import grpo
+    from trainers import grpo, math_tasks
     from trainers.lm import smollm2_dir
 
     torch.set_num_threads(row["threads"])
-    problems = grpo.task_problems(row["task"], 2000, 0)
+    problems = math_tasks.task_problems(row["task"], 2000, 0)
     order = __import__("numpy").random.default_rng([0, 0]).permutation(len(problems))
     data = Dataset.from_list([
-        {"prompt": [{"role": "system", "content": grpo.SYSTEM},
+        {"prompt": [{"role": "system", "content": math_tasks.SYSTEM},
                     {"role": "user", "content": problems[int(i)]["question"]}], "idx": int(i)}
         for i in order[:row["prompts"] * steps]])
     cfg = grpo.Config(group_size=row["group"])
