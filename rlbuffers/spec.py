@@ -22,14 +22,22 @@ class FieldSpec:
         shape: per-transition shape, e.g. ``(4, 84, 84)`` for stacked Atari frames or ``()``
             for a scalar reward. A first entry of ``None`` makes the field *ragged*
             (variable length along that axis), e.g. ``(None,)`` for token ids.
-        dtype: a numpy dtype or its name (``"uint8"``, ``"float32"``, ``"bool"``...).
+        dtype: a numpy dtype or its name (``"uint8"``, ``"float32"``, ``"bool"``...). Values
+            of another numeric type are converted only when nothing is lost: integers must
+            lie in the dtype's range, floats stored in an integer field must be whole
+            numbers, bool fields take 0/1, and a finite float must stay finite (float64 ->
+            float32 rounding of in-range values is accepted: that is precision, not range).
+        finite: reject NaN and +-inf on ``add`` / ``extend`` (float dtypes only). By default
+            non-finite values are stored like any other (``rlbuffers inspect`` counts them).
 
     Raises:
-        FieldError: ``None`` anywhere but the first axis, a negative size, or an object dtype.
+        FieldError: ``None`` anywhere but the first axis, a negative size, an object dtype,
+            or ``finite`` on a non-float dtype.
     """
 
     shape: tuple[int | None, ...]
     dtype: Any
+    finite: bool = False
 
     def __post_init__(self) -> None:
         shape = tuple(self.shape)
@@ -42,6 +50,9 @@ class FieldSpec:
             )
         if dtype.hasobject or dtype.kind in "OUSV":
             raise FieldError(f"dtype {dtype}: only numeric and bool dtypes are stored")
+        if self.finite and dtype.kind != "f":
+            raise FieldError(f"finite=True: expected a float dtype, got {dtype}")
+        object.__setattr__(self, "finite", bool(self.finite))
         object.__setattr__(self, "shape", tuple(None if s is None else int(s) for s in shape))
         object.__setattr__(self, "dtype", dtype)
 
@@ -65,31 +76,68 @@ class FieldSpec:
         return self.item_bytes * (RAGGED_ROWS_GUESS if self.ragged else 1)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-data form for the manifest."""
-        return {"shape": list(self.shape), "dtype": self.dtype.str}
+        """Plain-data form for the manifest (``finite`` only when set, so manifests written
+        before it existed read back unchanged)."""
+        out: dict[str, Any] = {"shape": list(self.shape), "dtype": self.dtype.str}
+        if self.finite:
+            out["finite"] = True
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FieldSpec:
         """Inverse of :meth:`to_dict`."""
-        return cls(tuple(d["shape"]), d["dtype"])
+        return cls(tuple(d["shape"]), d["dtype"], bool(d.get("finite", False)))
 
     def describe(self) -> str:
         """Human form, e.g. ``(None, 4) int32``."""
         return f"{tuple(self.shape)} {self.dtype}"
 
 
+def _first(arr: np.ndarray, bad: np.ndarray) -> Any:
+    """The first value of ``arr`` where ``bad`` is True, as a Python scalar."""
+    return arr.reshape(-1)[int(np.argmax(bad.reshape(-1)))].item()
+
+
+def _lost_value(arr: np.ndarray, out: np.ndarray, dtype: np.dtype) -> Any | None:
+    """A value of ``arr`` that ``out = arr.astype(dtype)`` did not keep, or None."""
+    if arr.size == 0:
+        return None
+    if dtype.kind == "b":
+        bad = (arr != 0) & (arr != 1)
+    elif dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if arr.dtype.kind == "b":
+            return None
+        if arr.dtype.kind == "f":  # bounds as exact floats: 2**63 is, int64's max is not
+            bad = ~np.isfinite(arr) | (arr != np.floor(arr)) | (arr < float(info.min)) \
+                | (arr >= float(info.max + 1))
+        elif info.min <= arr.min().item() and arr.max().item() <= info.max:
+            return None  # integer -> integer in range (compared as Python ints)
+        else:
+            wide = arr.astype(object)  # only on the error path
+            bad = (wide < info.min) | (wide > info.max)
+    else:  # float target: a finite value must stay finite
+        bad = np.isfinite(arr) & ~np.isfinite(out) if arr.dtype.kind == "f" else ~np.isfinite(out)
+    return _first(arr, bad) if bad.any() else None
+
+
 def _cast(name: str, spec: FieldSpec, value: Any) -> np.ndarray:
     arr = np.asarray(value)
-    if arr.dtype == spec.dtype:
-        return arr
-    # Python scalars and float64/int64 arrays are the norm from envs: allow same-kind casts
-    # (float64 -> float32, int64 -> int32), refuse kind changes (float -> int, int -> bool).
-    if arr.dtype.kind in "biuf" and np.can_cast(arr.dtype, spec.dtype, casting="same_kind"):
-        return arr.astype(spec.dtype)
-    raise FieldError(
-        f"field {name!r}: expected dtype {spec.dtype}, got {arr.dtype} "
-        f"(same-kind casts such as float64 -> float32 are accepted)"
-    )
+    if arr.dtype != spec.dtype:
+        if arr.dtype.kind not in "biuf":
+            raise FieldError(f"field {name!r}: expected dtype {spec.dtype}, got {arr.dtype} "
+                             "(values of another dtype must be numeric or bool)")
+        with np.errstate(invalid="ignore", over="ignore"):
+            out = arr.astype(spec.dtype)
+            lost = _lost_value(arr, out, spec.dtype)
+        if lost is not None:
+            raise FieldError(f"field {name!r}: value {lost!r} ({arr.dtype}) does not fit dtype "
+                             f"{spec.dtype} without loss")
+        arr = out
+    if spec.finite and arr.size and not np.isfinite(arr).all():
+        raise FieldError(f"field {name!r}: expected finite values (finite=True), got "
+                         f"{_first(arr, ~np.isfinite(arr))!r}")
+    return arr
 
 
 def check_row(name: str, spec: FieldSpec, value: Any) -> np.ndarray:
@@ -99,7 +147,8 @@ def check_row(name: str, spec: FieldSpec, value: Any) -> np.ndarray:
         the value as an array of ``spec.dtype`` and shape ``spec.shape`` (ragged: ``[n, *row]``).
 
     Raises:
-        FieldError: wrong shape, or a dtype that cannot be cast within its kind.
+        FieldError: wrong shape, a value that does not fit ``spec.dtype`` (out of range, a
+            fraction into an integer field), or a non-finite value with ``spec.finite``.
     """
     arr = _cast(name, spec, value)
     ok = (
@@ -124,7 +173,9 @@ def check_batch(name: str, spec: FieldSpec, value: Any, batch_size: int | None) 
         the validated array (fixed) or list of arrays (ragged).
 
     Raises:
-        FieldError: wrong shape or dtype, or a batch size that differs from ``batch_size``.
+        FieldError: wrong shape, a value that does not fit ``spec.dtype`` (named with the
+            field and the dtype), a non-finite value with ``spec.finite``, or a batch size
+            that differs from ``batch_size``.
     """
     if spec.ragged:
         if isinstance(value, np.ndarray) and value.dtype != object:
