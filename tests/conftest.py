@@ -8,7 +8,6 @@ import pytest
 from rlbuffers import FieldSpec
 from rlbuffers.memory.process import set_mmap_threshold
 
-
 # glibc serves blocks >= 1 MiB by mmap and returns them when freed: whether RSS falls after a
 # free must not depend on what earlier tests allocated (the memory tests measure known
 # allocations).
