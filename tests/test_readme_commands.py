@@ -28,3 +28,8 @@ def test_missing_step_is_named(tmp_path):
         quick_start_command(2, readme)
     with pytest.raises(LookupError, match="step 3 has no"):
         quick_start_command(3, readme)
+
+
+def test_docs_erl_runs_what_the_readme_runs():
+    erl = (README.parent / "docs" / "erl.md").read_text()
+    assert quick_start_command(1) in erl
