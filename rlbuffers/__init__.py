@@ -1,11 +1,18 @@
 """rlbuffers: RL training data on disk instead of in RAM.
 
 Replay buffers on Zarr with bounded-memory incremental saves and exact resume
-(:class:`ReplayBuffer`), samplers (uniform, prioritized, sequence), and a streaming token
-pipeline (:mod:`rlbuffers.stream`).
+(:class:`ReplayBuffer`), samplers (uniform, prioritized, sequence, group), and a streaming
+token pipeline (:mod:`rlbuffers.stream`).
+
+The buffer, spec and sampler names are imported on first use (PEP 562), so the command line
+(``rlbuffers --help``) starts without importing zarr or numpy.
 """
 
-from rlbuffers.buffer import ReplayBuffer, SaveReport
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from rlbuffers.errors import (
     BufferClosedError,
     BufferEmptyError,
@@ -18,14 +25,36 @@ from rlbuffers.errors import (
     ReadOnlyError,
     RLBuffersError,
 )
-from rlbuffers.samplers import (
-    PrioritizedSampler,
-    Sampler,
-    SequenceSampler,
-    UniformSampler,
-    register_sampler,
-)
-from rlbuffers.spec import FieldSpec
+
+if TYPE_CHECKING:
+    from rlbuffers.buffer import ReplayBuffer, SaveReport
+    from rlbuffers.samplers import (
+        GroupSampler,
+        PrioritizedSampler,
+        Sampler,
+        SequenceSampler,
+        UniformSampler,
+        register_sampler,
+    )
+    from rlbuffers.spec import FieldSpec
+
+#: name -> module of the names imported on first use.
+_LAZY = {
+    "ReplayBuffer": "rlbuffers.buffer", "SaveReport": "rlbuffers.buffer",
+    "FieldSpec": "rlbuffers.spec",
+    **{n: "rlbuffers.samplers" for n in ("GroupSampler", "PrioritizedSampler", "Sampler",
+                                         "SequenceSampler", "UniformSampler",
+                                         "register_sampler")},
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'rlbuffers' has no attribute {name!r}")
+
 
 __all__ = [
     "BufferClosedError",
@@ -35,6 +64,7 @@ __all__ = [
     "FieldError",
     "FieldSpec",
     "FormatVersionError",
+    "GroupSampler",
     "NotABufferError",
     "NotPrioritizedError",
     "PrioritizedSampler",

@@ -1,20 +1,26 @@
 """The ``rlbuffers`` command line.
 
-- ``rlbuffers inspect PATH [--json] [--verify]``: describe a stored replay buffer.
+- ``rlbuffers inspect PATH [--json] [--verify] [--generation N]``: describe a stored buffer.
+- ``rlbuffers verify PATH [--repair]``: check (and rewrite) damaged chunks.
 - ``rlbuffers shards ...``: write and list webdataset shards (:mod:`rlbuffers.stream`).
 - ``rlbuffers convert ...``: migrate another library's saved replay buffer.
+
+Each command imports what it needs when it runs, so ``--help`` and ``inspect`` start without
+torch or webdataset. Errors print ``rlbuffers: error: ...`` and exit 2 (``--debug``: the
+traceback instead); ``inspect --verify`` exits 1 when it finds corrupt chunks.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
 from rlbuffers.errors import RLBuffersError
-from rlbuffers.inspection import inspect_path
 
 
 def _size(n: float) -> str:
@@ -34,35 +40,50 @@ def _stats(s: dict[str, float] | None) -> str:
     )
 
 
+def _nonfinite(s: dict[str, Any] | None) -> str:
+    if not s or not (s.get("nan") or s.get("inf")):
+        return ""
+    return f"  non-finite: {s['nan']:,} NaN, {s['inf']:,} inf"
+
+
+def _columns(rows: list[list[str]], right: set[int]) -> list[str]:
+    """Rows of cells as lines whose columns never run together: each column as wide as its
+    widest cell, two spaces between columns, numbers (``right``) aligned right."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.rjust(w) if i in right else c.ljust(w)
+                      for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip()
+            for r in rows]
+
+
 def render(r: dict[str, Any]) -> str:
-    """Human-readable text of an :func:`~rlbuffers.inspect.inspect_path` report."""
+    """Human-readable text of an :func:`~rlbuffers.inspection.inspect_path` report."""
     lines = [
         f"buffer      {r['path']}",
         f"size        {r['size']:,} / {r['capacity']:,} transitions "
         f"({r['total_added']:,} added, {r['episodes']:,} episodes ended)",
         f"last commit generation {r['generation']} at {r['committed_at']}",
-        f"chunks      {r['chunk_transitions']:,} transitions per base chunk; "
-        f"stored {_size(r['stored_bytes'])}",
+        f"chunks      {min(r['chunk_transitions'], r['capacity']):,} transitions per base "
+        f"chunk; stored {_size(r['stored_bytes'])}",
         "",
-        f"{'field':<16}{'shape':<18}{'dtype':<9}{'codec':<12}{'stored':>11}{'raw':>11}{'ratio':>8}"
-        f"{'chunk':>9}",
     ]
+    table = [["field", "shape", "dtype", "codec", "stored", "raw", "ratio", "chunk", "NaN",
+              "inf"]]
     for name, f in r["fields"].items():
-        shape = str(tuple(f["shape"]))
-        ratio = f"{f['ratio']:.2f}x" if f["ratio"] else "-"
-        lines.append(
-            f"{name:<16}{shape:<18}{f['dtype']:<9}{f['codec']:<12}"
-            f"{_size(f['stored_bytes']):>11}{_size(f['raw_bytes']):>11}{ratio:>8}"
-            f"{f['chunk_transitions']:>9,}"
-        )
+        nan, inf = f.get("nan"), f.get("inf")
+        table.append([name, str(tuple(f["shape"])), f["dtype"], f["codec"],
+                      _size(f["stored_bytes"]), _size(f["raw_bytes"]),
+                      f"{f['ratio']:.2f}x" if f["ratio"] else "-",
+                      f"{min(f['chunk_transitions'], r['capacity']):,}",
+                      "-" if nan is None else f"{nan:,}", "-" if inf is None else f"{inf:,}"])
+    lines += _columns(table, right={4, 5, 6, 7, 8, 9})
     sampler = {k: v for k, v in r["sampler"].items() if k != "priorities"}
     lines += ["", "sampler     " + ", ".join(f"{k}={v}" for k, v in sampler.items())]
     if "priorities" in r["sampler"]:
         lines.append("priorities  " + _stats(r["sampler"]["priorities"]))
     if "reward" in r:
-        lines.append("reward      " + _stats(r["reward"]))
+        lines.append("reward      " + _stats(r["reward"]) + _nonfinite(r["reward"]))
     if r["metadata"]:
-        lines.append("metadata    " + json.dumps(r["metadata"], sort_keys=True))
+        lines.append("metadata    " + json.dumps(_strict(r["metadata"]), sort_keys=True))
     if "corrupt" in r:
         if r["corrupt"]:
             lines.append(f"verify      {len(r['corrupt'])} corrupt chunk(s):")
@@ -74,25 +95,51 @@ def render(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _strict(x: Any) -> Any:
+    """``x`` with every non-finite float replaced by None (strict JSON has no NaN/Infinity;
+    the reports count them separately)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _strict(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_strict(v) for v in x]
+    return x
+
+
 def _inspect(args: argparse.Namespace) -> int:
+    from rlbuffers.inspection import inspect_path
+
     options = json.loads(args.storage_options) if args.storage_options else None
     report = inspect_path(args.path, verify=args.verify, storage_options=options,
                           generation=args.generation)
-    print(json.dumps(report, indent=1) if args.json else render(report))
+    if args.json:
+        print(json.dumps(_strict(report), indent=1, allow_nan=False))
+    else:
+        print(render(report))
     return 1 if report.get("corrupt") else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
-    parser = argparse.ArgumentParser(prog="rlbuffers", description=__doc__)
+    parser = argparse.ArgumentParser(prog="rlbuffers",
+                                     description="Inspect, verify and convert replay buffers "
+                                                 "stored on disk; write token shards.",
+                                     epilog="Run 'rlbuffers COMMAND --help' for a command's "
+                                            "options.")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an error, show the Python traceback")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("inspect", help="describe a stored replay buffer")
+    p = sub.add_parser("inspect", help="describe a stored replay buffer",
+                       description="Describe the buffer's last commit (or a kept older one): "
+                       "fields, sizes, compression, NaN/inf counts, sampler, reward "
+                       "statistics. Reads one commit, so it is safe while a writer runs.")
     p.add_argument("path", help="buffer directory or URL (s3://bucket/buffer, ...)")
     p.add_argument("--storage-options", metavar="JSON", default=None,
                    help='fsspec options for a URL, e.g. \'{"endpoint_url": "http://..."}\' '
                         "(credentials may also come from the usual environment variables)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--generation", type=int, default=None,
+    p.add_argument("--generation", type=int, default=None, metavar="N",
                    help="report a kept older commit instead of the last")
     p.add_argument(
         "--verify",
@@ -110,16 +157,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _where(args: argparse.Namespace) -> str:
+    """The path the command works on, to name in an I/O error that names none."""
+    for key in ("path", "out", "dir", "pickle"):
+        if getattr(args, key, None):
+            return str(getattr(args, key))
+    return "?"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``rlbuffers`` console script; returns the exit code."""
+    """Entry point of the ``rlbuffers`` console script; returns the exit code (0 done, 1
+    corrupt chunks found, 2 error)."""
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except RLBuffersError as e:
-        print(f"rlbuffers: error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # permission, network, disk: not corruption (that is exit code 1)
-        print(f"rlbuffers: I/O error: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("rlbuffers: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # every failure is one line (or a traceback with --debug)
+        if args.debug:
+            traceback.print_exc()
+        elif isinstance(e, OSError):  # permission, disk full, network: not corruption
+            where = "" if e.filename else f" (while working on {_where(args)})"
+            print(f"rlbuffers: error: I/O error: {e}{where}", file=sys.stderr)
+        elif isinstance(e, (RLBuffersError, ValueError, TypeError, KeyError)):
+            print(f"rlbuffers: error: {e}", file=sys.stderr)
+        else:
+            print(f"rlbuffers: error: {type(e).__name__}: {e} (--debug shows where)",
+                  file=sys.stderr)
         return 2
 
 

@@ -19,9 +19,11 @@ What is streamed and what is not:
 
 The pickle is read with a restricted unpickler: numpy arrays, dtypes and plain containers are
 rebuilt for real; every other class the pickle names (SB3's buffer classes, gymnasium spaces,
-``torch.device``) becomes an inert stand-in that only records its attributes. So neither
-Stable-Baselines3, gymnasium nor torch needs to be installed, and no code named by the pickle
-runs (it is still wise to convert only pickles you trust).
+``torch.device``, and numpy's random ``Generator`` / bit generators that a trained model's
+action space carries) becomes an inert stand-in that only records its arguments and state.
+The converter never needs the action space's RNG, so its state is kept as data, not rebuilt.
+So neither Stable-Baselines3, gymnasium nor torch needs to be installed, and no code named by
+the pickle runs (it is still wise to convert only pickles you trust).
 """
 
 from __future__ import annotations
@@ -68,12 +70,23 @@ class _Extent:
 
 
 class _Stub:
-    """Inert stand-in for a class named by the pickle: keeps its arguments and attributes."""
+    """Inert stand-in for a class or function named by the pickle: keeps its arguments and
+    whatever state the pickle sets (a dict becomes attributes; any other state, such as the
+    tuple a numpy ``Generator`` or gymnasium space restores from, is kept as ``_state``)."""
 
     _origin = "?"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._args = args
+
+    def __setstate__(self, state: Any) -> None:
+        if isinstance(state, dict):
+            self.__dict__.update(state)
+        elif isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], dict):
+            self.__dict__.update(state[0])  # (dict, slot-state), the default reduce form
+            self._state = state[1]
+        else:
+            self._state = state
 
 
 def _numpy_globals() -> dict[tuple[str, str], Any]:
@@ -81,7 +94,6 @@ def _numpy_globals() -> dict[tuple[str, str], Any]:
         from numpy._core import multiarray, numeric
     except ImportError:  # numpy < 2
         from numpy.core import multiarray, numeric  # type: ignore[no-redef]
-    from numpy.random import _pickle as rpickle
 
     table: dict[tuple[str, str], Any] = {("numpy", "dtype"): np.dtype,
                                          ("numpy", "ndarray"): np.ndarray}
@@ -89,9 +101,6 @@ def _numpy_globals() -> dict[tuple[str, str], Any]:
         table[(f"{pkg}.multiarray", "_reconstruct")] = multiarray._reconstruct
         table[(f"{pkg}.multiarray", "scalar")] = multiarray.scalar
         table[(f"{pkg}.numeric", "_frombuffer")] = numeric._frombuffer  # type: ignore[attr-defined]
-    for name in ("__generator_ctor", "__bit_generator_ctor", "__randomstate_ctor"):
-        if hasattr(rpickle, name):
-            table[("numpy.random._pickle", name)] = getattr(rpickle, name)
     return table
 
 

@@ -12,14 +12,12 @@ import sys
 import time
 from typing import Any
 
-from rlbuffers.compression import DEFAULT_CODEC
-
 
 def add_convert_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``convert`` (with its source subcommands) on an argparse subparsers object.
 
     Each source subcommand sets ``func``: called with the parsed namespace, it returns the
-    exit code (0 done, 2 bad input; rlbuffers errors propagate to the caller).
+    exit code (0 done); errors propagate to :func:`rlbuffers.cli.main`, which prints them.
     """
     p = subparsers.add_parser(
         "convert", help="convert another library's saved replay buffer into an rlbuffers buffer"
@@ -38,8 +36,9 @@ def add_convert_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="ring size in transitions (default: SB3's buffer_size)")
     s.add_argument("--chunk-transitions", type=int, default=None,
                    help="transitions per stored chunk (default: ~4 MiB raw per chunk)")
-    s.add_argument("--codec", default=DEFAULT_CODEC,
-                   help=f"blosc-zstd, blosc-lz4, zstd or none (default {DEFAULT_CODEC})")
+    s.add_argument("--codec", default=None,
+                   help="blosc-zstd, blosc-lz4, zstd or none (default: the library's default, "
+                        "blosc-zstd)")
     s.add_argument("--seed", type=int, default=None, help="seed of the new buffer's RNG")
     s.add_argument("--overwrite", action="store_true", help="replace an existing buffer at OUT")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -50,6 +49,7 @@ def add_convert_parser(subparsers: Any) -> argparse.ArgumentParser:
 def _convert_sb3(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from rlbuffers.compression import DEFAULT_CODEC
     from rlbuffers.convert import convert_sb3
     from rlbuffers.inspection import inspect_path
 
@@ -64,12 +64,10 @@ def _convert_sb3(args: argparse.Namespace) -> int:
     try:
         buf = convert_sb3(
             args.pickle, args.out, capacity=args.capacity,
-            chunk_transitions=args.chunk_transitions, codec=args.codec, seed=args.seed,
+            chunk_transitions=args.chunk_transitions, codec=args.codec or DEFAULT_CODEC,
+            seed=args.seed,
             overwrite=args.overwrite, progress=progress,
         )
-    except (FileNotFoundError, IsADirectoryError) as e:
-        print(f"rlbuffers convert: error: {e}", file=sys.stderr)
-        return 2
     finally:
         if bar is not None:
             bar.close()

@@ -22,15 +22,27 @@ from rlbuffers.storage.zarr_tier import ZarrTier
 READ_ATTEMPTS = 10
 
 
+#: Float fields with at most this many values per transition (or per ragged row) get NaN/inf
+#: counts; larger ones (float images) are not read just for the counts.
+SCAN_MAX_VALUES = 256
+
+
 class _Stats:
-    """Streaming count / mean / std / min / max (Chan et al. parallel variance update)."""
+    """Streaming count / mean / std / min / max over the finite values (Chan et al. parallel
+    variance update), and counts of NaN and +-inf."""
 
     def __init__(self) -> None:
         self.n, self.mean, self.m2 = 0, 0.0, 0.0
         self.lo, self.hi = np.inf, -np.inf
+        self.nan = self.inf = 0
 
     def add(self, x: np.ndarray) -> None:
         x = np.asarray(x, dtype=np.float64).ravel()
+        finite = np.isfinite(x)
+        if not finite.all():
+            self.nan += int(np.isnan(x).sum())
+            self.inf += int(np.isinf(x).sum())
+            x = x[finite]
         if not len(x):
             return
         n, mean = len(x), float(x.mean())
@@ -41,22 +53,34 @@ class _Stats:
         self.lo, self.hi = min(self.lo, float(x.min())), max(self.hi, float(x.max()))
 
     def report(self) -> dict[str, float] | None:
-        if not self.n:
+        if not self.n and not (self.nan or self.inf):
             return None
+        if not self.n:
+            return {"count": 0, "mean": None, "std": None, "min": None, "max": None,
+                    "nan": self.nan, "inf": self.inf}
         std = (self.m2 / self.n) ** 0.5
-        return {"count": self.n, "mean": self.mean, "std": std, "min": self.lo, "max": self.hi}
+        return {"count": self.n, "mean": self.mean, "std": std, "min": self.lo, "max": self.hi,
+                "nan": self.nan, "inf": self.inf}
 
 
 def _column_stats(tier: ZarrTier, name: str) -> tuple[_Stats, int]:
-    """Stats of a scalar column (or total raw bytes of a ragged one) over committed slots."""
+    """Stats of a column's values over committed slots (ragged: of all its rows' values), and
+    the raw bytes of a ragged column."""
     stats, raw = _Stats(), 0
     for c, n in tier.layout.filled_stored_chunks(name, tier.manifest.ring.size):
         data = tier.read_chunk(name, c)[:n]
         if tier.specs[name].ragged:
             raw += sum(int(a.nbytes) for a in data)
+            if len(data):
+                stats.add(np.concatenate([np.ravel(a) for a in data]))
         else:
             stats.add(data)
     return stats, raw
+
+
+def _scanned(spec: Any) -> bool:
+    return spec.dtype.kind == "f" and int(np.prod(spec.row_shape, dtype=np.int64)) \
+        <= SCAN_MAX_VALUES
 
 
 def inspect_path(
@@ -72,7 +96,9 @@ def inspect_path(
         a JSON-serialisable dict with ``path``, ``format_version``, ``generation``,
         ``committed_at`` (ISO 8601, UTC), ``capacity``, ``size``, ``total_added``, ``episodes``,
         ``chunk_transitions``, ``fields`` (name -> ``shape``, ``dtype``, ``codec``,
-        ``stored_bytes``, ``raw_bytes``, ``ratio``, ``chunks``, ``chunk_transitions``),
+        ``stored_bytes``, ``raw_bytes``, ``ratio``, ``chunks``, ``chunk_transitions``, and
+        ``nan`` / ``inf`` counts for float fields of at most ``SCAN_MAX_VALUES`` values per
+        transition, else None; statistics are over the finite values),
         ``stored_bytes``, ``sampler``
         (its settings, plus priority stats if prioritized), ``reward`` (stats, if a ``reward``
         field exists), ``metadata``, and with ``verify`` a ``corrupt`` list of
@@ -134,13 +160,17 @@ def _fields_report(tier: ZarrTier, m: Manifest, skip: set[tuple[str, int]]) -> d
     for name, spec in m.fields.items():
         chunks = tier.stored_chunks(name)
         stored = sum(chunks.values())
-        if spec.ragged:
+        stats = None
+        if (spec.ragged or _scanned(spec)) and not any(f == name for f, _ in skip):
             try:
-                raw = 0 if any(f == name for f, _ in skip) else _column_stats(tier, name)[1]
+                stats, raw = _column_stats(tier, name)
             except CorruptChunkError:
                 raw = 0
         else:
+            raw = 0
+        if not spec.ragged:
             raw = m.ring.size * spec.item_bytes
+        counted = stats is not None and _scanned(spec)
         out[name] = {
             "shape": list(spec.shape),
             "dtype": str(spec.dtype),
@@ -150,5 +180,7 @@ def _fields_report(tier: ZarrTier, m: Manifest, skip: set[tuple[str, int]]) -> d
             "ratio": round(raw / stored, 3) if stored else None,
             "chunks": len(chunks),
             "chunk_transitions": m.layout.stored_chunk_rows[name],
+            "nan": stats.nan if counted else None,
+            "inf": stats.inf if counted else None,
         }
     return out

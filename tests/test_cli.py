@@ -1,4 +1,6 @@
-"""``rlbuffers inspect``: text, JSON and --verify, also while a writer is running."""
+"""``rlbuffers inspect``: text, JSON and --verify, also while a writer is running; polite
+errors (``rlbuffers: error:``, exit 2, ``--debug`` traceback); strict JSON with NaN/inf
+counts; table columns that never run together."""
 
 import json
 import os
@@ -35,7 +37,9 @@ def test_inspect_text(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "30 / 50 transitions (30 added, 3 episodes ended)" in out
     assert "last commit generation 1" in out
-    assert "obs             (4, 8, 8)" in out and "uint8" in out and "blosc-zstd" in out
+    row = next(line for line in out.splitlines() if line.startswith("obs "))
+    assert row.split()[:4] == ["obs", "(4,", "8,", "8)"] and "uint8" in row
+    assert "blosc-zstd" in row
     assert "reward      mean 14.5" in out and "max 29" in out
     assert "priorities  mean" in out and "max 30" in out
     assert '"trainer_generation": 3' in out
@@ -82,3 +86,113 @@ def test_inspect_while_writer_runs(tmp_path):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.communicate()
+
+
+def test_table_columns_never_run_together_and_chunks_are_clamped(tmp_path, capsys):
+    long = "a_field_name_longer_than_sixteen"
+    buf = ReplayBuffer.create(tmp_path / "b", capacity=10, fields={
+        long: FieldSpec((None,), "float32"), "reward": FieldSpec((), "float32")},
+        chunk_transitions=1_048_560)
+    buf.extend({long: [np.arange(300, dtype=np.float32)] * 4, "reward": np.ones(4)})
+    buf.save()
+    buf.close()
+    assert main(["inspect", str(tmp_path / "b")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("field"))
+    header = lines[head]
+    for line in lines[head + 1:head + 3]:  # every cell starts where its header does or ends
+        assert line.startswith(long) or line.startswith("reward")
+        cells = line.split()
+        assert "x" not in cells[-3] and cells[-3] == "10"  # chunk, clamped to the capacity
+        assert all("x1" not in c for c in cells)  # ratio and chunk apart
+    assert "chunks      10 transitions per base chunk" in "\n".join(lines)
+    assert header.split() == ["field", "shape", "dtype", "codec", "stored", "raw", "ratio",
+                              "chunk", "NaN", "inf"]
+
+
+def test_json_is_strict_and_counts_nan_and_inf(tmp_path, capsys):
+    buf = ReplayBuffer.create(tmp_path / "b", capacity=8, fields={
+        "reward": FieldSpec((), "float32"), "lp": FieldSpec((None,), "float32")})
+    buf.extend({"reward": np.array([1.0, np.nan, np.inf, -np.inf, 3.0]),
+                "lp": [np.array([np.nan]), np.ones(2), np.zeros(0), np.ones(1), np.ones(1)]})
+    buf.save(metadata={"lr": float("nan")})
+    buf.close()
+    assert main(["inspect", str(tmp_path / "b"), "--json"]) == 0
+
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    r = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert r["reward"] == {"count": 2, "mean": 2.0, "std": 1.0, "min": 1.0, "max": 3.0,
+                           "nan": 1, "inf": 2}
+    assert (r["fields"]["reward"]["nan"], r["fields"]["reward"]["inf"]) == (1, 2)
+    assert (r["fields"]["lp"]["nan"], r["fields"]["lp"]["inf"]) == (1, 0)
+    assert r["metadata"] == {"lr": None}
+    assert main(["inspect", str(tmp_path / "b")]) == 0
+    assert "non-finite: 1 NaN, 2 inf" in capsys.readouterr().out
+
+
+def _polite(argv, capsys, match):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # (after a progress bar, if any)
+    assert last.startswith("rlbuffers: error: ") and match in last and "Traceback" not in err
+    return err
+
+
+def test_errors_are_one_line_and_debug_shows_the_traceback(tmp_path, capsys):
+    _make(tmp_path / "b")
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("hello")
+    _polite(["inspect", str(a_file)], capsys, str(a_file))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _polite(["inspect", str(empty)], capsys, "not an rlbuffers buffer")
+    (tmp_path / "b" / "reward" / "zarr.json").unlink()  # a field's array metadata
+    _polite(["inspect", str(tmp_path / "b")], capsys, "reward")
+    _polite(["convert", "sb3", str(a_file), str(tmp_path / "out")], capsys, str(a_file))
+    _polite(["convert", "sb3", str(tmp_path / "missing.pkl"), str(tmp_path / "o2")], capsys,
+            "missing.pkl")
+    assert main(["--debug", "inspect", str(empty)]) == 2
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_bad_codec_is_named(tmp_path, capsys):
+    pytest = __import__("pytest")
+    sb3 = pytest.importorskip("stable_baselines3")
+    import gymnasium as gym
+    env = gym.make("CartPole-v1")
+    rb = sb3.common.buffers.ReplayBuffer(8, env.observation_space, env.action_space)
+    obs = np.zeros((1, 4), np.float32)
+    rb.add(obs, obs, np.array([0]), np.array([1.0]), np.array([False]), [{}])
+    import pickle
+    with open(tmp_path / "rb.pkl", "wb") as f:
+        pickle.dump(rb, f, protocol=5)
+    _polite(["convert", "sb3", str(tmp_path / "rb.pkl"), str(tmp_path / "o"), "--codec",
+             "bogus"], capsys, "bogus")
+
+
+def test_io_errors_name_the_path(tmp_path, capsys, monkeypatch):
+    _make(tmp_path / "b")
+
+    def no_space(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    import rlbuffers.inspection
+    monkeypatch.setattr(rlbuffers.inspection, "inspect_path", no_space)
+    err = _polite(["inspect", str(tmp_path / "b")], capsys, "No space left on device")
+    assert f"while working on {tmp_path / 'b'}" in err
+
+
+def test_help_and_inspect_import_neither_torch_nor_webdataset(tmp_path):
+    _make(tmp_path / "b")
+    code = ("import sys, contextlib, io\n"
+            "from rlbuffers.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try:\n        main(['--help'])\n    except SystemExit:\n        pass\n"
+            "    heavy = [m for m in ('torch', 'webdataset', 'zarr') if m in sys.modules]\n"
+            f"    main(['inspect', {str(tmp_path / 'b')!r}])\n"
+            "print(heavy, [m for m in ('torch', 'webdataset') if m in sys.modules])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout
+    assert out.strip() == "[] []"  # --help: nothing heavy; inspect: zarr but no torch

@@ -227,5 +227,9 @@ def test_cli_converts_and_refuses_to_overwrite(tmp_path, capsys):
     with pytest.raises(BufferExistsError):
         _cli(["convert", "sb3", str(tmp_path / "rb.pkl"), out, "--quiet"])
     assert _cli(["convert", "sb3", str(tmp_path / "rb.pkl"), out, "--overwrite", "--quiet"]) == 0
-    assert _cli(["convert", "sb3", str(tmp_path / "missing.pkl"), out, "--quiet"]) == 2
+    capsys.readouterr()
+    # through the real entry point, errors are one line and exit 2
+    assert cli_main(["convert", "sb3", str(tmp_path / "rb.pkl"), out, "--quiet"]) == 2
+    assert capsys.readouterr().err.startswith("rlbuffers: error: ")
+    assert cli_main(["convert", "sb3", str(tmp_path / "missing.pkl"), out, "--quiet"]) == 2
     assert "missing.pkl" in capsys.readouterr().err

@@ -2,31 +2,67 @@
 dynamic padding -> batches, with an exact, plain-data ``state_dict`` for mid-epoch resume.
 
 See ``docs/stream.md``.
+
+Names are imported on first use (PEP 562): ``rlbuffers shards --help`` needs none of them.
 """
 
-from rlbuffers.stream.batching import Pack, PadBatch, Row, RowBatch, budget_batches
-from rlbuffers.stream.config import Packing, Padding, StreamConfig
-from rlbuffers.stream.errors import ShardError, StreamStateError, TokenStoreError
-from rlbuffers.stream.loader import StreamLoader, build_pipeline
-from rlbuffers.stream.packing import pack_bfd, split_overflow
-from rlbuffers.stream.padding import IGNORE_INDEX, block_causal_mask, collate, padded_length
-from rlbuffers.stream.shards import (
-    iter_input_samples,
-    iter_shard,
-    open_shard,
-    read_manifest,
-    resolve_shards,
-    write_shards,
-)
-from rlbuffers.stream.sources import IndexSource, ShardSource, split_shards
-from rlbuffers.stream.stages import BlockShuffle, MapStage, Stage, WindowStage
-from rlbuffers.stream.token_store import (
-    TokenStore,
-    TokenStoreWriter,
-    build_token_store,
-    dtype_for_vocab,
-)
-from rlbuffers.stream.tokenize import TextTokenizer, Tokenize, content_key, text_of
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: name -> module of every public name.
+_LAZY = {
+    "Pack": "rlbuffers.stream.batching",
+    "PadBatch": "rlbuffers.stream.batching",
+    "Row": "rlbuffers.stream.batching",
+    "RowBatch": "rlbuffers.stream.batching",
+    "budget_batches": "rlbuffers.stream.batching",
+    "Packing": "rlbuffers.stream.config",
+    "Padding": "rlbuffers.stream.config",
+    "StreamConfig": "rlbuffers.stream.config",
+    "ShardError": "rlbuffers.stream.errors",
+    "StreamStateError": "rlbuffers.stream.errors",
+    "TokenStoreError": "rlbuffers.stream.errors",
+    "StreamLoader": "rlbuffers.stream.loader",
+    "build_pipeline": "rlbuffers.stream.loader",
+    "pack_bfd": "rlbuffers.stream.packing",
+    "split_overflow": "rlbuffers.stream.packing",
+    "IGNORE_INDEX": "rlbuffers.stream.padding",
+    "block_causal_mask": "rlbuffers.stream.padding",
+    "collate": "rlbuffers.stream.padding",
+    "padded_length": "rlbuffers.stream.padding",
+    "iter_input_samples": "rlbuffers.stream.shards",
+    "iter_shard": "rlbuffers.stream.shards",
+    "open_shard": "rlbuffers.stream.shards",
+    "read_manifest": "rlbuffers.stream.shards",
+    "resolve_shards": "rlbuffers.stream.shards",
+    "write_shards": "rlbuffers.stream.shards",
+    "IndexSource": "rlbuffers.stream.sources",
+    "ShardSource": "rlbuffers.stream.sources",
+    "split_shards": "rlbuffers.stream.sources",
+    "BlockShuffle": "rlbuffers.stream.stages",
+    "MapStage": "rlbuffers.stream.stages",
+    "Stage": "rlbuffers.stream.stages",
+    "WindowStage": "rlbuffers.stream.stages",
+    "TokenStore": "rlbuffers.stream.token_store",
+    "TokenStoreWriter": "rlbuffers.stream.token_store",
+    "build_token_store": "rlbuffers.stream.token_store",
+    "dtype_for_vocab": "rlbuffers.stream.token_store",
+    "TextTokenizer": "rlbuffers.stream.tokenize",
+    "Tokenize": "rlbuffers.stream.tokenize",
+    "content_key": "rlbuffers.stream.tokenize",
+    "text_of": "rlbuffers.stream.tokenize",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'rlbuffers.stream' has no attribute {name!r}")
+
 
 __all__ = [
     "IGNORE_INDEX", "BlockShuffle", "IndexSource", "MapStage", "Pack", "Packing", "PadBatch",

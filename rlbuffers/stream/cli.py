@@ -12,9 +12,6 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from rlbuffers.stream.errors import ShardError
-from rlbuffers.stream.shards import read_manifest, write_shards
-
 
 def _parse_bytes(text: str) -> int:
     """``"64MiB"``, ``"1GB"``, ``"1048576"`` -> bytes."""
@@ -44,6 +41,9 @@ def _records_per_sample(text: str) -> int | str:
 
 
 def _write(args: argparse.Namespace) -> int:
+    from rlbuffers.stream.errors import ShardError
+    from rlbuffers.stream.shards import read_manifest, write_shards
+
     try:
         paths = write_shards(args.out, files=args.inputs, max_shard_bytes=args.max_shard_bytes,
                              max_shard_samples=args.max_shard_samples,
@@ -58,6 +58,9 @@ def _write(args: argparse.Namespace) -> int:
 
 
 def _ls(args: argparse.Namespace) -> int:
+    from rlbuffers.stream.errors import ShardError
+    from rlbuffers.stream.shards import read_manifest
+
     try:
         manifest = read_manifest(args.dir)
     except ShardError as exn:
@@ -93,7 +96,7 @@ def add_shards_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     w.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     w.set_defaults(func=_write)
     ls = sub.add_parser("ls", help="list the shards of a directory and their sample counts")
-    ls.add_argument("dir")
+    ls.add_argument("dir", help="directory written by 'rlbuffers shards write'")
     ls.add_argument("--json", action="store_true", help="print the manifest as JSON")
     ls.set_defaults(func=_ls)
     return shards
