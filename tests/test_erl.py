@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from rlbuffers import ReplayBuffer
-from trainers import erl
+from trainers import common, erl
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--env", "HalfCheetah-v5", "--max-episode-steps", "50", "--pop-size", "3",
@@ -154,7 +154,7 @@ def test_smoke_two_generations_write_every_artifact(tmp_path):
 def test_help_lists_every_config_field_with_its_docstring():
     out = subprocess.run([sys.executable, "-m", "trainers.erl", "--help"], cwd=REPO,
                          capture_output=True, text=True, timeout=TIMEOUT_S).stdout
-    docs = erl.field_docs(erl.Config)
+    docs = common.field_docs(erl.Config)
     assert set(docs) == {f for f in erl.Config.__dataclass_fields__}
     for name in docs:
         assert "--" + name.replace("_", "-") in out
@@ -214,6 +214,6 @@ def test_restore_metrics_drops_uncommitted_and_restores_lost_lines(tmp_path):
     logged = [{"generation": g, "save_bytes": 10 * g} for g in (1, 3, 4)]
     path.write_text("".join(json.dumps(r) + "\n" for r in logged) + '{"generation": 5, "sa')
     history = [{"generation": g} for g in (1, 2, 3)]
-    erl.restore_metrics(path, history)
+    common.restore_metrics(path, history, "generation")
     assert [json.loads(line) for line in path.read_text().splitlines()] == [
         {"generation": 1, "save_bytes": 10}, {"generation": 2}, {"generation": 3, "save_bytes": 30}]

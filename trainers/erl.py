@@ -24,17 +24,12 @@ Writes into ``--run-dir``: ``config.json``, ``buffer/`` (the replay buffer), ``c
 
 from __future__ import annotations
 
-import argparse
-import ast
 import copy
 import dataclasses
-import inspect
 import json
 import logging
 import os
-import random
 import sys
-import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +44,8 @@ from torch import nn
 from rlbuffers import FieldSpec, ReplayBuffer
 from rlbuffers.checkpoint import Checkpoints, create_run
 from rlbuffers.memory import MemoryMonitor
+from trainers import common
+from trainers.common import restore_metrics, rng_states, set_rng_states
 
 MIB = 2**20
 
@@ -133,37 +130,11 @@ class Config:
 RESUMABLE = {"run_dir", "resume", "generations", "warn_below_available_mib", "torch_threads"}
 
 
-def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of a dataclass (for ``--help``)."""
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body  # type: ignore[attr-defined]
-    return {a.target.id: b.value.value for a, b in zip(body, body[1:], strict=False)
-            if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr)
-            and isinstance(b.value, ast.Constant)}
-
-
 def parse_config(argv: list[str] | None = None) -> Config:
     """Build the Config from command-line flags (one ``--flag`` per field); on ``--resume``
     start from ``run_dir/config.json`` and apply only the flags in RESUMABLE."""
-    parser = argparse.ArgumentParser(prog="python -m trainers.erl",
-                                     description=__doc__.split("\n\n")[0])
-    docs = field_docs(Config)
-    for f in dataclasses.fields(Config):
-        kind = argparse.BooleanOptionalAction if isinstance(f.default, bool) else None
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, action=kind,
-                            help=f"{docs[f.name]} (default: {f.default})",
-                            type=None if kind else type(f.default), default=argparse.SUPPRESS)
-    given = vars(parser.parse_args(argv))
-    run_dir = Path(given.get("run_dir", Config.run_dir))
-    if not given.get("resume"):
-        if run_dir.exists() and any(run_dir.iterdir()):
-            parser.error(f"{run_dir} already holds a run: pass --resume or another --run-dir")
-        return Config(**given)
-    saved = json.loads((run_dir / "config.json").read_text())
-    clash = {k: (saved[k], v) for k, v in given.items() if k not in RESUMABLE and saved[k] != v}
-    if clash:
-        parser.error(f"--resume keeps the run's settings; these differ from {run_dir}/config.json "
-                     f"(saved, given): {clash}")
-    return Config(**{**saved, **given})
+    return common.parse_config(Config, argv, prog="python -m trainers.erl",
+                               description=__doc__.split("\n\n")[0], resumable=RESUMABLE)
 
 
 # ------------------------------------------------------------------------------------------
@@ -376,40 +347,9 @@ def checkpoints(cfg: Config) -> Checkpoints:
     return Checkpoints(Path(cfg.run_dir) / "ckpt", prefix="gen", keep=cfg.keep_checkpoints)
 
 
-def rng_states(rng: np.random.Generator) -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "numpy": rng.bit_generator.state,
-            "python": random.getstate()}
-
-
-def set_rng_states(states: dict[str, Any], rng: np.random.Generator) -> None:
-    torch.set_rng_state(states["torch"])
-    rng.bit_generator.state = states["numpy"]
-    random.setstate(states["python"])
-
-
 # ------------------------------------------------------------------------------------------
 # Progress: metrics.jsonl and curve.png
 # ------------------------------------------------------------------------------------------
-def write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)  # metrics.jsonl is rebuilt from the checkpoint: no fsync needed
-
-
-def restore_metrics(path: Path, history: list[dict[str, Any]]) -> None:
-    """Make metrics.jsonl hold exactly the checkpoint's generations: drop lines of generations
-    that never committed (and a line cut by a crash); a committed generation whose line was
-    lost is restored from the checkpoint's history (without its save figures)."""
-    logged: dict[int, str] = {}
-    for line in (path.read_text().splitlines() if path.exists() else []):
-        try:
-            logged[json.loads(line)["generation"]] = line
-        except (json.JSONDecodeError, KeyError, TypeError):
-            continue
-    lines = [logged.get(h["generation"], json.dumps(h)) for h in history]
-    write_atomic(path, "".join(line + "\n" for line in lines).encode())
-
-
 def plot_curve(path: Path, history: list[dict[str, Any]], env_id: str) -> None:
     """Learning curve (best / mean fitness, learner return vs env steps) to ``path`` (PNG)."""
     import matplotlib
@@ -470,7 +410,7 @@ def open_run(cfg: Config, obs_dim: int, act_dim: int) -> tuple[ReplayBuffer, dic
     if ckpt is None:
         return buf, None
     state = torch.load(ckpt / "state.pt", weights_only=True)
-    restore_metrics(run_dir / "metrics.jsonl", state["history"])
+    restore_metrics(run_dir / "metrics.jsonl", state["history"], "generation")
     return buf, state
 
 
