@@ -31,9 +31,11 @@ def _size(n: float) -> str:
     return f"{n}"
 
 
-def _stats(s: dict[str, float] | None) -> str:
+def _stats(s: dict[str, Any] | None) -> str:
     if not s:
         return "none"
+    if not s["count"]:
+        return "no finite values (n=0)"
     return (
         f"mean {s['mean']:.4g}  std {s['std']:.4g}  min {s['min']:.4g}  "
         f"max {s['max']:.4g}  (n={s['count']})"
@@ -107,10 +109,25 @@ def _strict(x: Any) -> Any:
     return x
 
 
+def json_option(text: str | None, option: str) -> Any:
+    """The value of a JSON command-line option (None when not given).
+
+    Raises:
+        ValueError: ``text`` is not valid JSON (the option and the text are named).
+    """
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{option}: expected JSON such as '{{\"key\": \"value\"}}', "
+                         f"got {text!r} ({e})") from None
+
+
 def _inspect(args: argparse.Namespace) -> int:
     from rlbuffers.inspection import inspect_path
 
-    options = json.loads(args.storage_options) if args.storage_options else None
+    options = json_option(args.storage_options, "--storage-options")
     report = inspect_path(args.path, verify=args.verify, storage_options=options,
                           generation=args.generation)
     if args.json:
@@ -129,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
                                             "options.")
     parser.add_argument("--debug", action="store_true",
                         help="on an error, show the Python traceback")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                title="commands")
     p = sub.add_parser("inspect", help="describe a stored replay buffer",
                        description="Describe the buffer's last commit (or a kept older one): "
                        "fields, sizes, compression, NaN/inf counts, sampler, reward "
@@ -154,7 +172,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_shards_parser(sub)
     add_convert_parser(sub)
     add_verify_parser(sub)
+    _debug_everywhere(sub)
     return parser
+
+
+def _debug_everywhere(sub: Any) -> None:
+    """Accept ``--debug`` after a command too (``rlbuffers inspect PATH --debug``)."""
+    for p in sub.choices.values():
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="on an error, show the Python traceback")
+        for action in p._actions:  # nested commands: shards write, convert sb3
+            if isinstance(action, argparse._SubParsersAction):
+                _debug_everywhere(action)
 
 
 def _where(args: argparse.Namespace) -> str:
@@ -177,10 +206,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # every failure is one line (or a traceback with --debug)
         if args.debug:
             traceback.print_exc()
+        elif isinstance(e, RLBuffersError):  # their messages name the buffer or the field
+            print(f"rlbuffers: error: {e}", file=sys.stderr)
         elif isinstance(e, OSError):  # permission, disk full, network: not corruption
             where = "" if e.filename else f" (while working on {_where(args)})"
             print(f"rlbuffers: error: I/O error: {e}{where}", file=sys.stderr)
-        elif isinstance(e, (RLBuffersError, ValueError, TypeError, KeyError)):
+        elif isinstance(e, (ValueError, TypeError, KeyError)):
             print(f"rlbuffers: error: {e}", file=sys.stderr)
         else:
             print(f"rlbuffers: error: {type(e).__name__}: {e} (--debug shows where)",

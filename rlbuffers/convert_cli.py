@@ -20,9 +20,10 @@ def add_convert_parser(subparsers: Any) -> argparse.ArgumentParser:
     exit code (0 done); errors propagate to :func:`rlbuffers.cli.main`, which prints them.
     """
     p = subparsers.add_parser(
-        "convert", help="convert another library's saved replay buffer into an rlbuffers buffer"
-    )
-    sources = p.add_subparsers(dest="source", required=True)
+        "convert", help="convert another library's saved replay buffer (sb3)",
+        description="Convert another library's saved replay buffer into an rlbuffers buffer.")
+    sources = p.add_subparsers(dest="source", required=True, metavar="SOURCE",
+                               title="sources")
     s = sources.add_parser(
         "sb3",
         help="a Stable-Baselines3 save_replay_buffer pickle (ReplayBuffer / DictReplayBuffer)",
@@ -32,14 +33,14 @@ def add_convert_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     s.add_argument("pickle", help="the file model.save_replay_buffer() wrote (.pkl, or gzipped)")
     s.add_argument("out", help="directory of the new rlbuffers buffer")
-    s.add_argument("--capacity", type=int, default=None,
+    s.add_argument("--capacity", type=int, default=None, metavar="N",
                    help="ring size in transitions (default: SB3's buffer_size)")
-    s.add_argument("--chunk-transitions", type=int, default=None,
+    s.add_argument("--chunk-transitions", type=int, default=None, metavar="N",
                    help="transitions per stored chunk (default: ~4 MiB raw per chunk)")
-    s.add_argument("--codec", default=None,
-                   help="blosc-zstd, blosc-lz4, zstd or none (default: the library's default, "
-                        "blosc-zstd)")
-    s.add_argument("--seed", type=int, default=None, help="seed of the new buffer's RNG")
+    s.add_argument("--codec", default=None, metavar="NAME",
+                   help="blosc-zstd (default), blosc-lz4, zstd or none")
+    s.add_argument("--seed", type=int, default=None, metavar="N",
+                   help="seed of the new buffer's RNG")
     s.add_argument("--overwrite", action="store_true", help="replace an existing buffer at OUT")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_convert_sb3)
@@ -49,13 +50,19 @@ def add_convert_parser(subparsers: Any) -> argparse.ArgumentParser:
 def _convert_sb3(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from rlbuffers.compression import DEFAULT_CODEC
+    from rlbuffers.compression import CODECS, DEFAULT_CODEC
     from rlbuffers.convert import convert_sb3
     from rlbuffers.inspection import inspect_path
 
-    bar = None if args.quiet else tqdm(unit=" transitions", unit_scale=True, file=sys.stderr)
+    codec = args.codec or DEFAULT_CODEC
+    if codec not in CODECS:  # before reading a large pickle
+        raise ValueError(f"--codec: expected one of {', '.join(CODECS)}, got {codec!r}")
+    bar = None
 
     def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None and not args.quiet:  # not before the pickle is known to be readable
+            bar = tqdm(unit=" transitions", unit_scale=True, file=sys.stderr)
         if bar is not None:
             bar.total = total
             bar.update(done - bar.n)
@@ -64,7 +71,7 @@ def _convert_sb3(args: argparse.Namespace) -> int:
     try:
         buf = convert_sb3(
             args.pickle, args.out, capacity=args.capacity,
-            chunk_transitions=args.chunk_transitions, codec=args.codec or DEFAULT_CODEC,
+            chunk_transitions=args.chunk_transitions, codec=codec,
             seed=args.seed,
             overwrite=args.overwrite, progress=progress,
         )

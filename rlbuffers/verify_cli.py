@@ -22,7 +22,7 @@ def add_verify_parser(subparsers: Any) -> argparse.ArgumentParser:
         "buffer open.")
     p.add_argument("path", help="buffer directory or URL")
     p.add_argument("--repair", action="store_true", help="rewrite damaged chunks if possible")
-    p.add_argument("--working-dir", default=None, help="the writer's working tier "
+    p.add_argument("--working-dir", default=None, metavar="DIR", help="the writer's working tier "
                    "(default: PATH/.working, or the cache directory for a URL)")
     p.add_argument("--storage-options", metavar="JSON", default=None,
                    help="fsspec options for a URL")
@@ -32,7 +32,9 @@ def add_verify_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    options = json.loads(args.storage_options) if args.storage_options else None
+    from rlbuffers.cli import json_option
+
+    options = json_option(args.storage_options, "--storage-options")
     if args.repair:
         from rlbuffers.repair import repair
 

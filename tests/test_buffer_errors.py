@@ -246,3 +246,32 @@ def test_io_errors_are_not_reported_as_corruption(buf, capsys, monkeypatch):
     assert main(["inspect", str(buf.path), "--verify"]) == 2
     err = capsys.readouterr().err
     assert "I/O error" in err and "Permission denied" in err and "corrupt" not in err
+
+
+def test_save_io_errors_name_the_path(buf, monkeypatch):
+    """ENOSPC or EIO from write() / fsync() carries no file name: the save adds the path it
+    was writing, keeps the errno, and the next save (space freed) commits."""
+    real_set = zarr.storage.LocalStore.set
+
+    async def full_disk(self, key, *a, **k):
+        if key.startswith("c/"):
+            raise OSError(28, "No space left on device")
+        return await real_set(self, key, *a, **k)
+
+    monkeypatch.setattr(zarr.storage.LocalStore, "set", full_disk)
+    with pytest.raises(OSError, match="No space left on device") as e:
+        buf.save()
+    assert e.value.errno == 28 and str(buf.path) in e.value.filename
+    assert str(buf.path) in str(e.value)
+    monkeypatch.setattr(zarr.storage.LocalStore, "set", real_set)
+
+    def eio(self, rel):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(Location, "sync_tree", eio)
+    with pytest.raises(OSError, match="Input/output error") as e:
+        buf.save()
+    assert e.value.errno == 5 and e.value.filename.endswith("versions/g1")
+    monkeypatch.undo()
+    assert buf.save().generation == 1
+    buf.close()

@@ -119,10 +119,7 @@ def test_json_is_strict_and_counts_nan_and_inf(tmp_path, capsys):
     buf.close()
     assert main(["inspect", str(tmp_path / "b"), "--json"]) == 0
 
-    def refuse(constant):
-        raise ValueError(f"not strict JSON: {constant}")
-
-    r = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    r = json.loads(capsys.readouterr().out, parse_constant=_refuse)
     assert r["reward"] == {"count": 2, "mean": 2.0, "std": 1.0, "min": 1.0, "max": 3.0,
                            "nan": 1, "inf": 2}
     assert (r["fields"]["reward"]["nan"], r["fields"]["reward"]["inf"]) == (1, 2)
@@ -135,8 +132,8 @@ def test_json_is_strict_and_counts_nan_and_inf(tmp_path, capsys):
 def _polite(argv, capsys, match):
     assert main(argv) == 2
     err = capsys.readouterr().err
-    last = err.strip().splitlines()[-1]  # (after a progress bar, if any)
-    assert last.startswith("rlbuffers: error: ") and match in last and "Traceback" not in err
+    assert err.startswith("rlbuffers: error: ") and match in err and "Traceback" not in err
+    assert err.count("\n") == 1, err  # one line: no progress bar, no warning
     return err
 
 
@@ -144,32 +141,26 @@ def test_errors_are_one_line_and_debug_shows_the_traceback(tmp_path, capsys):
     _make(tmp_path / "b")
     a_file = tmp_path / "file.txt"
     a_file.write_text("hello")
-    _polite(["inspect", str(a_file)], capsys, str(a_file))
+    _polite(["inspect", str(a_file)], capsys, f"{a_file}: not an rlbuffers buffer (a file")
+    _polite(["verify", str(a_file)], capsys, "a file, not a directory")
     empty = tmp_path / "empty"
     empty.mkdir()
-    _polite(["inspect", str(empty)], capsys, "not an rlbuffers buffer")
-    (tmp_path / "b" / "reward" / "zarr.json").unlink()  # a field's array metadata
-    _polite(["inspect", str(tmp_path / "b")], capsys, "reward")
+    _polite(["inspect", str(empty)], capsys, f"{empty}: not an rlbuffers buffer (no manifest")
+    _polite(["inspect", str(tmp_path / "missing")], capsys, "missing: not an rlbuffers buffer")
     _polite(["convert", "sb3", str(a_file), str(tmp_path / "out")], capsys, str(a_file))
     _polite(["convert", "sb3", str(tmp_path / "missing.pkl"), str(tmp_path / "o2")], capsys,
             "missing.pkl")
-    assert main(["--debug", "inspect", str(empty)]) == 2
-    assert "Traceback" in capsys.readouterr().err
-
-
-def test_bad_codec_is_named(tmp_path, capsys):
-    pytest = __import__("pytest")
-    sb3 = pytest.importorskip("stable_baselines3")
-    import gymnasium as gym
-    env = gym.make("CartPole-v1")
-    rb = sb3.common.buffers.ReplayBuffer(8, env.observation_space, env.action_space)
-    obs = np.zeros((1, 4), np.float32)
-    rb.add(obs, obs, np.array([0]), np.array([1.0]), np.array([False]), [{}])
-    import pickle
-    with open(tmp_path / "rb.pkl", "wb") as f:
-        pickle.dump(rb, f, protocol=5)
-    _polite(["convert", "sb3", str(tmp_path / "rb.pkl"), str(tmp_path / "o"), "--codec",
-             "bogus"], capsys, "bogus")
+    _polite(["convert", "sb3", str(a_file), str(tmp_path / "o3"), "--codec", "bogus"], capsys,
+            "--codec: expected one of blosc-zstd, blosc-lz4, zstd, none, got 'bogus'")
+    assert not (tmp_path / "o3").exists()  # refused before anything was read or written
+    _polite(["inspect", str(tmp_path / "b"), "--storage-options", "{bad"], capsys,
+            "--storage-options: expected JSON")
+    _polite(["shards", "ls", str(empty)], capsys, "no shards.json")
+    for argv in (["--debug", "inspect", str(empty)], ["inspect", str(empty), "--debug"],
+                 ["convert", "sb3", str(a_file), str(tmp_path / "o4"), "--debug"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "Traceback (most recent call last)" in err and "rlbuffers: error" not in err
 
 
 def test_io_errors_name_the_path(tmp_path, capsys, monkeypatch):
@@ -183,16 +174,48 @@ def test_io_errors_name_the_path(tmp_path, capsys, monkeypatch):
     err = _polite(["inspect", str(tmp_path / "b")], capsys, "No space left on device")
     assert f"while working on {tmp_path / 'b'}" in err
 
+    def named(*a, **k):
+        raise OSError(28, "No space left on device", "/data/b/versions/g3/obs/c/0")
 
-def test_help_and_inspect_import_neither_torch_nor_webdataset(tmp_path):
-    _make(tmp_path / "b")
-    code = ("import sys, contextlib, io\n"
-            "from rlbuffers.cli import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()):\n"
-            "    try:\n        main(['--help'])\n    except SystemExit:\n        pass\n"
-            "    heavy = [m for m in ('torch', 'webdataset', 'zarr') if m in sys.modules]\n"
-            f"    main(['inspect', {str(tmp_path / 'b')!r}])\n"
-            "print(heavy, [m for m in ('torch', 'webdataset') if m in sys.modules])\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=ROOT).stdout
-    assert out.strip() == "[] []"  # --help: nothing heavy; inspect: zarr but no torch
+    monkeypatch.setattr(rlbuffers.inspection, "inspect_path", named)
+    err = _polite(["inspect", str(tmp_path / "b")], capsys, "'/data/b/versions/g3/obs/c/0'")
+    assert "while working on" not in err
+
+
+def test_reward_with_no_finite_value(tmp_path, capsys):
+    buf = ReplayBuffer.create(tmp_path / "b", capacity=4, fields={
+        "reward": FieldSpec((), "float64"), "a": FieldSpec((), "int8")})
+    buf.extend({"reward": np.array([np.nan, np.inf]), "a": np.array([1, 2])})
+    buf.save()
+    buf.close()
+    assert main(["inspect", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "reward      no finite values (n=0)  non-finite: 1 NaN, 1 inf" in out
+    row = next(line for line in out.splitlines() if line.startswith("a "))
+    assert row.split()[-2:] == ["-", "-"]  # no counts for integer fields
+    assert main(["inspect", str(tmp_path / "b"), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out, parse_constant=_refuse)
+    assert r["reward"] == {"count": 0, "mean": None, "std": None, "min": None, "max": None,
+                           "nan": 1, "inf": 1}
+
+
+def _refuse(constant):
+    raise ValueError(f"not strict JSON: {constant}")
+
+
+def test_every_command_and_option_has_a_help_line():
+    from rlbuffers.cli import build_parser
+
+    def walk(parser, name):
+        for action in parser._actions:
+            if action.dest in ("help",):
+                continue
+            if hasattr(action, "choices") and isinstance(action.choices, dict):
+                helps = {a.dest: a.help for a in action._choices_actions}
+                for sub_name, sub in action.choices.items():
+                    assert helps.get(sub_name), f"{name} {sub_name}: no help"
+                    walk(sub, f"{name} {sub_name}")
+            else:
+                assert action.help, f"{name} {action.option_strings or action.dest}: no help"
+
+    walk(build_parser(), "rlbuffers")

@@ -58,6 +58,18 @@ LEGACY_STAGING = ".staging"
 #: (crc32c: ValueError), a bad Blosc or zstd frame (RuntimeError / ValueError), a vlen-bytes
 #: frame of the wrong length (IndexError / ValueError). I/O errors (OSError) are not among them.
 DECODE_ERRORS = (ValueError, RuntimeError, IndexError, TypeError)
+
+
+@contextmanager
+def _naming(path: str) -> Iterator[None]:
+    """Add ``path`` to an OSError that names no file (``write()`` and ``fsync()`` failing
+    with ENOSPC or EIO do not), so that the message says where the save was writing."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is not None or e.errno is None or isinstance(e, CorruptChunkError):
+            raise
+        raise OSError(e.errno, e.strerror, path) from e
 #: A chunk of zeros must still be written (the manifest lists it).
 _CONFIG: ArrayConfigParams = {"write_empty_chunks": True}
 
@@ -103,10 +115,15 @@ class ZarrTier:
         """The tier at ``loc`` as of its last commit, or of a kept ``generation``.
 
         Raises:
-            NotABufferError, FormatVersionError: as :func:`read_manifest`.
+            NotABufferError, FormatVersionError: as :func:`read_manifest`; NotABufferError
+                also for a path that is a file, not a directory.
             SnapshotReclaimedError: ``generation`` is not kept any more (or never existed).
         """
-        head = read_manifest(loc)
+        try:
+            head = read_manifest(loc)
+        except NotADirectoryError:
+            raise NotABufferError(f"{loc}: not an rlbuffers buffer (a file, not a directory)") \
+                from None
         if generation is None or generation == head.generation:
             return cls(loc, head)
         try:
@@ -201,7 +218,8 @@ class ZarrTier:
             blob = np.empty(len(data), dtype=object)
             blob[:] = [np.ascontiguousarray(v).tobytes() for v in data]
             data = blob
-        stage[a : a + len(data)] = data
+        with _naming(self.loc.full(dst)):
+            stage[a : a + len(data)] = data
         sizes = self._staged.setdefault(name, {})
         last = c + ceil_div(len(data), self.layout.stored_chunk_rows[name])
         for i in range(c, last):
@@ -218,9 +236,12 @@ class ZarrTier:
         for name, sizes in self._staged.items():
             chunks[name].update({c: (gen, size) for c, size in sizes.items()})
         manifest = manifest.replace(chunks=chunks, format_version=FORMAT_VERSION)
-        self.loc.sync_tree(f"{VERSIONS}/g{gen}")
-        write_manifest(self.loc, manifest, history_file(gen))
-        write_manifest(self.loc, manifest)
+        with _naming(self.loc.full(f"{VERSIONS}/g{gen}")):
+            self.loc.sync_tree(f"{VERSIONS}/g{gen}")
+        with _naming(self.loc.full(history_file(gen))):
+            write_manifest(self.loc, manifest, history_file(gen))
+        with _naming(self.loc.full(MANIFEST)):
+            write_manifest(self.loc, manifest)
         self.manifest = self._history[gen] = manifest
         self._staged, self._stage_arrays = {}, {}
 

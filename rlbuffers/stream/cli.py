@@ -50,7 +50,7 @@ def _write(args: argparse.Namespace) -> int:
                              records_per_sample=args.records_per_sample, prefix=args.prefix,
                              progress=not args.no_progress)
     except (ShardError, ValueError, OSError) as exn:
-        print(f"error: {exn}", file=sys.stderr)
+        print(f"rlbuffers: error: {exn}", file=sys.stderr)
         return 2
     manifest = read_manifest(args.out)
     print(f"wrote {manifest['samples']} samples into {len(paths)} shards in {args.out}")
@@ -64,7 +64,7 @@ def _ls(args: argparse.Namespace) -> int:
     try:
         manifest = read_manifest(args.dir)
     except ShardError as exn:
-        print(f"error: {exn}", file=sys.stderr)
+        print(f"rlbuffers: error: {exn}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(manifest, indent=1))
@@ -78,21 +78,27 @@ def _ls(args: argparse.Namespace) -> int:
 def add_shards_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``shards write`` and ``shards ls`` on ``subparsers`` (from
     ``parser.add_subparsers()``); each sets ``func(args) -> int`` (the exit code)."""
-    shards = subparsers.add_parser("shards", help="write and list webdataset tar shards")
-    sub = shards.add_subparsers(dest="shards_command", required=True)
+    shards = subparsers.add_parser(
+        "shards", help="write and list webdataset tar shards",
+        description="Write text or JSON-lines files as webdataset tar shards for the "
+        "streaming token pipeline (rlbuffers.stream), and list them.")
+    sub = shards.add_subparsers(dest="shards_command", required=True, metavar="COMMAND",
+                                title="commands")
     w = sub.add_parser("write", help="write .jsonl / .txt files as tar shards")
     w.add_argument("inputs", nargs="+", help=".jsonl/.ndjson (one sample per line) or "
                    ".txt/.md files (one sample per file)")
-    w.add_argument("--out", required=True, help="output directory")
+    w.add_argument("--out", required=True, metavar="DIR", help="output directory")
     w.add_argument("--max-shard-bytes", type=_parse_bytes, default=256 * 2**20,
+                   metavar="SIZE",
                    help="largest shard file in bytes, e.g. 256MiB (default)")
-    w.add_argument("--max-shard-samples", type=int, default=2**31,
+    w.add_argument("--max-shard-samples", type=int, default=2**31, metavar="N",
                    help="most samples per shard")
     w.add_argument("--records-per-sample", type=_records_per_sample, default="auto",
+                   metavar="N|auto",
                    help="records stored together in one jsonl tar member (faster reading of "
                         "short records); 1: one tar sample per record; auto (default): short "
                         "records grouped into ~16 KiB members, long ones alone")
-    w.add_argument("--prefix", default="shard", help="shard file name prefix")
+    w.add_argument("--prefix", default="shard", metavar="NAME", help="shard file name prefix")
     w.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     w.set_defaults(func=_write)
     ls = sub.add_parser("ls", help="list the shards of a directory and their sample counts")
