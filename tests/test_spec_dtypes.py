@@ -77,6 +77,48 @@ def check(arr, target, py_values):
         np.testing.assert_array_equal(got, want)  # float rounding only, NaN where NaN
 
 
+@pytest.fixture(scope="module")
+def buffers(tmp_path_factory):
+    """One buffer per target dtype, each with a scalar field ``x`` and a ragged field ``t``,
+    filled by the examples of the test below (closed at the end)."""
+    root = tmp_path_factory.mktemp("dtypes")
+    bufs = {t: ReplayBuffer.create(root / t, capacity=100_000, fields={
+        "x": FieldSpec((), t), "t": FieldSpec((None,), t)}) for t in INTS + ["bool"]}
+    yield bufs
+    for b in bufs.values():
+        b.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(source=st.sampled_from(INTS + ["bool"]), target=st.sampled_from(INTS + ["bool"]),
+       data=st.data())
+def test_extend_stores_iff_representable_and_reads_back_equal(buffers, source, target, data):
+    """Through the buffer: ``extend`` succeeds iff every value fits, a refused batch leaves the
+    buffer unchanged, and what was stored reads back equal, for the fixed and the ragged
+    field."""
+    src = np.dtype(source)
+    if src.kind == "b":
+        values = data.draw(st.lists(st.booleans(), min_size=1, max_size=6))
+    else:
+        info = np.iinfo(src)
+        values = data.draw(st.lists(st.integers(int(info.min), int(info.max)), min_size=1,
+                                    max_size=6))
+    buf, n = buffers[target], len(values)
+    arr = np.array(values, dtype=src)
+    before = buf.total_added
+    if not all(fits(int(v), np.dtype(target)) for v in values):
+        with pytest.raises(FieldError, match=f"does not fit dtype {target}"):
+            buf.extend({"x": arr, "t": [arr] * n})
+        assert buf.total_added == before
+        return
+    buf.extend({"x": arr, "t": [arr[:i] for i in range(n)]})
+    back = buf[np.arange(len(buf) - n, len(buf))]
+    assert back["x"].dtype == np.dtype(target)
+    assert [int(v) for v in back["x"]] == [int(v) for v in values]
+    assert [[int(v) for v in row] for row in back["t"]] == [
+        [int(v) for v in values[:i]] for i in range(n)]
+
+
 def test_cases_from_the_issue():
     with pytest.raises(FieldError, match="value 300 \\(uint16\\) does not fit dtype uint8"):
         check_row("obs", FieldSpec((1,), "uint8"), np.array([300], np.uint16))
