@@ -10,8 +10,7 @@ The buffer, spec and sampler names are imported on first use (PEP 562), so the c
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rlbuffers.errors import (
     BufferClosedError,
@@ -25,6 +24,7 @@ from rlbuffers.errors import (
     ReadOnlyError,
     RLBuffersError,
 )
+from rlbuffers.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from rlbuffers.buffer import ReplayBuffer, SaveReport
@@ -48,12 +48,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'rlbuffers' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [

@@ -1,6 +1,6 @@
 """Plumbing the reference trainers share: a config dataclass as command-line flags (with
-``--resume`` keeping the run's settings), RNG states, and ``metrics.jsonl`` rebuilt from a
-checkpoint's history."""
+``--resume`` keeping the run's settings), RNG states, ``metrics.jsonl`` rebuilt from a
+checkpoint's history, and curve figures saved atomically."""
 
 from __future__ import annotations
 
@@ -94,3 +94,24 @@ def restore_metrics(path: Path, history: list[dict[str, Any]], key: str) -> None
             continue
     lines = [logged.get(h[key], json.dumps(h)) for h in history]
     write_atomic(path, "".join(line + "\n" for line in lines).encode())
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the non-interactive Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Save ``fig`` as ``path`` (PNG) through a temporary file and a rename, then close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    tmp = path.with_name("tmp-" + path.name)
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, path)

@@ -28,7 +28,6 @@ import copy
 import dataclasses
 import json
 import logging
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -45,7 +44,13 @@ from rlbuffers import FieldSpec, ReplayBuffer
 from rlbuffers.checkpoint import Checkpoints, create_run
 from rlbuffers.memory import MemoryMonitor
 from trainers import common
-from trainers.common import restore_metrics, rng_states, set_rng_states
+from trainers.common import (
+    pyplot,
+    restore_metrics,
+    rng_states,
+    save_figure,
+    set_rng_states,
+)
 
 MIB = 2**20
 
@@ -352,11 +357,7 @@ def checkpoints(cfg: Config) -> Checkpoints:
 # ------------------------------------------------------------------------------------------
 def plot_curve(path: Path, history: list[dict[str, Any]], env_id: str) -> None:
     """Learning curve (best / mean fitness, learner return vs env steps) to ``path`` (PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     steps = [h["env_steps"] for h in history]
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=80)
     ax.plot(steps, [h["best_fitness"] for h in history], label="best actor (fitness)")
@@ -365,11 +366,7 @@ def plot_curve(path: Path, history: list[dict[str, Any]], env_id: str) -> None:
     ax.set(xlabel="env steps", ylabel="episode return", title=f"ERL + TD3 on {env_id}")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    tmp = path.with_name("tmp-" + path.name)
-    fig.savefig(tmp)
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(fig, path)
 
 
 def progress_line(row: dict[str, Any], cfg: Config) -> str:

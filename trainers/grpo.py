@@ -58,7 +58,15 @@ from rlbuffers.stream.packing import pack_bfd
 from rlbuffers.stream.padding import collate
 from rlbuffers.stream.token_store import TokenStore, build_token_store
 from rlbuffers.stream.tokenize import TextTokenizer
-from trainers.common import parse_config, restore_metrics, rng_states, set_rng_states, write_atomic
+from trainers.common import (
+    parse_config,
+    pyplot,
+    restore_metrics,
+    rng_states,
+    save_figure,
+    set_rng_states,
+    write_atomic,
+)
 from trainers.grpo_config import RESUMABLE, Config, check_config
 from trainers.lm import load_causal_lm
 from trainers.math_tasks import (
@@ -438,11 +446,7 @@ def evaluate(model: Any, tok: Any, cfg: Config, problems: Any, asdiv: list[dict[
 
 
 def plot_curve(path: Path, history: list[dict[str, Any]], cfg: Config) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     steps = [h["step"] for h in history]
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=80)
     ax.plot(steps, [h["reward_mean"] for h in history], label="reward (mean)")
@@ -452,11 +456,7 @@ def plot_curve(path: Path, history: list[dict[str, Any]], cfg: Config) -> None:
     ax.set(xlabel="step", ylabel="reward / accuracy", title=f"GRPO on {cfg.task}")
     ax.grid(alpha=0.3)
     fig.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    tmp = path.with_name("tmp-" + path.name)
-    fig.savefig(tmp)
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(fig, path)
 
 
 def open_run(cfg: Config, model: Any, tok: Any, model_dir: Path

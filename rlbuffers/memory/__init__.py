@@ -8,9 +8,7 @@ replay buffer only needs the figures and limits) still imports this package.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from rlbuffers.lazy import lazy_attributes
 from rlbuffers.memory.cgroup import cgroup_available_bytes, cgroup_limit_bytes
 from rlbuffers.memory.limits import available_bytes, memory_limit_bytes
 from rlbuffers.memory.monitor import MemoryMonitor, MemorySnapshot
@@ -44,10 +42,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [

@@ -8,8 +8,7 @@ Names are imported on first use (PEP 562): ``rlbuffers shards --help`` needs non
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from rlbuffers.lazy import lazy_attributes
 
 #: name -> module of every public name.
 _LAZY = {
@@ -56,12 +55,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'rlbuffers.stream' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [
