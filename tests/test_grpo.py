@@ -273,3 +273,15 @@ def test_lora_with_mu_iterations_reads_groups_back_from_the_buffer(tiny_dir, tmp
 def test_bad_settings_are_named(tmp_path, flag, value, match):
     with pytest.raises(ValueError, match=match):
         grpo.main(["--run-dir", str(tmp_path / "x"), flag, value])
+
+
+def test_generation_batch_is_capped_and_fits_the_budget(tiny_model):
+    kv = grpo.kv_bytes_per_token(tiny_model.config)  # 2 layers * 1 kv head * 8 dims * 2 * 4
+    assert kv == 2 * 2 * 1 * 8 * 4
+    cfg = grpo.Config(generation_batch=64, memory_budget="none", max_completion_tokens=10)
+    assert grpo.generation_batch(cfg, tiny_model, 100, 20) == 64
+    assert grpo.generation_batch(cfg, tiny_model, 10, 20) == 10
+    per_seq = 30 * kv + 2 * 4 * 50
+    cfg = grpo.Config(generation_batch=0, memory_budget=str(5 * per_seq + 1),
+                      max_completion_tokens=10)
+    assert grpo.generation_batch(cfg, tiny_model, 100, 20) == 5

@@ -239,16 +239,16 @@ def kv_bytes_per_token(config: Any) -> int:
 
 
 def generation_batch(cfg: Config, model: Any, n: int, longest_prompt: int) -> int:
-    """Sequences per generate call: --generation-batch, else what the memory budget allows
-    (KV cache of prompt + completion plus two fp32 rows of logits per sequence)."""
-    if cfg.generation_batch:
-        return min(n, cfg.generation_batch)
+    """Sequences per generate call: at most --generation-batch (0: no cap) and what the memory
+    budget allows (KV cache of prompt + completion plus two fp32 rows of logits per
+    sequence)."""
+    cap = min(n, cfg.generation_batch or n)
     budget = memory_budget(cfg)
     if budget is None:
-        return n
+        return cap
     per_seq = (longest_prompt + cfg.max_completion_tokens) * kv_bytes_per_token(model.config) \
         + 2 * 4 * model.config.vocab_size
-    return max(1, min(n, budget // per_seq))
+    return max(1, min(cap, budget // per_seq))
 
 
 def memory_budget(cfg: Config) -> int | None:

@@ -75,8 +75,10 @@ class Config:
     memory_budget: str = "auto"
     """Extra bytes a generation batch or update micro-batch may use: an integer, 'auto'
     (available RAM less a margin) or 'none'."""
-    generation_batch: int = 0
-    """Sequences per generate call (0: as many as the memory budget allows)."""
+    generation_batch: int = 64
+    """Most sequences per generate call (fewer when the memory budget allows fewer; 0: no cap).
+    Decoding is overhead-bound, so batches past a few dozen sequences gain little speed but
+    hold a KV cache per sequence."""
     gradient_checkpointing: bool = True
     """Recompute decoder activations in backward (generation never pays for it: the policy
     generates in eval mode with the KV cache)."""
