@@ -1,0 +1,27 @@
+"""Rollout workers: run episode jobs on several workers and get their trajectories back, for
+a learner that alone writes the replay buffer.
+
+- :class:`InProcessPool`: runs each job in this process (no extra dependency; the default).
+- :class:`RayPool`: Ray actors on this machine or a Ray cluster (``pip install ray``; imported
+  only when used). Weights go into Ray's object store once per update and every worker reads
+  them from there; a worker that dies is replaced and its job re-run, and every result carries
+  its job id, so each job's trajectories reach the learner exactly once.
+
+See ``docs/scale.md``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rlbuffers.lazy import lazy_attributes
+
+if TYPE_CHECKING:
+    from rlbuffers.rollouts.inprocess import InProcessPool
+    from rlbuffers.rollouts.pool import RolloutPool, RolloutResult
+    from rlbuffers.rollouts.ray_pool import RayPool
+
+_LAZY = {"InProcessPool": "rlbuffers.rollouts.inprocess", "RayPool": "rlbuffers.rollouts.ray_pool",
+         "RolloutPool": "rlbuffers.rollouts.pool", "RolloutResult": "rlbuffers.rollouts.pool"}
+__getattr__ = lazy_attributes(__name__, _LAZY)
+__all__ = ["InProcessPool", "RayPool", "RolloutPool", "RolloutResult"]
