@@ -129,10 +129,16 @@ class Config:
     """Log a warning when available memory falls below this many MiB."""
     torch_threads: int = 1
     """torch intra-op threads (1 is fastest on 2 cores with an env beside it)."""
+    workers: int = 1
+    """Rollout workers evaluating the population (1: in this process, one actor after another;
+    more: Ray actors, each actor's episodes seeded as in the sequential run)."""
+    ray_address: str = ""
+    """Ray cluster to run the workers on ('auto' after 'ray start'; '': a local Ray instance)."""
 
 
 #: Settings a resumed run may change; the rest must match the run's config.json.
-RESUMABLE = {"run_dir", "resume", "generations", "warn_below_available_mib", "torch_threads"}
+RESUMABLE = {"run_dir", "resume", "generations", "warn_below_available_mib", "torch_threads",
+             "workers", "ray_address"}
 
 
 def parse_config(argv: list[str] | None = None) -> Config:
@@ -219,6 +225,40 @@ def rollout(env: gym.Env, actor: Actor | None, seed: int, rng: np.random.Generat
         obs, done = next_obs, terminated or truncated
     dtypes = {"terminated": np.bool_, "truncated": np.bool_}
     return total, {k: np.asarray(v, dtype=dtypes.get(k, np.float32)) for k, v in rows.items()}
+
+
+def evaluate_actor(weights: list[dict[str, torch.Tensor]], index: int, spec: dict[str, Any],
+                   seeds: list[int]) -> dict[str, Any]:
+    """Rollout-worker job: actor ``index`` of the population ``weights`` (its ``state_dict`` s)
+    runs one noise-free episode per seed on ``spec["env"]``. Returns ``{"returns": [float],
+    "rows": [transitions]}``, the same as :func:`rollout` gives in the learner's process."""
+    torch.set_num_threads(spec["torch_threads"])
+    env = gym.make(spec["env"], max_episode_steps=spec["max_episode_steps"])
+    actor = Actor(spec["obs_dim"], spec["act_dim"], spec["hidden"], np.asarray(spec["low"]),
+                  np.asarray(spec["high"]))
+    actor.load_state_dict(weights[index])
+    unused = np.random.default_rng(0)  # noise-free: the actor acts alone
+    episodes = [rollout(env, actor, seed, unused) for seed in seeds]
+    env.close()
+    return {"returns": [r for r, _ in episodes], "rows": [rows for _, rows in episodes]}
+
+
+def evaluate_population(cfg: Config, pool: Any, population: list[Actor], env: gym.Env,
+                        trainer: dict[str, Any]) -> tuple[list[list[float]], list[Any]]:
+    """Every actor's episodes as jobs on ``pool`` (weights shared once); returns each actor's
+    returns and transitions, in population order (the order the buffer gets them)."""
+    e, first = cfg.episodes_per_actor, trainer["episodes"]
+    spec = {"env": cfg.env, "max_episode_steps": cfg.max_episode_steps, "hidden": cfg.hidden,
+            "obs_dim": env.observation_space.shape[0], "act_dim": env.action_space.shape[0],
+            "low": env.action_space.low.tolist(), "high": env.action_space.high.tolist(),
+            "torch_threads": cfg.torch_threads}
+    pool.set_weights([a.state_dict() for a in population])
+    ids = [pool.submit(evaluate_actor, i, spec,
+                       [episode_seed(cfg, first + i * e + k) for k in range(e)])
+           for i in range(len(population))]
+    trainer["episodes"] += len(population) * e
+    results = pool.results(ids)
+    return [r.data["returns"] for r in results], [r.data["rows"] for r in results]
 
 
 # ------------------------------------------------------------------------------------------
@@ -413,7 +453,8 @@ def open_run(cfg: Config, obs_dim: int, act_dim: int) -> tuple[ReplayBuffer, dic
 
 def run_generations(cfg: Config, env: gym.Env, population: list[Actor], learner: Learner,
                     buf: ReplayBuffer, rng: np.random.Generator, trainer: dict[str, Any],
-                    history: list[dict[str, Any]], monitor: MemoryMonitor) -> None:
+                    history: list[dict[str, Any]], monitor: MemoryMonitor,
+                    pool: Any = None) -> None:
     """The ERL loop (Khadka & Tumer 2018, Algorithm 1), from the generation after
     ``trainer["generation"]`` up to ``cfg.generations``."""
     run_dir = Path(cfg.run_dir)
@@ -422,15 +463,23 @@ def run_generations(cfg: Config, env: gym.Env, population: list[Actor], learner:
         # 1. Evaluate the population; every transition goes into the shared buffer.
         fitness = np.zeros(cfg.pop_size)
         steps = 0
-        for i, actor in enumerate(population):
-            returns = []
-            for _ in range(cfg.episodes_per_actor):
-                ret, rows = rollout(env, actor, episode_seed(cfg, trainer["episodes"]), rng)
-                trainer["episodes"] += 1
-                buf.extend(rows)
-                returns.append(ret)
-                steps += len(rows["reward"])
-            fitness[i] = np.mean(returns)
+        if pool is None:
+            for i, actor in enumerate(population):
+                returns = []
+                for _ in range(cfg.episodes_per_actor):
+                    ret, rows = rollout(env, actor, episode_seed(cfg, trainer["episodes"]), rng)
+                    trainer["episodes"] += 1
+                    buf.extend(rows)
+                    returns.append(ret)
+                    steps += len(rows["reward"])
+                fitness[i] = np.mean(returns)
+        else:  # the same seeds on rollout workers, added in population order
+            all_returns, all_rows = evaluate_population(cfg, pool, population, env, trainer)
+            for i, (returns, episodes) in enumerate(zip(all_returns, all_rows, strict=True)):
+                for rows in episodes:
+                    buf.extend(rows)
+                    steps += len(rows["reward"])
+                fitness[i] = np.mean(returns)
         # 2. One exploration episode of the learner (uniformly random before learning_starts).
         warm = len(buf) >= cfg.learning_starts
         learner_return, rows = rollout(env, learner.actor if warm else None,
@@ -440,6 +489,7 @@ def run_generations(cfg: Config, env: gym.Env, population: list[Actor], learner:
         buf.extend(rows)
         steps += len(rows["reward"])
         trainer["env_steps"] += steps
+        rollout_seconds = time.perf_counter() - t0
         # 3. TD3 gradient steps, sampled from everything all actors have collected.
         n_updates = int(cfg.updates_per_step * steps) if len(buf) >= cfg.learning_starts else 0
         for _ in range(n_updates):
@@ -471,6 +521,7 @@ def run_generations(cfg: Config, env: gym.Env, population: list[Actor], learner:
         row = {**row, "save_seconds": round(report.seconds, 4), "save_bytes": report.bytes_written,
                "rss_bytes": mem.rss_bytes, "peak_rss_bytes": mem.peak_rss_bytes,
                "available_bytes": mem.available_bytes,
+               "rollout_seconds": round(rollout_seconds, 2),
                "gen_seconds": round(time.perf_counter() - t0, 2)}
         with open(run_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
@@ -506,14 +557,23 @@ def main(argv: list[str] | None = None) -> None:
         trainer, history = state["trainer"], state["history"]
         print(f"resumed {cfg.run_dir} at generation {trainer['generation']}: "
               f"{trainer['env_steps']:,} env steps, buffer {len(buf):,} transitions", flush=True)
+    pool = None
+    if cfg.workers > 1:
+        from rlbuffers.rollouts import RayPool
+
+        pool = RayPool(cfg.workers, address=cfg.ray_address or None,
+                       torch_threads=cfg.torch_threads)
     try:
-        run_generations(cfg, env, population, learner, buf, rng, trainer, history, monitor)
+        run_generations(cfg, env, population, learner, buf, rng, trainer, history, monitor,
+                        pool)
     except KeyboardInterrupt:
         sys.exit(f"interrupted; generation {buf.metadata.get('trainer_generation', 0)} is the last "
                  f"complete one: continue with --resume --run-dir {cfg.run_dir}")
     finally:
         buf.close()
         env.close()
+        if pool is not None:
+            pool.close()
 
 if __name__ == "__main__":
     main()

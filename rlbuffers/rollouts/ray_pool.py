@@ -91,7 +91,7 @@ class RayPool:
                 kwargs["num_cpus"] = max(1, int(workers * cpus_per_worker))
                 kwargs["runtime_env"] = {"env_vars": {
                     "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}}
-            ray.init(address=address, **kwargs)
+            ray.init(address=address or "local", **kwargs)  # "local": never join a stray one
         self.workers = int(workers)
         self._cpus, self._threads = cpus_per_worker, torch_threads
         self._remote = ray.remote(max_restarts=0, max_task_retries=0)(_Worker)
