@@ -1,114 +1,104 @@
-"""Rollout pools: job ids, results in the order asked, each exactly once; Ray workers share
-weights through the object store, a killed worker is replaced and its job re-run with no
-lost or duplicated result, and a two-node cluster spreads the jobs over both nodes."""
+"""The in-process rollout pool (``rlbuffers.rollouts.InProcessPool``): job ids, results in the
+order asked and each exactly once, weights versions, worker slots, failing jobs. The Ray pool
+is tested in ``tests/test_rollouts_ray.py``."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from rlbuffers.rollouts import InProcessPool
-from tests import rollout_jobs
-from tests.heavy import require
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def trajectory(weights, seed, length):
+    """A fake trajectory: obs float32[length, 3] from ``seed``, scaled by the shared
+    ``weights["scale"]``."""
+    rng = np.random.default_rng(seed)
+    return {"obs": (rng.normal(size=(length, 3)) * weights["scale"]).astype(np.float32)}
 
 
 def expected(seed, length=5, scale=2.0):
-    return rollout_jobs.trajectory({"scale": np.float32(scale)}, seed, length)["obs"]
+    return trajectory({"scale": np.float32(scale)}, seed, length)["obs"]
 
 
-def test_in_process_pool_runs_jobs_in_order_once():
+def test_job_ids_count_up_and_results_come_in_the_order_asked():
     pool = InProcessPool()
     assert pool.set_weights({"scale": np.float32(2.0)}) == 1
-    ids = [pool.submit(rollout_jobs.trajectory, s, 5) for s in range(3)]
-    assert ids == [0, 1, 2]
-    res = pool.results([2, 0, 1])
-    assert [r.job_id for r in res] == [2, 0, 1] and {r.node for r in res} == {"local"}
+    ids = [pool.submit(trajectory, s, 5) for s in range(4)]
+    assert ids == [0, 1, 2, 3]
+    res = pool.results([2, 0])
+    assert [r.job_id for r in res] == [2, 0]
+    assert [(r.worker, r.node, r.attempts) for r in res] == [(0, "local", 1)] * 2
+    np.testing.assert_array_equal(res[0].data["obs"], expected(2))
     np.testing.assert_array_equal(res[1].data["obs"], expected(0))
-    with pytest.raises(KeyError, match="job_ids: 0 was never submitted or was already returned"):
-        pool.results([0])
-    pool.set_weights({"scale": np.float32(3.0)})  # jobs submitted before keep their version
-    a = pool.submit(rollout_jobs.trajectory, 7, 5)
-    np.testing.assert_array_equal(pool.results([a])[0].data["obs"], expected(7, scale=3.0))
+    assert [r.job_id for r in pool.results([3, 1])] == [3, 1]
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    require("ray")
-    import ray
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": ":".join(__import__("sys").path)}})
-    yield ray
-    ray.shutdown()
-
-
-def test_ray_pool_shares_weights_and_returns_each_job_once(ray_local):
-    from rlbuffers.rollouts import RayPool
-    pool = RayPool(2, torch_threads=0)
+def test_each_result_is_returned_exactly_once():
+    pool = InProcessPool()
     pool.set_weights({"scale": np.float32(2.0)})
-    ids = [pool.submit(rollout_jobs.trajectory, s, 5) for s in range(6)]
-    res = pool.results(ids)
-    assert [r.job_id for r in res] == ids and [r.worker for r in res] == [0, 1] * 3
-    for s, r in enumerate(res):
-        np.testing.assert_array_equal(r.data["obs"], expected(s))
-        assert r.attempts == 1
-    assert len({r.data["pid"] for r in res}) == 2  # two worker processes
-    pool.close()
+    a, b = pool.submit(trajectory, 0, 5), pool.submit(trajectory, 1, 5)
+    pool.results([a])
+    with pytest.raises(KeyError, match="job_ids: 0 was never submitted, was already returned"):
+        pool.results([a])
+    with pytest.raises(KeyError, match="job_ids: 1 .* asked twice"):
+        pool.results([b, b])
+    with pytest.raises(KeyError, match="job_ids: 7 was never submitted"):
+        pool.results([7])
+    assert [r.job_id for r in pool.results([b])] == [b]  # a refused ask consumed nothing
 
 
-def test_a_killed_worker_is_replaced_and_its_jobs_run_again(ray_local, tmp_path):
-    from rlbuffers.rollouts import RayPool
-    pool = RayPool(2, torch_threads=0)
+def test_jobs_keep_the_weights_they_were_submitted_under():
+    pool = InProcessPool()
     pool.set_weights({"scale": np.float32(2.0)})
-    pids = pool.worker_pids()
-    marker = str(tmp_path / "died")
-    ids = [pool.submit(rollout_jobs.trajectory, 0, 5),
-           pool.submit(rollout_jobs.die_once, marker, 1),  # kills worker 1 on its first run
-           pool.submit(rollout_jobs.trajectory, 2, 5),
-           pool.submit(rollout_jobs.trajectory, 3, 5)]  # queued on worker 1 behind the kill
-    res = pool.results(ids)
-    assert [r.job_id for r in res] == ids  # nothing lost, nothing twice
-    assert res[1].attempts == 2 and pool.replaced == 1
-    np.testing.assert_array_equal(res[1].data["obs"], expected(1, length=4))
-    np.testing.assert_array_equal(res[3].data["obs"], expected(3))
-    assert pool.worker_pids()[0] == pids[0] and pool.worker_pids()[1] != pids[1]
-    pool.close()
+    old = pool.submit(trajectory, 7, 5)
+    assert pool.set_weights({"scale": np.float32(3.0)}) == 2
+    new = pool.submit(trajectory, 7, 5)
+    got = pool.results([new, old])
+    np.testing.assert_array_equal(got[0].data["obs"], expected(7, scale=3.0))
+    np.testing.assert_array_equal(got[1].data["obs"], expected(7, scale=2.0))
 
 
-def test_job_errors_reach_the_learner(ray_local):
-    from rlbuffers.rollouts import RayPool
-    pool = RayPool(1, torch_threads=0)
+def test_worker_slots_take_jobs_round_robin_as_ray_does():
+    pool = InProcessPool(workers=3)
+    pool.set_weights({"scale": np.float32(1.0)})
+    ids = [pool.submit(trajectory, s, 2) for s in range(7)]
+    assert [r.worker for r in pool.results(ids)] == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_a_failing_job_raises_and_every_asked_job_stays_pending():
+    calls = []
+
+    def flaky(weights, n):
+        calls.append(n)
+        if len(calls) == 2:
+            raise ValueError("job failed on purpose")
+        return {"n": np.array([n])}
+
+    pool = InProcessPool()
+    ids = [pool.submit(flaky, 0), pool.submit(flaky, 1)]
     with pytest.raises(ValueError, match="job failed on purpose"):
-        pool.results([pool.submit(rollout_jobs.fail)])
-    pool.close()
+        pool.results(ids)
+    assert [int(r.data["n"][0]) for r in pool.results(ids)] == [0, 1]  # asked again: run again
 
 
-def test_two_node_cluster_spreads_jobs_over_both_nodes():
-    require("ray")
-    import ray
-    from ray.cluster_utils import Cluster
-
-    from rlbuffers.rollouts import RayPool
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    cluster.add_node(num_cpus=1)
-    try:
-        ray.init(address=cluster.address, log_to_driver=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": ":".join(__import__("sys").path)}})
-        pool = RayPool(2, torch_threads=0)  # one CPU each: one actor per node
-        pool.set_weights({"scale": np.float32(2.0)})
-        res = pool.results([pool.submit(rollout_jobs.trajectory, s, 5) for s in range(4)])
-        assert len({r.node for r in res}) == 2
-        for s, r in enumerate(res):
-            np.testing.assert_array_equal(r.data["obs"], expected(s))
-        pool.close()
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+@pytest.mark.parametrize("workers", [0, -1, 1.5])
+def test_bad_workers_are_named(workers):
+    with pytest.raises(ValueError, match=rf"workers: expected an integer >= 1, got {workers}"):
+        InProcessPool(workers)
 
 
-def test_bad_arguments_are_named():
-    require("ray")
-    from rlbuffers.rollouts import RayPool
-    with pytest.raises(ValueError, match="workers: expected >= 1, got 0"):
-        RayPool(0)
+def test_importing_rlbuffers_and_the_in_process_pool_does_not_import_ray():
+    code = ("import sys, rlbuffers, rlbuffers.rollouts\n"
+            "from rlbuffers.rollouts import InProcessPool, RolloutResult\n"
+            "InProcessPool(2)\n"
+            "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    assert out.strip() == "[]"

@@ -15,7 +15,12 @@ loads the matching checkpoint, so trainer and buffer always agree.
 
     python -m trainers.erl --env HalfCheetah-v5 --generations 20 --run-dir runs/erl
     python -m trainers.erl --run-dir runs/erl --resume --generations 40
+    python -m trainers.erl --run-dir runs/erl2 --workers 2          # episodes on 2 Ray actors
     rlbuffers inspect runs/erl/buffer
+
+Episodes run as jobs on a rollout pool (``rlbuffers.rollouts``): in this process by default,
+on ``--workers`` Ray actors (``--ray-address`` for a cluster); the run is the same on any number
+of workers. The actor network and the episode job live in ``trainers/erl_rollout.py``.
 
 Writes into ``--run-dir``: ``config.json``, ``buffer/`` (the replay buffer), ``ckpt/gen-N/``
 (``state.pt``: population, learner, optimizers, RNG states, history; ``best_actor.pt``),
@@ -30,6 +35,7 @@ import json
 import logging
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +49,8 @@ from torch import nn
 from rlbuffers import FieldSpec, ReplayBuffer
 from rlbuffers.checkpoint import Checkpoints, create_run
 from rlbuffers.memory import MemoryMonitor
+from rlbuffers.rollouts.inprocess import InProcessPool
+from rlbuffers.rollouts.pool import RolloutPool
 from trainers import common
 from trainers.common import (
     pyplot,
@@ -51,6 +59,7 @@ from trainers.common import (
     save_figure,
     set_rng_states,
 )
+from trainers.erl_rollout import Actor, actor_weights, episode_job
 
 MIB = 2**20
 
@@ -130,15 +139,18 @@ class Config:
     torch_threads: int = 1
     """torch intra-op threads (1 is fastest on 2 cores with an env beside it)."""
     workers: int = 1
-    """Rollout workers evaluating the population (1: in this process, one actor after another;
-    more: Ray actors, each actor's episodes seeded as in the sequential run)."""
+    """Rollout workers running the population's and the learner's episodes (1: in this
+    process; more: Ray actors, one torch thread each). The run is the same for any number."""
     ray_address: str = ""
-    """Ray cluster to run the workers on ('auto' after 'ray start'; '': a local Ray instance)."""
+    """Ray cluster for the workers ('auto' on a machine of a cluster started with 'ray start';
+    '': a local Ray instance of --workers CPUs, started when more than 1 worker is asked)."""
+    rollout_backend: str = ""
+    """'inprocess' or 'ray' ('': Ray when --workers > 1 or --ray-address is given)."""
 
 
 #: Settings a resumed run may change; the rest must match the run's config.json.
 RESUMABLE = {"run_dir", "resume", "generations", "warn_below_available_mib", "torch_threads",
-             "workers", "ray_address"}
+             "workers", "ray_address", "rollout_backend"}
 
 
 def parse_config(argv: list[str] | None = None) -> Config:
@@ -151,25 +163,8 @@ def parse_config(argv: list[str] | None = None) -> Config:
 # ------------------------------------------------------------------------------------------
 # Networks
 # ------------------------------------------------------------------------------------------
-class Actor(nn.Module):
-    """Deterministic policy: obs float32[B, obs_dim] -> action float32[B, act_dim] in the
-    env's action box. LayerNorm after each hidden layer keeps evolved weights well scaled."""
-
-    def __init__(self, obs_dim: int, act_dim: int, hidden: int, low: np.ndarray,
-                 high: np.ndarray) -> None:
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(obs_dim, hidden), nn.LayerNorm(hidden), nn.ReLU(),
-            nn.Linear(hidden, hidden), nn.LayerNorm(hidden), nn.ReLU(),
-            nn.Linear(hidden, act_dim), nn.Tanh(),
-        )
-        self.register_buffer("scale", torch.as_tensor((high - low) / 2, dtype=torch.float32))
-        self.register_buffer("center", torch.as_tensor((high + low) / 2, dtype=torch.float32))
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.center + self.scale * self.net(obs)
-
-
+# The actor (obs -> action in the env's box) lives in trainers/erl_rollout.py, with the episode
+# job that rollout workers import; here: the learner's critic.
 class TwinCritic(nn.Module):
     """TD3's two Q-networks: (obs [B, obs_dim], action [B, act_dim]) -> (q1 [B], q2 [B])."""
 
@@ -188,77 +183,82 @@ class TwinCritic(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------
-# Rollouts: one episode, its transitions ready for ReplayBuffer.extend
+# Rollouts: episodes as jobs on a rollout pool, their transitions into the buffer
 # ------------------------------------------------------------------------------------------
 def episode_seed(cfg: Config, episode: int) -> int:
     """Env reset seed of the run's ``episode``-th episode (so a resumed run replays exactly)."""
     return int(np.random.SeedSequence([cfg.seed, episode]).generate_state(1)[0])
 
 
-@torch.no_grad()
-def rollout(env: gym.Env, actor: Actor | None, seed: int, rng: np.random.Generator,
-            noise_std: float = 0.0) -> tuple[float, dict[str, np.ndarray]]:
-    """Run one episode; ``actor=None`` acts uniformly at random.
+def learner_warm(cfg: Config, buffer_size: int, population_episodes: int) -> bool | None:
+    """Whether the learner's episode of this generation uses its actor (True) or random
+    actions (False): it does once the buffer, with the population's transitions of this
+    generation, holds ``learning_starts``. None: only those transitions can tell."""
+    if buffer_size >= cfg.learning_starts:
+        return True
+    if buffer_size + population_episodes * cfg.max_episode_steps < cfg.learning_starts:
+        return False
+    return None
 
-    Returns (episode return, transitions for ``buf.extend``): ``obs``/``next_obs``
-    float32[T, obs_dim], ``action`` float32[T, act_dim], ``reward`` float32[T],
-    ``terminated``/``truncated`` bool[T]. ``noise_std`` adds N(0, (noise_std * half the action
-    range)^2) to the actor's actions.
+
+def collect(cfg: Config, pool: RolloutPool, population: list[Actor], learner: Learner,
+            buf: ReplayBuffer, rng: np.random.Generator, trainer: dict[str, Any]
+            ) -> tuple[np.ndarray, float, int, dict[str, int]]:
+    """Steps 1-2 of a generation on the rollout pool: every actor's ``episodes_per_actor``
+    noise-free episodes and the learner's exploration episode run as jobs (weights shared once);
+    the transitions go into ``buf`` in population order, then the learner's.
+
+    Every episode keeps the env seed of the sequential run (``episode_seed`` of its number) and
+    the learner's episode draws its noise from ``rng``'s stream (its state travels with the job
+    and comes back), so results do not depend on the number of workers. The learner's job is
+    submitted with the population's unless whether it acts or explores at random depends on how
+    many transitions the population's episodes bring.
+
+    Returns (fitness float64[pop_size], learner's return, env steps, episodes run per node).
     """
-    low, high = env.action_space.low, env.action_space.high
-    obs, _ = env.reset(seed=seed)
-    keys = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
-    rows: dict[str, list[Any]] = {k: [] for k in keys}
-    total, done = 0.0, False
-    while not done:
-        if actor is None:
-            action = rng.uniform(low, high).astype(np.float32)
-        else:
-            action = actor(torch.as_tensor(obs, dtype=torch.float32)).numpy()
-            if noise_std > 0:
-                action = action + rng.normal(0.0, noise_std * (high - low) / 2)
-            action = np.clip(action, low, high).astype(np.float32)
-        next_obs, reward, terminated, truncated, _ = env.step(action)
-        for k, v in zip(keys, (obs, action, reward, next_obs, terminated, truncated), strict=True):
-            rows[k].append(v)
-        total += float(reward)
-        obs, done = next_obs, terminated or truncated
-    dtypes = {"terminated": np.bool_, "truncated": np.bool_}
-    return total, {k: np.asarray(v, dtype=dtypes.get(k, np.float32)) for k, v in rows.items()}
-
-
-def evaluate_actor(weights: list[dict[str, torch.Tensor]], index: int, spec: dict[str, Any],
-                   seeds: list[int]) -> dict[str, Any]:
-    """Rollout-worker job: actor ``index`` of the population ``weights`` (its ``state_dict`` s)
-    runs one noise-free episode per seed on ``spec["env"]``. Returns ``{"returns": [float],
-    "rows": [transitions]}``, the same as :func:`rollout` gives in the learner's process."""
-    torch.set_num_threads(spec["torch_threads"])
-    env = gym.make(spec["env"], max_episode_steps=spec["max_episode_steps"])
-    actor = Actor(spec["obs_dim"], spec["act_dim"], spec["hidden"], np.asarray(spec["low"]),
-                  np.asarray(spec["high"]))
-    actor.load_state_dict(weights[index])
-    unused = np.random.default_rng(0)  # noise-free: the actor acts alone
-    episodes = [rollout(env, actor, seed, unused) for seed in seeds]
-    env.close()
-    return {"returns": [r for r, _ in episodes], "rows": [rows for _, rows in episodes]}
-
-
-def evaluate_population(cfg: Config, pool: Any, population: list[Actor], env: gym.Env,
-                        trainer: dict[str, Any]) -> tuple[list[list[float]], list[Any]]:
-    """Every actor's episodes as jobs on ``pool`` (weights shared once); returns each actor's
-    returns and transitions, in population order (the order the buffer gets them)."""
     e, first = cfg.episodes_per_actor, trainer["episodes"]
-    spec = {"env": cfg.env, "max_episode_steps": cfg.max_episode_steps, "hidden": cfg.hidden,
-            "obs_dim": env.observation_space.shape[0], "act_dim": env.action_space.shape[0],
-            "low": env.action_space.low.tolist(), "high": env.action_space.high.tolist(),
-            "torch_threads": cfg.torch_threads}
-    pool.set_weights([a.state_dict() for a in population])
-    ids = [pool.submit(evaluate_actor, i, spec,
-                       [episode_seed(cfg, first + i * e + k) for k in range(e)])
-           for i in range(len(population))]
-    trainer["episodes"] += len(population) * e
+    spec = {"env": cfg.env, "max_episode_steps": cfg.max_episode_steps, "hidden": cfg.hidden}
+    pool.set_weights({"population": [actor_weights(a) for a in population],
+                      "learner": actor_weights(learner.actor)})
+    ids = [pool.submit(episode_job, spec, episode_seed(cfg, first + i * e + k), i)
+           for i in range(len(population)) for k in range(e)]
+    trainer["episodes"] += len(ids) + 1
+
+    def learner_job(warm: bool) -> int:
+        return pool.submit(episode_job, spec, episode_seed(cfg, first + len(ids)),
+                           -1 if warm else None, rng.bit_generator.state, cfg.exploration_noise)
+
+    warm = learner_warm(cfg, len(buf), len(ids))
+    learner_id = None if warm is None else learner_job(warm)
     results = pool.results(ids)
-    return [r.data["returns"] for r in results], [r.data["rows"] for r in results]
+    for r in results:
+        buf.extend(r.data["rows"])
+    if learner_id is None:
+        learner_id = learner_job(len(buf) >= cfg.learning_starts)
+    mine = pool.results([learner_id])[0]
+    rng.bit_generator.state = mine.data["rng_state"]
+    buf.extend(mine.data["rows"])
+    results.append(mine)
+    fitness = np.array([r.data["return"] for r in results[:-1]]).reshape(-1, e).mean(axis=1)
+    steps = sum(len(r.data["rows"]["reward"]) for r in results)
+    return fitness, mine.data["return"], steps, dict(Counter(r.node for r in results))
+
+
+def make_pool(cfg: Config) -> RolloutPool:
+    """The rollout pool ``cfg`` asks for (Ray imported only for a Ray pool).
+
+    Raises:
+        ValueError: ``rollout_backend`` is not '', 'inprocess' or 'ray'; ``workers`` < 1.
+    """
+    backend = cfg.rollout_backend or ("ray" if cfg.workers > 1 or cfg.ray_address
+                                      else "inprocess")
+    if backend == "inprocess":
+        return InProcessPool(cfg.workers)
+    if backend == "ray":
+        from rlbuffers.rollouts import RayPool
+
+        return RayPool(cfg.workers, address=cfg.ray_address or None, torch_threads=1)
+    raise ValueError(f"rollout_backend: expected '', 'inprocess' or 'ray', got {backend!r}")
 
 
 # ------------------------------------------------------------------------------------------
@@ -451,49 +451,26 @@ def open_run(cfg: Config, obs_dim: int, act_dim: int) -> tuple[ReplayBuffer, dic
     return buf, state
 
 
-def run_generations(cfg: Config, env: gym.Env, population: list[Actor], learner: Learner,
+def run_generations(cfg: Config, pool: RolloutPool, population: list[Actor], learner: Learner,
                     buf: ReplayBuffer, rng: np.random.Generator, trainer: dict[str, Any],
-                    history: list[dict[str, Any]], monitor: MemoryMonitor,
-                    pool: Any = None) -> None:
+                    history: list[dict[str, Any]], monitor: MemoryMonitor) -> None:
     """The ERL loop (Khadka & Tumer 2018, Algorithm 1), from the generation after
-    ``trainer["generation"]`` up to ``cfg.generations``."""
+    ``trainer["generation"]`` up to ``cfg.generations``; episodes run on ``pool``."""
     run_dir = Path(cfg.run_dir)
     for gen in range(trainer["generation"] + 1, cfg.generations + 1):
         t0 = time.perf_counter()
-        # 1. Evaluate the population; every transition goes into the shared buffer.
-        fitness = np.zeros(cfg.pop_size)
-        steps = 0
-        if pool is None:
-            for i, actor in enumerate(population):
-                returns = []
-                for _ in range(cfg.episodes_per_actor):
-                    ret, rows = rollout(env, actor, episode_seed(cfg, trainer["episodes"]), rng)
-                    trainer["episodes"] += 1
-                    buf.extend(rows)
-                    returns.append(ret)
-                    steps += len(rows["reward"])
-                fitness[i] = np.mean(returns)
-        else:  # the same seeds on rollout workers, added in population order
-            all_returns, all_rows = evaluate_population(cfg, pool, population, env, trainer)
-            for i, (returns, episodes) in enumerate(zip(all_returns, all_rows, strict=True)):
-                for rows in episodes:
-                    buf.extend(rows)
-                    steps += len(rows["reward"])
-                fitness[i] = np.mean(returns)
-        # 2. One exploration episode of the learner (uniformly random before learning_starts).
-        warm = len(buf) >= cfg.learning_starts
-        learner_return, rows = rollout(env, learner.actor if warm else None,
-                                       episode_seed(cfg, trainer["episodes"]), rng,
-                                       noise_std=cfg.exploration_noise)
-        trainer["episodes"] += 1
-        buf.extend(rows)
-        steps += len(rows["reward"])
+        # 1-2. Evaluate the population, and one exploration episode of the learner (uniformly
+        # random before learning_starts), on the rollout workers; every transition goes into
+        # the shared buffer, the population's in order, then the learner's.
+        fitness, learner_return, steps, nodes = collect(cfg, pool, population, learner, buf,
+                                                         rng, trainer)
         trainer["env_steps"] += steps
         rollout_seconds = time.perf_counter() - t0
         # 3. TD3 gradient steps, sampled from everything all actors have collected.
         n_updates = int(cfg.updates_per_step * steps) if len(buf) >= cfg.learning_starts else 0
         for _ in range(n_updates):
             td3_update(learner, buf.sample(cfg.batch_size), cfg)
+        update_seconds = time.perf_counter() - t0 - rollout_seconds
         # 4. Evolve; every sync_every generations the learner's actor replaces the weakest.
         best = population[int(np.argmax(fitness))]
         population = evolve(population, fitness, cfg, rng)
@@ -521,7 +498,8 @@ def run_generations(cfg: Config, env: gym.Env, population: list[Actor], learner:
         row = {**row, "save_seconds": round(report.seconds, 4), "save_bytes": report.bytes_written,
                "rss_bytes": mem.rss_bytes, "peak_rss_bytes": mem.peak_rss_bytes,
                "available_bytes": mem.available_bytes,
-               "rollout_seconds": round(rollout_seconds, 2),
+               "rollout_seconds": round(rollout_seconds, 3),
+               "update_seconds": round(update_seconds, 3), "rollout_nodes": nodes,
                "gen_seconds": round(time.perf_counter() - t0, 2)}
         with open(run_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
@@ -538,9 +516,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"start: rss {mem.rss_bytes / MIB:.0f}MiB, available {mem.available_bytes / MIB:,.0f}MiB",
           flush=True)
 
-    env = gym.make(cfg.env, max_episode_steps=cfg.max_episode_steps)
+    env = gym.make(cfg.env, max_episode_steps=cfg.max_episode_steps)  # its spaces only
     obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
     low, high = env.action_space.low, env.action_space.high
+    env.close()
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     population = [Actor(obs_dim, act_dim, cfg.hidden, low, high) for _ in range(cfg.pop_size)]
@@ -548,32 +527,28 @@ def main(argv: list[str] | None = None) -> None:
     trainer = {"generation": 0, "env_steps": 0, "episodes": 0, "wall_seconds": 0.0}
     history: list[dict[str, Any]] = []
 
-    buf, state = open_run(cfg, obs_dim, act_dim)
-    if state is not None:
-        for actor, sd in zip(population, state["population"], strict=True):
-            actor.load_state_dict(sd)
-        learner.load_full_state(state["learner"])
-        set_rng_states(state["rng"], rng)
-        trainer, history = state["trainer"], state["history"]
-        print(f"resumed {cfg.run_dir} at generation {trainer['generation']}: "
-              f"{trainer['env_steps']:,} env steps, buffer {len(buf):,} transitions", flush=True)
-    pool = None
-    if cfg.workers > 1:
-        from rlbuffers.rollouts import RayPool
-
-        pool = RayPool(cfg.workers, address=cfg.ray_address or None,
-                       torch_threads=cfg.torch_threads)
+    pool = make_pool(cfg)  # first: a pool that cannot start leaves no run directory behind
     try:
-        run_generations(cfg, env, population, learner, buf, rng, trainer, history, monitor,
-                        pool)
-    except KeyboardInterrupt:
-        sys.exit(f"interrupted; generation {buf.metadata.get('trainer_generation', 0)} is the last "
-                 f"complete one: continue with --resume --run-dir {cfg.run_dir}")
+        buf, state = open_run(cfg, obs_dim, act_dim)
+        if state is not None:
+            for actor, sd in zip(population, state["population"], strict=True):
+                actor.load_state_dict(sd)
+            learner.load_full_state(state["learner"])
+            set_rng_states(state["rng"], rng)
+            trainer, history = state["trainer"], state["history"]
+            print(f"resumed {cfg.run_dir} at generation {trainer['generation']}: "
+                  f"{trainer['env_steps']:,} env steps, buffer {len(buf):,} transitions",
+                  flush=True)
+        try:
+            run_generations(cfg, pool, population, learner, buf, rng, trainer, history, monitor)
+        except KeyboardInterrupt:
+            sys.exit(f"interrupted; generation {buf.metadata.get('trainer_generation', 0)} is "
+                     f"the last complete one: continue with --resume --run-dir {cfg.run_dir}")
+        finally:
+            buf.close()
     finally:
-        buf.close()
-        env.close()
-        if pool is not None:
-            pool.close()
+        pool.close()
+
 
 if __name__ == "__main__":
     main()

@@ -10,15 +10,25 @@ from rlbuffers.rollouts.pool import JobFn, RolloutResult
 
 
 class InProcessPool:
-    """Runs each job in this process when its result is asked for (``workers`` is 1).
+    """Runs each job in this process when its result is asked for, in the order asked.
 
     Same interface as :class:`~rlbuffers.rollouts.RayPool`, no dependency, no copies: the
-    job gets the very ``weights`` object given to :meth:`set_weights`.
+    job gets the very ``weights`` object given to :meth:`set_weights` (so do not change it in
+    place before the jobs submitted under it have run). ``workers`` slots stand in for Ray's
+    workers (job ``i`` is recorded as run by slot ``i % workers``, as ``RayPool`` assigns it);
+    they share this process, so they never run at the same time.
+
+    Args:
+        workers: worker slots (>= 1).
+
+    Raises:
+        ValueError: ``workers`` < 1.
     """
 
-    workers = 1
-
-    def __init__(self) -> None:
+    def __init__(self, workers: int = 1) -> None:
+        if int(workers) != workers or workers < 1:
+            raise ValueError(f"workers: expected an integer >= 1, got {workers!r}")
+        self.workers = int(workers)
         self._ids = itertools.count()
         self._pending: dict[int, tuple[JobFn, Any, tuple[Any, ...]]] = {}
         self._weights: Any = None
@@ -34,12 +44,18 @@ class InProcessPool:
         return job_id
 
     def results(self, job_ids: Sequence[int]) -> list[RolloutResult]:
+        missing = [j for j in job_ids if j not in self._pending]
+        if missing or len(set(job_ids)) != len(job_ids):
+            bad = missing[0] if missing else next(j for j in job_ids if job_ids.count(j) > 1)
+            raise KeyError(f"job_ids: {bad} was never submitted, was already returned or is "
+                           "asked twice")
         out = []
+        for job_id in job_ids:  # a job that raises leaves every asked job pending
+            fn, weights, args = self._pending[job_id]
+            out.append(RolloutResult(job_id, fn(weights, *args), worker=job_id % self.workers,
+                                     node="local"))
         for job_id in job_ids:
-            if job_id not in self._pending:
-                raise KeyError(f"job_ids: {job_id} was never submitted or was already returned")
-            fn, weights, args = self._pending.pop(job_id)
-            out.append(RolloutResult(job_id, fn(weights, *args), worker=0, node="local"))
+            del self._pending[job_id]
         return out
 
     def close(self) -> None:

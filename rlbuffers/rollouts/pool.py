@@ -23,7 +23,8 @@ class RolloutResult:
             object store where Ray allows, i.e. read-only views).
         worker: index of the worker slot that ran it (0 .. workers - 1).
         node: id of the machine (Ray node id; ``"local"`` in process).
-        attempts: 1, or more when a worker died while running it and it was re-run.
+        attempts: times it was sent to a worker: 1, or more when the worker running it (or
+            holding it in its queue) died and it was sent again.
     """
 
     job_id: int

@@ -53,10 +53,12 @@ class RayPool:
     RolloutPool` for the interface).
 
     Weights: :meth:`set_weights` puts them in Ray's object store once (``ray.put``); every job
-    gets the reference, which Ray resolves on the worker (numpy arrays zero-copy). Jobs go to
-    the workers round-robin by job id. A worker that dies (killed, node lost) is replaced by a
-    new actor in its slot and its unfinished jobs are run again there; results are keyed by
-    job id, so each job's data comes back exactly once.
+    gets the reference, which Ray resolves on the worker (numpy arrays zero-copy, read-only).
+    Jobs go to the workers round-robin by job id; actors are spread over the cluster's nodes
+    (``SPREAD``). A worker that dies (killed, node lost) is replaced by a new actor in its slot
+    and its unfinished jobs are run again there; results are keyed by job id, so each job's
+    data comes back exactly once. A local Ray instance this pool started is shut down by
+    :meth:`close`; one that was already running (``ray.init`` by the caller) is left alone.
 
     Args:
         workers: actors (>= 1), each reserving ``cpus_per_worker`` CPUs.
@@ -85,7 +87,8 @@ class RayPool:
             raise ImportError("RayPool needs ray: pip install -c constraints.txt -e "
                               "'.[ray]'") from e
         self._ray = ray
-        if not ray.is_initialized():
+        self._owns_ray = not ray.is_initialized()
+        if self._owns_ray:
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
             if address is None:  # local workers import job functions the way this process does
                 kwargs["num_cpus"] = max(1, int(workers * cpus_per_worker))
@@ -105,7 +108,13 @@ class RayPool:
         self.max_attempts = int(max_attempts)
 
     def _new_actor(self, slot: int) -> Any:
-        return self._remote.options(num_cpus=self._cpus).remote(slot, self._threads)
+        return self._remote.options(num_cpus=self._cpus, scheduling_strategy="SPREAD").remote(
+            slot, self._threads)
+
+    def actor(self, slot: int) -> Any:
+        """The Ray actor handle now serving worker ``slot`` (e.g. for ``ray.kill`` in a
+        fault-injection test)."""
+        return self._actors[slot]
 
     def worker_pids(self) -> list[int]:
         """Process id of each worker slot's actor (for tests and monitoring)."""
@@ -142,8 +151,10 @@ class RayPool:
     def results(self, job_ids: Sequence[int]) -> list[RolloutResult]:
         ray = self._ray
         unknown = [j for j in job_ids if j not in self._jobs]
-        if unknown:
-            raise KeyError(f"job_ids: {unknown[0]} was never submitted or was already returned")
+        if unknown or len(set(job_ids)) != len(job_ids):
+            bad = unknown[0] if unknown else next(j for j in job_ids if job_ids.count(j) > 1)
+            raise KeyError(f"job_ids: {bad} was never submitted, was already returned or is "
+                           "asked twice")
         while any(j not in self._finished for j in job_ids):
             waiting = {self._jobs[j].ref: j for j in job_ids if j not in self._finished}
             ready, _ = ray.wait(list(waiting), num_returns=1)
@@ -165,3 +176,6 @@ class RayPool:
         self._actors = []
         self._jobs.clear()
         self._finished.clear()
+        if self._owns_ray:
+            self._ray.shutdown()
+            self._owns_ray = False
