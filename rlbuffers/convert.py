@@ -18,20 +18,33 @@ What is streamed and what is not:
   memory. Each array then needs its full size in RAM once.
 
 The pickle is read with a restricted unpickler: numpy arrays, dtypes and plain containers are
-rebuilt for real; every other class the pickle names (SB3's buffer classes, gymnasium spaces,
-``torch.device``, and numpy's random ``Generator`` / bit generators that a trained model's
-action space carries) becomes an inert stand-in that only records its arguments and state.
-The converter never needs the action space's RNG, so its state is kept as data, not rebuilt.
-So neither Stable-Baselines3, gymnasium nor torch needs to be installed, and no code named by
-the pickle runs (it is still wise to convert only pickles you trust).
+rebuilt for real; every other class or function the pickle names (SB3's buffer classes,
+gymnasium spaces, ``torch.device``) becomes an inert stand-in that only records its arguments
+and state. So neither Stable-Baselines3, gymnasium nor torch needs to be installed, and no code
+named by the pickle runs (it is still wise to convert only pickles you trust).
+
+RNG state: a trained model's action space (and observation space, once sampled) carries a
+numpy ``Generator`` (gymnasium's ``_np_random``), pickled through numpy's
+``numpy.random._pickle`` constructors with a bit generator (PCG64, PCG64DXSM, MT19937, Philox,
+SFC64), a ``SeedSequence`` or a legacy ``RandomState``. None of these is rebuilt: each becomes
+an inert stand-in that keeps its constructor arguments and its state (a dict as attributes,
+anything else, e.g. a tuple, as ``_state``). The converter never uses them and the new
+buffer's sampler is seeded from ``seed``, so no RNG state carries over.
+
+Errors: a file that is not a readable pickle (truncated, corrupt, gzip garbage, another
+format) or a pickle of anything but an SB3 ``ReplayBuffer`` / ``DictReplayBuffer`` raises
+:class:`ConvertError` naming the path and what was expected; only a missing file
+(``FileNotFoundError``) and real I/O errors (``OSError``) pass through as they are.
 """
 
 from __future__ import annotations
 
+import _compat_pickle
 import builtins
 import codecs
 import gzip
 import logging
+import operator
 import os
 import pickle
 import struct
@@ -71,22 +84,51 @@ class _Extent:
 
 class _Stub:
     """Inert stand-in for a class or function named by the pickle: keeps its arguments and
-    whatever state the pickle sets (a dict becomes attributes; any other state, such as the
-    tuple a numpy ``Generator`` or gymnasium space restores from, is kept as ``_state``)."""
+    whatever state the pickle sets. A dict state becomes attributes; a ``(dict, slots)`` pair
+    (the default reduce form) likewise, its second part kept as ``_state``; any other state,
+    such as the tuple a legacy numpy ``RandomState`` or a gymnasium space may restore from, is
+    kept as ``_state``. Items and elements the pickle adds (the ``SETITEMS`` / ``APPENDS`` of
+    dict and list subclasses) are kept in ``_items`` / ``_list``. Nothing here can fail on
+    what a pickle passes, and nothing runs."""
 
     _origin = "?"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._args = args
+        if kwargs:
+            self._kwargs = kwargs
 
     def __setstate__(self, state: Any) -> None:
-        if isinstance(state, dict):
+        if isinstance(state, dict) and all(isinstance(k, str) for k in state):
             self.__dict__.update(state)
-        elif isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], dict):
-            self.__dict__.update(state[0])  # (dict, slot-state), the default reduce form
+        elif (isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], dict)
+              and all(isinstance(k, str) for k in state[0])):
+            self.__dict__.update(state[0])
             self._state = state[1]
         else:
             self._state = state
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.__dict__.setdefault("_items", {})[key] = value
+
+    def append(self, value: Any) -> None:
+        self.__dict__.setdefault("_list", []).append(value)
+
+    def extend(self, values: Any) -> None:
+        self.__dict__.setdefault("_list", []).extend(values)
+
+    def add(self, value: Any) -> None:  # the ADDITEMS of set subclasses
+        self.append(value)
+
+    def __repr__(self) -> str:
+        return f"<inert {self._origin}>"
+
+
+def _reconstructor(cls: Any, base: Any, state: Any = None) -> Any:
+    """``copyreg._reconstructor`` (protocol 0/1 pickles of plain classes), for stubs only."""
+    if isinstance(cls, type) and issubclass(cls, _Stub):
+        return cls.__new__(cls)
+    raise pickle.UnpicklingError(f"copyreg._reconstructor of {cls!r} is not supported")
 
 
 def _numpy_globals() -> dict[tuple[str, str], Any]:
@@ -112,6 +154,7 @@ _PLAIN: dict[tuple[str, str], Any] = {
 }
 _PLAIN[("collections", "OrderedDict")] = OrderedDict
 _PLAIN[("_codecs", "encode")] = codecs.encode  # bytes in protocol-2 pickles
+_PLAIN[("copyreg", "_reconstructor")] = _reconstructor  # objects in protocol-0/1 pickles
 
 
 class _Unpickler(pickle._Unpickler):  # the pure-Python unpickler: its opcodes can be overridden
@@ -121,6 +164,8 @@ class _Unpickler(pickle._Unpickler):  # the pure-Python unpickler: its opcodes c
     readinto: Callable[[bytearray], int]
     append: Callable[[Any], None]
     _unframer: Any
+    proto: int
+    fix_imports: bool
 
     def __init__(self, file: IO[bytes], path: Path | None) -> None:
         super().__init__(file)
@@ -133,6 +178,11 @@ class _Unpickler(pickle._Unpickler):  # the pure-Python unpickler: its opcodes c
         self.mapped_bytes = 0
 
     def find_class(self, module: str, name: str) -> Any:
+        if self.proto < 3 and self.fix_imports:  # Python 2 names, as pickle.Unpickler maps them
+            if (module, name) in _compat_pickle.NAME_MAPPING:
+                module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+            elif module in _compat_pickle.IMPORT_MAPPING:
+                module = _compat_pickle.IMPORT_MAPPING[module]
         if (module, name) in self._allowed:
             return self._allowed[(module, name)]
         key = (module, name)
@@ -241,43 +291,95 @@ def load_sb3_pickle(path: str | os.PathLike[str]) -> SB3Buffer:
         up = _Unpickler(f, mappable)
         try:
             obj = up.load()
-        except (pickle.UnpicklingError, EOFError, struct.error, ValueError, KeyError) as e:
-            raise ConvertError(f"{p}: not a readable pickle ({e})") from e
-    state = obj.__dict__ if isinstance(obj, _Stub) else getattr(obj, "__dict__", {})
+        except OSError as e:  # a read error is reported as such, a corrupt gzip stream is not
+            if not isinstance(e, gzip.BadGzipFile):
+                raise
+            raise ConvertError(f"{p}: {_EXPECTED}, but it is not a readable pickle "
+                               f"(corrupt gzip stream: {e})") from e
+        except Exception as e:  # whatever a truncated, corrupt or foreign file makes fail
+            raise ConvertError(f"{p}: {_EXPECTED}, but it is not a readable pickle "
+                               f"({_what_file(p) or _why(e)})") from e
+    kind = getattr(obj, "_origin", None) or type(obj).__qualname__
+    state = obj.__dict__ if isinstance(obj, _Stub) else {}
     missing = [k for k in _REQUIRED if k not in state]
-    if missing or "next_observations" not in state and not state.get("optimize_memory_usage"):
-        kind = getattr(obj, "_origin", type(obj).__name__)
+    optimized = isinstance(state.get("optimize_memory_usage"), (bool, int, np.bool_, np.integer)) \
+        and bool(state["optimize_memory_usage"])
+    if missing or "next_observations" not in state and not optimized:
         raise ConvertError(
-            f"{p}: expected an SB3 ReplayBuffer/DictReplayBuffer pickle, got {kind} "
-            f"(missing attributes {missing or ['next_observations']})"
+            f"{p}: {_EXPECTED}, got a pickled {kind} "
+            f"(missing attributes {', '.join(missing or ['next_observations'])})"
         )
-    buf = _sb3_from_state(state, getattr(obj, "_origin", type(obj).__qualname__))
+    try:
+        buf = _sb3_from_state(state, kind)
+    except (TypeError, ValueError, AttributeError, OverflowError) as e:
+        raise ConvertError(f"{p}: {_EXPECTED}, got a pickled {kind} with unexpected "
+                           f"attributes ({_why(e)})") from e
     buf.mapped_bytes = up.mapped_bytes
     _check_shapes(p, buf)
     return buf
 
 
+_EXPECTED = "expected an SB3 ReplayBuffer/DictReplayBuffer pickle (model.save_replay_buffer)"
+
+
+def _what_file(p: Path) -> str | None:
+    """What a file that failed to unpickle is instead, when its first bytes tell."""
+    try:
+        with open(p, "rb") as f:
+            head = f.read(8)
+    except OSError:
+        return None
+    if not head:
+        return "the file is empty"
+    if head.startswith(b"PK\x03\x04"):
+        return ("a zip archive: model.save() writes one, the replay buffer comes from "
+                "model.save_replay_buffer()")
+    if head.startswith(b"\x93NUMPY"):
+        return "a numpy .npy file"
+    return None
+
+
+def _why(e: BaseException) -> str:
+    """A short reason for an unpickling failure (some exceptions carry no message)."""
+    if isinstance(e, EOFError) or "exhausted before end of frame" in str(e):
+        return "it ends too early: truncated?"
+    if isinstance(e, MemoryError):
+        return "a length field asks for more memory than there is: corrupt?"
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+def _truth(s: dict[str, Any], key: str, default: bool = False) -> bool:
+    """``bool(s[key])`` for a pickled flag (Python or numpy bool/int); TypeError otherwise."""
+    v = s.get(key, default)
+    if not isinstance(v, (bool, int, np.bool_, np.integer)):
+        raise TypeError(f"{key}: expected a bool, got {type(v).__name__}")
+    return bool(v)
+
+
 def _sb3_from_state(s: dict[str, Any], kind: str) -> SB3Buffer:
     space = s.get("action_space")
-    discrete = getattr(space, "_origin", type(space).__qualname__).rsplit(".", 1)[-1] == "Discrete"
+    origin = getattr(space, "_origin", None) or type(space).__qualname__
+    discrete = origin.rsplit(".", 1)[-1] == "Discrete"
     rewards = s["rewards"]
     timeouts = s.get("timeouts")
-    if timeouts is None or not s.get("handle_timeout_termination", True):
+    if timeouts is None or not _truth(s, "handle_timeout_termination", True):
         timeouts = np.zeros_like(rewards)
+    optimize = _truth(s, "optimize_memory_usage")
     return SB3Buffer(
         kind=kind,
         observations=s["observations"],
-        next_observations=None if s.get("optimize_memory_usage") else s["next_observations"],
+        next_observations=None if optimize else s["next_observations"],
         actions=s["actions"],
         rewards=rewards,
         dones=s["dones"],
         timeouts=timeouts,
-        pos=int(s["pos"]),
-        full=bool(s["full"]),
-        buffer_size=int(s["buffer_size"]),
-        n_envs=int(s["n_envs"]),
+        pos=operator.index(s["pos"]),
+        full=_truth(s, "full"),
+        buffer_size=operator.index(s["buffer_size"]),
+        n_envs=operator.index(s["n_envs"]),
         discrete_action=discrete,
-        extra={k: s[k] for k in ("n_steps", "gamma") if k in s},
+        extra={k: float(s[k]) for k in ("n_steps", "gamma")
+               if isinstance(s.get(k), (int, float, np.integer, np.floating))},
     )
 
 
@@ -288,16 +390,27 @@ def _obs_arrays(obs: Any, prefix: str) -> dict[str, np.ndarray]:
 
 
 def _check_shapes(p: Path, b: SB3Buffer) -> None:
+    if b.buffer_size < 1 or b.n_envs < 1:
+        raise ConvertError(f"{p}: expected buffer_size and n_envs >= 1, got "
+                           f"{b.buffer_size} and {b.n_envs}")
     lead = (b.buffer_size, b.n_envs)
     arrays = {**_obs_arrays(b.observations, "observations"), "actions": b.actions,
               "rewards": b.rewards, "dones": b.dones, "timeouts": b.timeouts}
     if b.next_observations is not None:
         arrays.update(_obs_arrays(b.next_observations, "next_observations"))
+    for name in ("observations", "next_observations"):
+        obs = getattr(b, name)
+        if isinstance(obs, Mapping) and (not obs or not all(isinstance(k, str) for k in obs)):
+            raise ConvertError(f"{p}: {name}: expected a dict of arrays by key name, got "
+                               f"keys {list(obs)!r}")
     for name, a in arrays.items():
-        if not isinstance(a, np.ndarray) or a.shape[:2] != lead:
+        scalar = name in ("rewards", "dones", "timeouts")  # [buffer_size, n_envs] exactly
+        if (not isinstance(a, np.ndarray) or a.shape[:2] != lead
+                or scalar and a.ndim != 2 or a.dtype.hasobject or a.dtype.kind not in "biuf"):
             got = f"{a.shape} {a.dtype}" if isinstance(a, np.ndarray) else type(a).__name__
             raise ConvertError(
-                f"{p}: {name}: expected an array of shape ({lead[0]}, {lead[1]}, ...), got {got}"
+                f"{p}: {name}: expected a numeric array of shape ({lead[0]}, {lead[1]}"
+                f"{')' if scalar else ', ...)'}, got {got}"
             )
     if not 0 <= b.pos < b.buffer_size:
         raise ConvertError(f"{p}: pos: expected 0 <= pos < {b.buffer_size}, got {b.pos}")
