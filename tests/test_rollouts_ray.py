@@ -59,7 +59,8 @@ def expected(seed, length=5, scale=2.0):
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    """A new local instance ('local': never a cluster already running on this machine)."""
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}})
     yield
     ray.shutdown()
