@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 ROOT = Path(__file__).resolve().parents[2]
 # 600 TD3 updates per generation (default 0.5 per env step: 3,000) keep a run near a minute;
@@ -164,6 +165,7 @@ def main() -> None:
     from tools.bench.report import stamp, table, write_section
 
     load_before = os.getloadavg()
+    busy = psutil.cpu_percent(interval=5) / 100 * (os.cpu_count() or 1)  # this script idle
     res: dict[str, list[dict[str, Any]]] = {name: [] for name in CONFIGS}
     for _ in range(a.runs):
         for name, args in CONFIGS.items():
@@ -171,6 +173,7 @@ def main() -> None:
             print(name, {k: round(v, 2) for k, v in res[name][-1].items()
                          if isinstance(v, float)}, flush=True)
     histories = {json.dumps([r["fitness"], r["learner"]]) for v in res.values() for r in v}
+    runs = sum(len(v) for v in res.values())
     med = {name: {k: statistics.median(r[k] for r in v)
                   for k in ("rollout_seconds", "update_seconds", "gen_seconds",
                             "process_seconds")}
@@ -186,41 +189,45 @@ def main() -> None:
              f"{m['update_seconds']:.2f}", f"{m['gen_seconds']:.2f}",
              f"{m['process_seconds']:.1f}"] for name, m in med.items()]
     speedup = base / med["2 workers, Ray"]["rollout_seconds"]
-    updates_per_gen = 0.1 * 6000
-    per_update_ms = 1e3 * med["2 workers, Ray"]["update_seconds"] / updates_per_gen
+    ray1 = base / med["1 worker, Ray"]["rollout_seconds"]
+    per_update_ms = 1e3 * med["2 workers, Ray"]["update_seconds"] / (0.1 * 6000)
+    same = (f"All {runs} runs gave the same fitness and learner returns (one history)."
+            if len(histories) == 1 else
+            f"The runs gave {len(histories)} different histories over {runs} runs: NOT the same.")
     body = f"""## Rollout workers (`tools/bench/bench_rollouts.py`)
 
-{stamp()} Load average {load_before[0]:.1f} at the start, {load_after[0]:.1f} at the end (other
-jobs shared the 2 cores).
+{stamp()}
+Load average {load_before[0]:.1f} at the start, {load_after[0]:.1f} at the end; before the
+runs, with this script idle, other processes kept {busy:.1f} of the {os.cpu_count()} cores busy
+(5 s sample).
 
 ERL on HalfCheetah-v5, default population (5 actors + the learner's episode: 6 episodes of
-1,000 steps per generation, hidden 128), `{' '.join(ERL)}` (600 TD3 updates per generation),
-{a.generations} generations; each run a fresh process, configurations in turn; per run the
-median over generations 2-{a.generations}, then the median of {a.runs} runs. Workers use one
-torch thread each. Every run gave the same fitness and learner returns:
-{'yes' if len(histories) == 1 else 'NO'} ({len(histories)} distinct histories over
-{sum(len(v) for v in res.values())} runs).
+1,000 steps per generation, hidden 128), `{' '.join(ERL[2:])}`
+(600 TD3 updates per generation), {a.generations} generations; each run a fresh process,
+configurations in turn; per run the median over generations 2-{a.generations}, then the median
+of {a.runs} runs. Workers use one torch thread each. {same}
 
 {table(["configuration", "rollout phase s", "rollout speed-up", "TD3 update phase s",
         "generation s", "whole process s"], rows)}
 
-Rollout phase with 2 Ray workers: **{speedup:.2f}x** the in-process one (target 1.6x:
-{'met' if speedup >= 1.6 else 'missed'}). The update phase stays in the learner's process
-({per_update_ms:.1f} ms per TD3 update here; at the default 0.5 updates per env step, 3,000 per
-generation, it is ~{3 * per_update_ms:.0f} s of every generation, which workers do not shorten).
-"Whole process" includes imports, Ray's start (~5 s) and its actors' imports.
+Rollout phase with 2 Ray workers: **{speedup:.2f}x** the in-process one; the 1.6x target was
+**{'met' if speedup >= 1.6 else 'missed'}** on this run (1 Ray worker: {ray1:.2f}x, Ray's own
+cost). The update phase stays in the learner's process ({per_update_ms:.1f} ms per TD3 update
+here; at the default 0.5 updates per env step, 3,000 per generation, it is
+~{3 * per_update_ms:.0f} s of every generation, which workers do not shorten). "Whole process"
+includes imports, Ray's start (~5 s) and its actors' imports.
 
 Ray's overhead (2 local actors): an empty job's round trip (submit + result) takes
 {over['empty_ms']:.2f} ms (in process: {over['in_process_empty_ms']:.3f} ms); a returned array
-costs {over['per_mib_ms']:.2f} ms per MiB (64 MiB: {over['mib64_ms']:.0f} ms; the learner gets a
-read-only view of the object store, no copy). An ERL episode returns 1,000 transitions of
-~170 B (0.16 MiB) and takes ~{1e3 * med['1 worker, in process']['rollout_seconds'] / 6:.0f} ms
-in process.
+costs {over['per_mib_ms']:.2f} ms per MiB (64 MiB: {over['mib64_ms']:.0f} ms; the learner gets
+a read-only view of the object store, no copy). An ERL episode returns 1,000 transitions of
+~170 B (0.16 MiB) and takes
+~{1e3 * med['1 worker, in process']['rollout_seconds'] / 6:.0f} ms in process.
 
 A worker killed (`ray.kill`) {kill['plain_s'] / 2.5:.2f} s into an ERL generation on 2 Ray
-workers: the generation completed in {kill['killed_s']:.2f} s instead of {kill['plain_s']:.2f} s
-(the replacement actor starts a process and imports torch and MuJoCo), {kill['replaced']} worker
-replaced, and its {kill['transitions']:,} transitions were
+workers: the generation completed in {kill['killed_s']:.2f} s instead of
+{kill['plain_s']:.2f} s (the replacement actor starts a process and imports torch and MuJoCo),
+{kill['replaced']} worker replaced, and its {kill['transitions']:,} transitions were
 {'identical' if kill['same'] else 'NOT identical'} to the same generation without the kill.
 """
     write_section("rollouts", body)
