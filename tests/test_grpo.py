@@ -104,12 +104,31 @@ def tiny_model():
                                         max_position_embeddings=128))
 
 
+def make_groups(seed=0, n_groups=3, g=3, vocab=50):
+    """Per group a prompt and g completions; returned flat (prompt repeated per completion)
+    and grouped (the prompt once)."""
+    rng = np.random.default_rng(seed)
+    group_prompts = [rng.integers(3, vocab, rng.integers(2, 7)) for _ in range(n_groups)]
+    groups = [[rng.integers(3, vocab, rng.integers(1, 6)) for _ in range(g)]
+              for _ in range(n_groups)]
+    return group_prompts, groups
+
+
+@pytest.mark.parametrize("layout", ["one_per_prompt", "groups"])
 @pytest.mark.parametrize("norm", ["sequence", "token", "constant"])
-def test_update_gradient_equals_naive_padded_grpo_loss(tiny_model, norm):
+def test_update_gradient_equals_naive_padded_grpo_loss(tiny_model, norm, layout):
+    """Packed (groups sharing their prompt once per row, some split across rows) against a
+    naive loss over each prompt + completion alone with full logits: same gradients."""
     cfg = grpo.Config(pack_tokens=16, max_prompt_tokens=8, max_completion_tokens=8, beta=0.1,
                       epsilon=0.1, epsilon_high=0.3, loss_norm=norm, chunk_tokens=3,
                       max_grad_norm=0.0)
-    prompts, comps = make_rollouts()
+    if layout == "groups":
+        group_prompts, groups = make_groups()
+        prompts = [p for p, grp in zip(group_prompts, groups, strict=True) for _ in grp]
+        comps = [c for grp in groups for c in grp]
+    else:
+        prompts, comps = make_rollouts()
+        group_prompts, groups = prompts, [[c] for c in comps]
     seqs = [np.concatenate([p, c]) for p, c in zip(prompts, comps, strict=True)]
     lens = [len(c) for c in comps]
     g = np.random.default_rng(5)
@@ -118,8 +137,11 @@ def test_update_gradient_equals_naive_padded_grpo_loss(tiny_model, norm):
     ref = [g.normal(-4, 0.3, k).astype(np.float32) for k in lens]
     per_token = {"advantage": [np.full(k, a, np.float32) for k, a in zip(lens, adv, strict=True)],
                  "weight": grpo.token_weights(lens, cfg), "old": old, "ref": ref}
-    batch = grpo.packed_batch(seqs, [len(p) for p in prompts], cfg, 0, per_token)
+    batch = grpo.packed_batch(group_prompts, groups, cfg, 0, per_token)
     assert len(batch["input_ids"]) < len(seqs)  # really packed
+    if layout == "groups":  # a prompt is computed once per row, not once per completion
+        assert batch["real"].sum() < sum(len(x) for x in seqs)
+        assert len(batch["input_ids"]) > 1 and sum(map(len, groups)) > len(groups)
 
     # Naive: per sequence, full logits; GRPO's clipped surrogate + beta * k3, per --loss-norm.
     tiny_model.zero_grad()
@@ -148,8 +170,7 @@ def test_packed_logprobs_equal_per_sequence_full_logits(tiny_model):
     cfg = grpo.Config(pack_tokens=20, max_prompt_tokens=8, max_completion_tokens=8,
                       chunk_tokens=4)
     prompts, comps = make_rollouts(seed=3, n=7)
-    seqs = [np.concatenate([p, c]) for p, c in zip(prompts, comps, strict=True)]
-    batch = grpo.packed_batch(seqs, [len(p) for p in prompts], cfg, 0, {})
+    batch = grpo.packed_batch(prompts, [[c] for c in comps], cfg, 0, {})
     lp = torch.zeros(sum(len(c) for c in comps))
     lp[batch["index"][batch["mask"]]] = grpo.packed_logprobs(tiny_model, batch, cfg).detach()
     want = torch.cat(naive_logprobs(tiny_model, prompts, comps)).detach()
@@ -160,10 +181,9 @@ def test_record_behaviour_gives_ratio_one_and_the_current_logprobs(tiny_model):
     cfg = grpo.Config(pack_tokens=16, max_prompt_tokens=8, max_completion_tokens=8, beta=0.0)
     prompts, comps = make_rollouts(seed=4)
     lens = [len(c) for c in comps]
-    seqs = [np.concatenate([p, c]) for p, c in zip(prompts, comps, strict=True)]
     per_token = {"advantage": [np.ones(k, np.float32) for k in lens],
                  "weight": grpo.token_weights(lens, cfg)}
-    batch = grpo.packed_batch(seqs, [len(p) for p in prompts], cfg, 0, per_token)
+    batch = grpo.packed_batch(prompts, [[c] for c in comps], cfg, 0, per_token)
     opt = torch.optim.SGD(tiny_model.parameters(), lr=0.0)
     out = grpo.update(tiny_model, opt, AdaptiveMicroBatch(tiny_model), batch, cfg, sum(lens),
                       record_behaviour=True)

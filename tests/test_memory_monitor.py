@@ -4,6 +4,7 @@ figure is checked against a known allocation or a made-up cgroup, never against 
 from __future__ import annotations
 
 import json
+import sys
 import logging
 
 import numpy as np
@@ -21,7 +22,7 @@ from rlbuffers.memory import (
     rss_bytes,
     tensor_summary,
 )
-from rlbuffers.memory.process import reset_peak_rss
+from rlbuffers.memory.process import reset_peak_rss, trim_heap
 
 MIB = 2**20
 LOGGER = "rlbuffers.memory.monitor"
@@ -38,6 +39,19 @@ def test_rss_moves_by_a_known_allocation_and_back():
     assert 56 * MIB < rss_bytes() - before < 80 * MIB
     del block
     assert rss_bytes() - before < 16 * MIB  # numpy returns a block this large to the OS
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc_trim")
+def test_trim_heap_returns_freed_heap_blocks_held_below_a_live_one():
+    """800 KB blocks (below the 1 MiB mmap threshold of conftest: heap) freed under live ones
+    stay resident until trim_heap() releases them."""
+    blocks = [np.ones(100_000) for _ in range(500)]  # 400 MB in the heap
+    pins = [np.ones(90_000) for _ in range(3)]  # live blocks above them: no automatic trim
+    del blocks
+    before = rss_bytes()
+    assert trim_heap() is True
+    assert before - rss_bytes() > 300 * MIB
+    assert all(p.sum() == 90_000 for p in pins)
 
 
 def test_peak_rss_keeps_a_freed_allocation_until_reset():

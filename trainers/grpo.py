@@ -51,11 +51,10 @@ from rlbuffers import FieldSpec, ReplayBuffer
 from rlbuffers.checkpoint import Checkpoints, create_run, load_state
 from rlbuffers.memory import AdaptiveMicroBatch, MemoryMonitor, auto_budget, token_logprobs
 from rlbuffers.memory.oom import free_memory, is_out_of_memory
-from rlbuffers.memory.process import set_mmap_threshold
+from rlbuffers.memory.process import trim_heap
 from rlbuffers.memory.reference import reference_bytes_saved
 from rlbuffers.samplers import GroupSampler
-from rlbuffers.stream.packing import pack_bfd
-from rlbuffers.stream.padding import collate
+from rlbuffers.stream.prefix_packing import pack_shared_prefix, shared_prefix_mask
 from rlbuffers.stream.token_store import TokenStore, build_token_store
 from rlbuffers.stream.tokenize import TextTokenizer
 from trainers.common import (
@@ -150,49 +149,31 @@ def lm_parts(model: Any) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
     return model.get_decoder(), head.weight, head.bias
 
 
-def packed_batch(seqs: list[np.ndarray], prompt_lens: list[int], cfg: Config, pad_id: int,
-                 per_token: dict[str, list[np.ndarray]]) -> dict[str, torch.Tensor]:
-    """Pack sequences (prompt + completion) into rows of ``cfg.pack_tokens`` (BFD).
-
-    Returns ``{name: tensor[R, T]}``: ``input_ids``, ``position_ids``, ``targets`` (the next
-    token), ``mask`` (bool: the next token is a completion token), ``index`` (int64: that
-    token's position in the flat concatenation of all completions, -1 elsewhere), and each of
-    ``per_token`` (``name -> [float32[len(completion_i)]]``) scattered to the same places.
-    """
-    bins = pack_bfd([len(s) for s in seqs], cfg.pack_tokens)
-    b = collate([[seqs[i] for i in row] for row in bins], pad_token_id=pad_id)
-    ids = b["input_ids"]
-    r, t = ids.shape
-    out = {"input_ids": ids, "position_ids": b["position_ids"],
-           "targets": np.concatenate([ids[:, 1:], np.full((r, 1), pad_id)], 1),
-           "real": np.arange(t)[None, :] < np.array([sum(len(seqs[i]) for i in row)
-                                                     for row in bins])[:, None],
-           "mask": np.zeros((r, t), bool), "index": np.full((r, t), -1, np.int64)}
-    out.update({k: np.zeros((r, t), np.float32) for k in per_token})
-    starts = np.cumsum([0] + [len(s) - p for s, p in zip(seqs, prompt_lens, strict=True)])
-    for row, members in enumerate(bins):
-        col = 0
-        for i in members:
-            p, n = prompt_lens[i], len(seqs[i])
-            where = slice(col + p - 1, col + n - 1)  # hidden at j predicts token j + 1
-            out["mask"][row, where] = True
-            out["index"][row, where] = np.arange(starts[i], starts[i + 1])
-            for k, vals in per_token.items():
-                out[k][row, where] = vals[i]
-            col += n
-    return {k: torch.from_numpy(v) for k, v in out.items()}
+def packed_batch(prompts: list[np.ndarray], completions: list[list[np.ndarray]], cfg: Config,
+                 pad_id: int, per_token: dict[str, list[np.ndarray]]) -> dict[str, torch.Tensor]:
+    """Groups (a prompt and its completions) packed into rows of ``cfg.pack_tokens`` with the
+    prompt once per row (``pack_shared_prefix``: ``input_ids``, ``position_ids``, ``block``,
+    ``parent``, ``source``, ``mask``, ``index``, ``real`` and ``per_token``, tensors
+    ``[R, T]``)."""
+    b = pack_shared_prefix(prompts, completions, cfg.pack_tokens, pad_id, per_token)
+    return {k: torch.from_numpy(v) for k, v in b.items()}
 
 
 def packed_logprobs(model: Any, micro: dict[str, torch.Tensor], cfg: Config) -> torch.Tensor:
-    """Log-probs (float32[n]) of the completion tokens of packed rows (``micro['mask']``),
-    from the decoder's hidden states through the chunked LM head (no ``[B, T, V]``)."""
+    """Log-probs (float32[n]) of the completion tokens of packed rows (``micro['mask']``, in
+    row-major order), from the decoder's hidden states (each completion attends to its prompt
+    and itself) through the chunked LM head (no ``[B, T, V]``)."""
     decoder, weight, bias = lm_parts(model)
+    allowed = shared_prefix_mask(micro["block"], micro["parent"])
+    if decoder.config._attn_implementation == "eager":
+        allowed = torch.zeros(allowed.shape).masked_fill_(~allowed, torch.finfo(torch.float32).min)
     hidden = decoder(input_ids=micro["input_ids"], position_ids=micro["position_ids"],
-                     use_cache=False).last_hidden_state
+                     attention_mask=allowed, use_cache=False).last_hidden_state
     mask = micro["mask"]
-    return token_logprobs(hidden[mask][None], weight, micro["targets"][mask][None],
-                          chunk_tokens=cfg.chunk_tokens, lm_head_bias=bias,
-                          temperature=cfg.temperature)[0]
+    rows = mask.nonzero()[:, 0]
+    return token_logprobs(hidden[rows, micro["source"][mask]][None], weight,
+                          micro["input_ids"][mask][None], chunk_tokens=cfg.chunk_tokens,
+                          lm_head_bias=bias, temperature=cfg.temperature)[0]
 
 
 @torch.no_grad()
@@ -515,13 +496,13 @@ def train_step(cfg: Config, model: Any, tok: Any, opt: torch.optim.Optimizer,
         texts = tok.batch_decode(completions, skip_special_tokens=True)
         scores = score_group(problems, indices, texts, cfg)
         adv, flat_groups = group_advantages(scores["reward"], cfg.group_size, cfg.scale_rewards)
-    seqs = [np.concatenate([prompts[k // cfg.group_size], c]) for k, c in enumerate(completions)]
-    p_lens = [len(prompts[k // cfg.group_size]) for k in range(len(seqs))]
+    g = cfg.group_size
+    groups = [completions[i:i + g] for i in range(0, len(completions), g)]
     weights = token_weights(comp_lens, cfg)
     per_token = {"advantage": [np.full(n, a, np.float32) for n, a in zip(comp_lens, adv,
                                                                             strict=True)],
                  "weight": weights}
-    batch = packed_batch(seqs, p_lens, cfg, tok.pad_token_id, per_token)
+    batch = packed_batch(prompts, groups, cfg, tok.pad_token_id, per_token)
     n_tok = sum(comp_lens)
     cuts = np.cumsum([0] + comp_lens)
     ref_flat = torch.zeros(n_tok)
@@ -536,8 +517,8 @@ def train_step(cfg: Config, model: Any, tok: Any, opt: torch.optim.Optimizer,
     ref_np = ref_flat.numpy()
     g0 = trainer["groups"]
     with phase("buffer"):
-        buf.extend({"prompt_ids": [p.astype(np.int32) for p in
-                                   (prompts[k // cfg.group_size] for k in range(len(seqs)))],
+        buf.extend({"prompt_ids": [prompts[k // g].astype(np.int32)
+                                   for k in range(len(completions))],
                     "completion_ids": [c.astype(np.int32) for c in completions],
                     "behaviour_logprobs": [behaviour[a:b] for a, b in pairwise(cuts)],
                     "ref_logprobs": [ref_np[a:b] if cfg.beta else ref_np[:0]
@@ -545,8 +526,8 @@ def train_step(cfg: Config, model: Any, tok: Any, opt: torch.optim.Optimizer,
                     "reward": scores["reward"], "correctness": scores["correctness"],
                     "advantage": adv,
                     "group": np.repeat(np.arange(g0, g0 + len(prompts)), cfg.group_size),
-                    "policy_version": np.full(len(seqs), step - 1),
-                    "step": np.full(len(seqs), step), "completion_truncated": truncated,
+                    "policy_version": np.full(len(completions), step - 1),
+                    "step": np.full(len(completions), step), "completion_truncated": truncated,
                     "done": np.tile(np.arange(cfg.group_size) == cfg.group_size - 1,
                                     len(prompts))})
     trainer["groups"] = g0 + len(prompts)
@@ -584,6 +565,7 @@ class _Phase:
         self.pk = self.cm.__enter__()
 
     def __exit__(self, *exc: Any) -> None:
+        trim_heap()  # freed activations leave RSS: the next phase's peak does not include them
         self.cm.__exit__(*exc)
         self.times[self.name] = self.times.get(self.name, 0.0) + time.perf_counter() - self.t0
         self.peaks[self.name] = max(self.peaks.get(self.name, 0), self.pk.peak_rss_bytes)
@@ -595,16 +577,16 @@ def reuse_iteration(cfg: Config, model: Any, opt: torch.optim.Optimizer,
     ratio against their stored behaviour log-probs."""
     s = buf.sample(cfg.prompts_per_step)
     flat = lambda name: [x for grp in s[name] for x in grp]  # noqa: E731
-    prompts, comps = flat("prompt_ids"), flat("completion_ids")
-    seqs = [np.concatenate([p, c]).astype(np.int64) for p, c in zip(prompts, comps, strict=True)]
-    comp_lens = [len(c) for c in comps]
+    prompts = [grp[0].astype(np.int64) for grp in s["prompt_ids"]]  # a group shares its prompt
+    groups = [[c.astype(np.int64) for c in grp] for grp in s["completion_ids"]]
+    comp_lens = [len(c) for grp in groups for c in grp]
     adv = s["advantage"].reshape(-1)
     per_token = {"advantage": [np.full(n, a, np.float32) for n, a in zip(comp_lens, adv,
                                                                             strict=True)],
                  "weight": token_weights(comp_lens, cfg), "old": flat("behaviour_logprobs")}
     if cfg.beta:
         per_token["ref"] = flat("ref_logprobs")
-    batch = packed_batch(seqs, [len(p) for p in prompts], cfg, tok.pad_token_id, per_token)
+    batch = packed_batch(prompts, groups, cfg, tok.pad_token_id, per_token)
     out = update(model, opt, amb, batch, cfg, sum(comp_lens), record_behaviour=False)
     out.pop("behaviour")
     return out
@@ -616,7 +598,6 @@ def main(argv: list[str] | None = None) -> None:
     check_config(cfg)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(cfg.train_threads or os.cpu_count() or 1)
-    set_mmap_threshold()  # freed activations and gradients leave RSS: phase peaks do not stack
     monitor = MemoryMonitor()
     model, tok, model_dir = make_policy(cfg)
     buf, ckpt = open_run(cfg, model, tok, model_dir)

@@ -79,3 +79,26 @@ def set_mmap_threshold(nbytes: int = 1 << 20) -> bool:
         return bool(ctypes.CDLL("libc.so.6").mallopt(-3, int(nbytes)))  # -3: M_MMAP_THRESHOLD
     except (OSError, AttributeError):
         return False
+
+
+def trim_heap() -> bool:
+    """Give the free memory of glibc's heaps back to the OS now (``malloc_trim(0)``, which also
+    releases free pages inside the heap, not only at its top).
+
+    A cheaper alternative to :func:`set_mmap_threshold` for training loops: blocks freed and
+    reallocated within a phase stay in the heap (no page faults on every large allocation:
+    ``mmap`` per block made SmolLM2's LoRA update 1.4x slower here), and the loop trims
+    between phases so one phase's freed activations do not count in the next one's RSS.
+
+    Returns:
+        True when glibc released memory; False when it had none to release, or off
+        Linux/glibc (nothing done).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
+    except (OSError, AttributeError):
+        return False

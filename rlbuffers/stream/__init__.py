@@ -28,6 +28,8 @@ _LAZY = {
     "pack_bfd": "rlbuffers.stream.packing",
     "split_overflow": "rlbuffers.stream.packing",
     "IGNORE_INDEX": "rlbuffers.stream.padding",
+    "pack_shared_prefix": "rlbuffers.stream.prefix_packing",
+    "shared_prefix_mask": "rlbuffers.stream.prefix_packing",
     "block_causal_mask": "rlbuffers.stream.padding",
     "collate": "rlbuffers.stream.padding",
     "padded_length": "rlbuffers.stream.padding",

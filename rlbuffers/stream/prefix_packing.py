@@ -1,0 +1,164 @@
+"""Shared-prefix packing: a group's prompt once per row, its completions after it.
+
+GRPO and its relatives score G completions of the same prompt. Packed one sequence at a time
+(prompt + completion each), a row computes the prompt G times; here a row holds the prompt once
+and each completion attends to it and to itself only, so the prompt's forward and backward are
+done once per row and its gradient is the sum over the completions, exactly as if each
+sequence had its own copy. With P prompt tokens and completions of C tokens, a group costs
+``P + G * C`` tokens instead of ``G * (P + C)`` (e.g. 200 + 4 * 64 = 456 instead of 1,056).
+The idea is the Shared-Prefix Forward of Liu et al. 2025, "Prefix Grouper: Efficient GRPO
+Training through Shared-Prefix Forward" (arXiv 2506.05433, Sec. 3), which proves forward
+outputs and gradients equal to standard GRPO's; here the attention is an ordinary 4D mask, so
+any Hugging Face model whose attention takes a custom mask (``sdpa``, ``eager``) runs it
+unchanged.
+
+Layout of a row (``T = max_tokens``)::
+
+    [prompt_a][completion_a1][completion_a2]...[prompt_b][completion_b1]...[padding]
+
+- ``position_ids``: 0.. over a prompt, and each completion continues from its prompt's length;
+- ``block`` / ``parent``: a query at position q may see key k <= q when
+  ``block[k] == block[q]`` or ``block[k] == parent[q]`` (a prompt's parent is itself; padding
+  positions get a block of their own and see only themselves);
+- the token at position q of a completion is predicted by the hidden state at ``source[q]``:
+  q - 1 inside the completion, the prompt's last position for its first token (so the G first
+  tokens share one hidden state).
+
+A group whose prompt and completions exceed ``max_tokens`` is split into several items, each
+with its own copy of the prompt. Items are placed by best-fit decreasing (:func:`pack_bfd`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from rlbuffers.stream.packing import pack_bfd
+
+
+def pack_shared_prefix(prompts: Sequence[np.ndarray], completions: Sequence[Sequence[np.ndarray]],
+                       max_tokens: int, pad_id: int,
+                       per_token: Mapping[str, Sequence[np.ndarray]] | None = None
+                       ) -> dict[str, np.ndarray]:
+    """Pack groups (a prompt and its completions) into rows of ``max_tokens`` tokens.
+
+    Args:
+        prompts: ``G`` prompts, int arrays of ``[P_g]`` token ids (``P_g >= 1``).
+        completions: per prompt, its completions (int arrays ``[C_gi]``, ``C_gi >= 1``).
+        max_tokens: tokens per row (int); every prompt plus any one of its completions must fit.
+        pad_id: token id of padding positions.
+        per_token: ``name -> arrays [C_gi]``, one per completion in the flat order of
+            ``completions`` (group by group), scattered to the completion's token positions.
+
+    Returns:
+        ``{name: array[R, T]}``: ``input_ids`` (int64), ``position_ids`` (int64), ``block``
+        and ``parent`` (int64, see the module docstring), ``source`` (int64: position of the
+        hidden state that predicts this token, -1 where the token is not a completion token),
+        ``mask`` (bool: a completion token), ``index`` (int64: the token's position in the flat
+        concatenation of all completions, -1 elsewhere), ``real`` (bool: not padding), and each
+        ``per_token`` name (float32, 0 elsewhere).
+
+    Raises:
+        ValueError: ``prompts`` and ``completions`` of different lengths, an empty prompt or
+            completion, a ``per_token`` array of the wrong length, or a prompt plus completion
+            longer than ``max_tokens`` (each naming the group and completion).
+    """
+    per_token = dict(per_token or {})
+    if len(prompts) != len(completions):
+        raise ValueError(f"completions: expected one list per prompt ({len(prompts)}), "
+                         f"got {len(completions)}")
+    items: list[tuple[int, list[int]]] = []  # (group, flat completion indices)
+    lengths: list[int] = []
+    flat_len: list[int] = []
+    for g, (p, comps) in enumerate(zip(prompts, completions, strict=True)):
+        if len(p) < 1:
+            raise ValueError(f"prompts[{g}]: expected at least 1 token, got 0")
+        item: list[int] = []
+        used = len(p)
+        for i, c in enumerate(comps):
+            n = len(c)
+            if n < 1:
+                raise ValueError(f"completions[{g}][{i}]: expected at least 1 token, got 0")
+            if len(p) + n > max_tokens:
+                raise ValueError(f"completions[{g}][{i}]: prompt + completion is "
+                                 f"{len(p) + n} tokens, more than max_tokens={max_tokens}")
+            if item and used + n > max_tokens:
+                items.append((g, item))
+                lengths.append(used)
+                item, used = [], len(p)
+            item.append(len(flat_len))
+            flat_len.append(n)
+            used += n
+        if item:
+            items.append((g, item))
+            lengths.append(used)
+    for name, arrays in per_token.items():
+        if len(arrays) != len(flat_len):
+            raise ValueError(f"per_token[{name!r}]: expected {len(flat_len)} arrays, "
+                             f"got {len(arrays)}")
+        for k, (a, n) in enumerate(zip(arrays, flat_len, strict=True)):
+            if len(a) != n:
+                raise ValueError(f"per_token[{name!r}][{k}]: expected {n} values, got {len(a)}")
+    flat = [c for comps in completions for c in comps]
+    starts = np.concatenate([[0], np.cumsum(flat_len)]).astype(np.int64)
+    bins = pack_bfd(lengths, max_tokens) if items else []
+    r, t = len(bins), max_tokens
+    out = {"input_ids": np.full((r, t), pad_id, np.int64),
+           "position_ids": np.zeros((r, t), np.int64),
+           "block": np.zeros((r, t), np.int64), "parent": np.zeros((r, t), np.int64),
+           "source": np.full((r, t), -1, np.int64), "mask": np.zeros((r, t), bool),
+           "index": np.full((r, t), -1, np.int64), "real": np.zeros((r, t), bool)}
+    out.update({name: np.zeros((r, t), np.float32) for name in per_token})
+    for row, members in enumerate(bins):
+        col, block = 0, 0
+        for m in members:
+            g, comp_ids = items[m]
+            p = np.asarray(prompts[g])
+            n_p = len(p)
+            span = slice(col, col + n_p)
+            out["input_ids"][row, span] = p
+            out["position_ids"][row, span] = np.arange(n_p)
+            out["block"][row, span] = out["parent"][row, span] = block
+            prompt_block, last = block, col + n_p - 1
+            col += n_p
+            for k in comp_ids:
+                c, n = np.asarray(flat[k]), flat_len[k]
+                block += 1
+                span = slice(col, col + n)
+                out["input_ids"][row, span] = c
+                out["position_ids"][row, span] = np.arange(n_p, n_p + n)
+                out["block"][row, span] = block
+                out["parent"][row, span] = prompt_block
+                out["source"][row, span] = np.arange(col - 1, col + n - 1)
+                out["source"][row, col] = last
+                out["index"][row, span] = np.arange(starts[k], starts[k + 1])
+                for name, arrays in per_token.items():
+                    out[name][row, span] = arrays[k]
+                col += n
+            block += 1
+        out["real"][row, :col] = True
+        # Padding: a block per position, so each padding query sees only itself.
+        out["block"][row, col:] = out["parent"][row, col:] = block + np.arange(t - col)
+    out["mask"] = out["source"] >= 0
+    return out
+
+
+def shared_prefix_mask(block: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    """The attention mask of :func:`pack_shared_prefix` rows: ``bool[R, 1, T, T]``, True where
+    query ``q`` may attend to key ``k`` (``k <= q`` and ``block[k]`` is ``block[q]`` or
+    ``parent[q]``). Memory: ``R * T * T`` bytes. Accepts numpy arrays or torch tensors
+    (``int[R, T]``) and returns the same kind.
+
+    Pass it as ``attention_mask`` to a Hugging Face model with ``attn_implementation="sdpa"``;
+    for ``"eager"`` convert it to an additive float mask (0 where True, ``finfo.min`` else).
+    """
+    k_block = block[:, None, :]
+    allowed = (k_block == block[:, :, None]) | (k_block == parent[:, :, None])
+    t = block.shape[1]
+    if isinstance(block, np.ndarray):
+        return (allowed & np.tril(np.ones((t, t), dtype=bool)))[:, None]
+    import torch
+
+    causal = torch.ones((t, t), dtype=torch.bool, device=block.device).tril()
+    return (allowed & causal)[:, None]
