@@ -5,6 +5,7 @@ between checkpoint and commit whose resume equals the uninterrupted run."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -19,7 +20,7 @@ require("reasoning_gym", "transformers", "peft", "tokenizers")
 
 from rlbuffers import ReplayBuffer  # noqa: E402
 from rlbuffers.memory import AdaptiveMicroBatch  # noqa: E402
-from trainers import grpo  # noqa: E402
+from trainers import generation, grpo  # noqa: E402
 
 # peft 0.21 reads a property that transformers 5 deprecates
 pytestmark = pytest.mark.filterwarnings(
@@ -296,12 +297,38 @@ def test_bad_settings_are_named(tmp_path, flag, value, match):
 
 
 def test_generation_batch_is_capped_and_fits_the_budget(tiny_model):
-    kv = grpo.kv_bytes_per_token(tiny_model.config)  # 2 layers * 1 kv head * 8 dims * 2 * 4
+    kv = generation.kv_bytes_per_token(tiny_model.config)  # 2 layers * 1 kv head * 8 dims * 2 * 4
     assert kv == 2 * 2 * 1 * 8 * 4
     cfg = grpo.Config(generation_batch=64, memory_budget="none", max_completion_tokens=10)
-    assert grpo.generation_batch(cfg, tiny_model, 100, 20) == 64
-    assert grpo.generation_batch(cfg, tiny_model, 10, 20) == 10
+    assert generation.generation_batch(cfg, tiny_model, 100, 20) == 64
+    assert generation.generation_batch(cfg, tiny_model, 10, 20) == 10
     per_seq = 30 * kv + 2 * 4 * 50
     cfg = grpo.Config(generation_batch=0, memory_budget=str(5 * per_seq + 1),
                       max_completion_tokens=10)
-    assert grpo.generation_batch(cfg, tiny_model, 100, 20) == 5
+    assert generation.generation_batch(cfg, tiny_model, 100, 20) == 5
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_prefix_shared_generation_equals_one_sequence_per_prompt_copy(tiny_dir, greedy):
+    """A group's prompt run once with its KV cache repeated gives the same completions as G
+    separate copies of the prompt in one batch (same sampling stream), and generate() in
+    groups equals generate() one sequence at a time under greedy decoding."""
+    from trainers.lm import load_causal_lm
+    model, tok = load_causal_lm(tiny_dir)
+    cfg = grpo.Config(max_completion_tokens=6, memory_budget="none", temperature=1.0)
+    g = np.random.default_rng(0)
+    prompts = [g.integers(3, len(tok), n) for n in (5, 9, 2)]
+    torch.manual_seed(3)
+    shared = generation._generate_call(model, tok, prompts, 3, cfg, greedy, 6)
+    torch.manual_seed(3)
+    copied = generation._generate_call(model, tok, [p for p in prompts for _ in range(3)], 1, cfg,
+                                 greedy, 6)
+    np.testing.assert_array_equal(shared, copied)
+    if greedy:
+        together = generation.generate(model, tok, prompts, cfg, n_per_prompt=3, greedy=True)
+        one = generation.generate(model, tok, prompts, dataclasses.replace(cfg, generation_batch=1),
+                            n_per_prompt=3, greedy=True)
+        assert len(together) == 9
+        for (a, ta), (b, tb) in zip(together, one, strict=True):
+            np.testing.assert_array_equal(a, b)
+            assert ta == tb

@@ -49,8 +49,7 @@ from tqdm.auto import tqdm
 
 from rlbuffers import FieldSpec, ReplayBuffer
 from rlbuffers.checkpoint import Checkpoints, create_run, load_state
-from rlbuffers.memory import AdaptiveMicroBatch, MemoryMonitor, auto_budget, token_logprobs
-from rlbuffers.memory.oom import free_memory, is_out_of_memory
+from rlbuffers.memory import AdaptiveMicroBatch, MemoryMonitor, token_logprobs
 from rlbuffers.memory.process import trim_heap
 from rlbuffers.memory.reference import reference_bytes_saved
 from rlbuffers.samplers import GroupSampler
@@ -66,6 +65,7 @@ from trainers.common import (
     set_rng_states,
     write_atomic,
 )
+from trainers.generation import generate, memory_budget
 from trainers.grpo_config import RESUMABLE, Config, check_config
 from trainers.lm import load_causal_lm
 from trainers.math_tasks import (
@@ -213,71 +213,6 @@ def reference_logprobs(model: Any, batch: dict[str, torch.Tensor], cfg: Config,
 # ------------------------------------------------------------------------------------------
 # Rollouts: generation, rewards, group-relative advantages
 # ------------------------------------------------------------------------------------------
-def kv_bytes_per_token(config: Any) -> int:
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return 2 * config.num_hidden_layers * heads * head_dim * 4
-
-
-def generation_batch(cfg: Config, model: Any, n: int, longest_prompt: int) -> int:
-    """Sequences per generate call: at most --generation-batch (0: no cap) and what the memory
-    budget allows (KV cache of prompt + completion plus two fp32 rows of logits per
-    sequence)."""
-    cap = min(n, cfg.generation_batch or n)
-    budget = memory_budget(cfg)
-    if budget is None:
-        return cap
-    per_seq = (longest_prompt + cfg.max_completion_tokens) * kv_bytes_per_token(model.config) \
-        + 2 * 4 * model.config.vocab_size
-    return max(1, min(cap, budget // per_seq))
-
-
-def memory_budget(cfg: Config) -> int | None:
-    if cfg.memory_budget == "none":
-        return None
-    return auto_budget() if cfg.memory_budget == "auto" else int(cfg.memory_budget)
-
-
-@torch.no_grad()
-def generate(model: Any, tok: Any, prompts: list[np.ndarray], cfg: Config, *, n_per_prompt: int,
-             greedy: bool = False, max_new: int | None = None) -> list[tuple[np.ndarray, bool]]:
-    """``n_per_prompt`` completions of each prompt (int64 token arrays ending at the first EOS,
-    which they keep, and whether they were cut at the length limit), in prompt order, with the
-    KV cache, in batches under the memory budget (halved on out-of-memory)."""
-    model.eval()
-    seqs = [p for p in prompts for _ in range(n_per_prompt)]
-    max_new = max_new or cfg.max_completion_tokens
-    size = generation_batch(cfg, model, len(seqs), max(len(p) for p in prompts))
-    out: list[tuple[np.ndarray, bool]] = []
-    eos = tok.eos_token_id
-    while len(out) < len(seqs):
-        part = seqs[len(out):len(out) + size]
-        width = max(len(p) for p in part)
-        ids = torch.full((len(part), width), tok.pad_token_id, dtype=torch.long)
-        att = torch.zeros((len(part), width), dtype=torch.long)
-        for i, p in enumerate(part):  # left padding
-            ids[i, width - len(p):] = torch.from_numpy(p.astype(np.int64))
-            att[i, width - len(p):] = 1
-        try:
-            gen = model.generate(input_ids=ids, attention_mask=att, max_new_tokens=max_new,
-                                 do_sample=not greedy, temperature=cfg.temperature if not greedy
-                                 else None, top_p=cfg.top_p if not greedy else None,
-                                 pad_token_id=tok.pad_token_id, eos_token_id=eos,
-                                 use_cache=True)
-        except Exception as e:
-            if not is_out_of_memory(e) or size == 1:
-                raise
-            free_memory()
-            log.warning("out of memory generating %d sequences: batch %d -> %d", len(part),
-                        size, size // 2)
-            size //= 2
-            continue
-        for row in gen[:, width:].numpy():
-            ends = np.flatnonzero(row == eos)
-            out.append((row[:ends[0] + 1], False) if len(ends) else (row, True))
-    return out
-
-
 def group_advantages(rewards: np.ndarray, g: int, scale: str) -> tuple[np.ndarray, float]:
     """Group-relative advantages (float32[N], N = groups * g, group members contiguous):
     ``r - mean`` divided by the group's std when ``scale == "group"``; a group whose rewards

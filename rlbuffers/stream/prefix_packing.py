@@ -68,7 +68,43 @@ def pack_shared_prefix(prompts: Sequence[np.ndarray], completions: Sequence[Sequ
     if len(prompts) != len(completions):
         raise ValueError(f"completions: expected one list per prompt ({len(prompts)}), "
                          f"got {len(completions)}")
-    items: list[tuple[int, list[int]]] = []  # (group, flat completion indices)
+    items, lengths, flat_len = _items(prompts, completions, max_tokens)
+    for name, arrays in per_token.items():
+        if len(arrays) != len(flat_len):
+            raise ValueError(f"per_token[{name!r}]: expected {len(flat_len)} arrays, "
+                             f"got {len(arrays)}")
+        for k, (a, n) in enumerate(zip(arrays, flat_len, strict=True)):
+            if len(a) != n:
+                raise ValueError(f"per_token[{name!r}][{k}]: expected {n} values, got {len(a)}")
+    flat = [c for comps in completions for c in comps]
+    starts = np.concatenate([[0], np.cumsum(flat_len)]).astype(np.int64)
+    bins = pack_bfd(lengths, max_tokens) if items else []
+    r, t = len(bins), max_tokens
+    out = {"input_ids": np.full((r, t), pad_id, np.int64),
+           "position_ids": np.zeros((r, t), np.int64),
+           "block": np.zeros((r, t), np.int64), "parent": np.zeros((r, t), np.int64),
+           "source": np.full((r, t), -1, np.int64), "mask": np.zeros((r, t), bool),
+           "index": np.full((r, t), -1, np.int64), "real": np.zeros((r, t), bool)}
+    out.update({name: np.zeros((r, t), np.float32) for name in per_token})
+    for row, members in enumerate(bins):
+        col, block = 0, 0
+        for m in members:
+            g, comp_ids = items[m]
+            col, block = _write_item(out, row, col, block, np.asarray(prompts[g]),
+                                     [(k, np.asarray(flat[k]), starts[k]) for k in comp_ids],
+                                     per_token)
+        out["real"][row, :col] = True
+        # Padding: a block per position, so each padding query sees only itself.
+        out["block"][row, col:] = out["parent"][row, col:] = block + np.arange(t - col)
+    out["mask"] = out["source"] >= 0
+    return out
+
+
+def _items(prompts: Sequence[np.ndarray], completions: Sequence[Sequence[np.ndarray]],
+           max_tokens: int) -> tuple[list[tuple[int, list[int]]], list[int], list[int]]:
+    """Split groups into items that fit a row: (group, flat completion indices), each item's
+    tokens, and every completion's length."""
+    items: list[tuple[int, list[int]]] = []
     lengths: list[int] = []
     flat_len: list[int] = []
     for g, (p, comps) in enumerate(zip(prompts, completions, strict=True)):
@@ -93,55 +129,36 @@ def pack_shared_prefix(prompts: Sequence[np.ndarray], completions: Sequence[Sequ
         if item:
             items.append((g, item))
             lengths.append(used)
-    for name, arrays in per_token.items():
-        if len(arrays) != len(flat_len):
-            raise ValueError(f"per_token[{name!r}]: expected {len(flat_len)} arrays, "
-                             f"got {len(arrays)}")
-        for k, (a, n) in enumerate(zip(arrays, flat_len, strict=True)):
-            if len(a) != n:
-                raise ValueError(f"per_token[{name!r}][{k}]: expected {n} values, got {len(a)}")
-    flat = [c for comps in completions for c in comps]
-    starts = np.concatenate([[0], np.cumsum(flat_len)]).astype(np.int64)
-    bins = pack_bfd(lengths, max_tokens) if items else []
-    r, t = len(bins), max_tokens
-    out = {"input_ids": np.full((r, t), pad_id, np.int64),
-           "position_ids": np.zeros((r, t), np.int64),
-           "block": np.zeros((r, t), np.int64), "parent": np.zeros((r, t), np.int64),
-           "source": np.full((r, t), -1, np.int64), "mask": np.zeros((r, t), bool),
-           "index": np.full((r, t), -1, np.int64), "real": np.zeros((r, t), bool)}
-    out.update({name: np.zeros((r, t), np.float32) for name in per_token})
-    for row, members in enumerate(bins):
-        col, block = 0, 0
-        for m in members:
-            g, comp_ids = items[m]
-            p = np.asarray(prompts[g])
-            n_p = len(p)
-            span = slice(col, col + n_p)
-            out["input_ids"][row, span] = p
-            out["position_ids"][row, span] = np.arange(n_p)
-            out["block"][row, span] = out["parent"][row, span] = block
-            prompt_block, last = block, col + n_p - 1
-            col += n_p
-            for k in comp_ids:
-                c, n = np.asarray(flat[k]), flat_len[k]
-                block += 1
-                span = slice(col, col + n)
-                out["input_ids"][row, span] = c
-                out["position_ids"][row, span] = np.arange(n_p, n_p + n)
-                out["block"][row, span] = block
-                out["parent"][row, span] = prompt_block
-                out["source"][row, span] = np.arange(col - 1, col + n - 1)
-                out["source"][row, col] = last
-                out["index"][row, span] = np.arange(starts[k], starts[k + 1])
-                for name, arrays in per_token.items():
-                    out[name][row, span] = arrays[k]
-                col += n
-            block += 1
-        out["real"][row, :col] = True
-        # Padding: a block per position, so each padding query sees only itself.
-        out["block"][row, col:] = out["parent"][row, col:] = block + np.arange(t - col)
-    out["mask"] = out["source"] >= 0
-    return out
+    return items, lengths, flat_len
+
+
+def _write_item(out: dict[str, np.ndarray], row: int, col: int, block: int, prompt: np.ndarray,
+                comps: list[tuple[int, np.ndarray, int]],
+                per_token: Mapping[str, Sequence[np.ndarray]]) -> tuple[int, int]:
+    """Write a prompt and its completions ``(flat index, tokens, flat start)`` at ``col`` of
+    ``row``; returns the next free column and block."""
+    n_p = len(prompt)
+    span = slice(col, col + n_p)
+    out["input_ids"][row, span] = prompt
+    out["position_ids"][row, span] = np.arange(n_p)
+    out["block"][row, span] = out["parent"][row, span] = block
+    prompt_block, last = block, col + n_p - 1
+    col += n_p
+    for k, c, start in comps:
+        n = len(c)
+        block += 1
+        span = slice(col, col + n)
+        out["input_ids"][row, span] = c
+        out["position_ids"][row, span] = np.arange(n_p, n_p + n)
+        out["block"][row, span] = block
+        out["parent"][row, span] = prompt_block
+        out["source"][row, span] = np.arange(col - 1, col + n - 1)
+        out["source"][row, col] = last  # the first token: predicted from the prompt's end
+        out["index"][row, span] = np.arange(start, start + n)
+        for name, arrays in per_token.items():
+            out[name][row, span] = arrays[k]
+        col += n
+    return col, block + 1
 
 
 def shared_prefix_mask(block: np.ndarray, parent: np.ndarray) -> np.ndarray:

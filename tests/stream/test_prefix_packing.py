@@ -39,7 +39,8 @@ def test_rows_read_back_as_prompt_plus_completion(groups, slack):
         np.testing.assert_array_equal(b["input_ids"][r, cols], c)
         np.testing.assert_array_equal(b["v"][r, cols], values[k])
         p = prompts[g]
-        np.testing.assert_array_equal(b["position_ids"][r, cols], np.arange(len(p), len(p) + len(c)))
+        np.testing.assert_array_equal(b["position_ids"][r, cols],
+                                      np.arange(len(p), len(p) + len(c)))
         # The keys the completion's last token sees are exactly its prompt and itself.
         seen = np.flatnonzero(mask[r, cols[-1]])
         seq = b["input_ids"][r, seen]

@@ -1,0 +1,114 @@
+"""Sampling completions from a causal LM on CPU or GPU: batched ``generate`` with the KV cache
+under a memory budget (halved on out-of-memory), each prompt's cache computed once and shared by
+its group of samples (prefix sharing). Used by the LLM trainers."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlbuffers.memory import auto_budget
+from rlbuffers.memory.oom import free_memory, is_out_of_memory
+from trainers.grpo_config import Config
+
+log = logging.getLogger("trainers.generation")
+
+
+def kv_bytes_per_token(config: Any) -> int:
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * heads * head_dim * 4
+
+
+def generation_batch(cfg: Config, model: Any, n: int, longest_prompt: int) -> int:
+    """Sequences per generate call: at most --generation-batch (0: no cap) and what the memory
+    budget allows (KV cache of prompt + completion plus two fp32 rows of logits per
+    sequence)."""
+    cap = min(n, cfg.generation_batch or n)
+    budget = memory_budget(cfg)
+    if budget is None:
+        return cap
+    per_seq = (longest_prompt + cfg.max_completion_tokens) * kv_bytes_per_token(model.config) \
+        + 2 * 4 * model.config.vocab_size
+    return max(1, min(cap, budget // per_seq))
+
+
+def memory_budget(cfg: Config) -> int | None:
+    if cfg.memory_budget == "none":
+        return None
+    return auto_budget() if cfg.memory_budget == "auto" else int(cfg.memory_budget)
+
+
+@torch.no_grad()
+def generate(model: Any, tok: Any, prompts: list[np.ndarray], cfg: Config, *, n_per_prompt: int,
+             greedy: bool = False, max_new: int | None = None) -> list[tuple[np.ndarray, bool]]:
+    """``n_per_prompt`` completions of each prompt (int64 token arrays ending at the first EOS,
+    which they keep, and whether they were cut at the length limit), in prompt order, with the
+    KV cache, in batches under the memory budget (halved on out-of-memory). A prompt's KV cache
+    is computed once and copied to its ``n_per_prompt`` sequences (prefix sharing)."""
+    model.eval()
+    max_new = max_new or cfg.max_completion_tokens
+    size = generation_batch(cfg, model, len(prompts) * n_per_prompt, max(map(len, prompts)))
+    out: list[tuple[np.ndarray, bool]] = []
+    eos = tok.eos_token_id
+    done = 0  # sequences finished, in prompt order
+    while done < len(prompts) * n_per_prompt:
+        if size >= n_per_prompt:  # whole groups: prompts done // n .. , each copied n times
+            first = done // n_per_prompt
+            part, copies = prompts[first:first + size // n_per_prompt], n_per_prompt
+        else:  # fewer sequences than a group per call: no sharing
+            part, copies = [prompts[done // n_per_prompt]] * min(
+                size, n_per_prompt - done % n_per_prompt), 1
+        try:
+            rows = _generate_call(model, tok, part, copies, cfg, greedy, max_new)
+        except Exception as e:
+            if not is_out_of_memory(e) or size == 1:
+                raise
+            free_memory()
+            log.warning("out of memory generating %d sequences: batch %d -> %d",
+                        len(part) * copies, size, size // 2)
+            size //= 2
+            continue
+        for row in rows:
+            ends = np.flatnonzero(row == eos)
+            out.append((row[:ends[0] + 1], False) if len(ends) else (row, True))
+        done += len(rows)
+    return out
+
+
+def _generate_call(model: Any, tok: Any, prompts: list[np.ndarray], copies: int, cfg: Config,
+                   greedy: bool, max_new: int) -> np.ndarray:
+    """One ``generate`` call: ``copies`` samples of each prompt (left padded); with copies > 1
+    the prompts (but their last token) are run once and the cache repeated. Returns the new
+    tokens ``int64[len(prompts) * copies, <= max_new]``."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), tok.pad_token_id, dtype=torch.long)
+    att = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):  # left padding
+        ids[i, width - len(p):] = torch.from_numpy(p.astype(np.int64))
+        att[i, width - len(p):] = 1
+    extra: dict[str, Any] = {}
+    if copies > 1 and width > 1:
+        pos = (att.cumsum(-1) - 1).clamp(min=0)  # as generate() makes them from the mask
+        cache = model(input_ids=ids[:, :-1], attention_mask=att[:, :-1],
+                      position_ids=pos[:, :-1], use_cache=True, logits_to_keep=1)
+        cache = getattr(cache, "past_key_values", None) or cache.cache
+        cache.batch_repeat_interleave(copies)
+        extra[_cache_kwarg()] = cache
+    ids, att = ids.repeat_interleave(copies, 0), att.repeat_interleave(copies, 0)
+    gen = model.generate(input_ids=ids, attention_mask=att, max_new_tokens=max_new,
+                         do_sample=not greedy, temperature=None if greedy else cfg.temperature,
+                         top_p=None if greedy else cfg.top_p, pad_token_id=tok.pad_token_id,
+                         eos_token_id=tok.eos_token_id, use_cache=True, **extra)
+    return gen[:, width:].numpy()
+
+
+def _cache_kwarg() -> str:
+    """``generate``'s name for a KV cache passed in: ``cache`` (transformers >= 5.2x) or
+    ``past_key_values`` (earlier)."""
+    from transformers.generation import utils
+
+    return "cache" if "cache" in getattr(utils, "ALL_CACHE_NAMES", ()) else "past_key_values"
