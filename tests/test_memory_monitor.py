@@ -4,8 +4,8 @@ figure is checked against a known allocation or a made-up cgroup, never against 
 from __future__ import annotations
 
 import json
-import sys
 import logging
+import sys
 
 import numpy as np
 import pytest
