@@ -57,3 +57,7 @@ class NotPrioritizedError(RLBuffersError, TypeError):
 class SnapshotReclaimedError(RLBuffersError, LookupError):
     """A reader's commit is no longer kept (the writer reclaimed it after ``keep_generations``
     newer commits); ``refresh()`` moves the reader to the latest commit."""
+
+
+class CorruptCheckpointError(RLBuffersError, OSError):
+    """A checkpoint file is missing or fails the crc32c recorded when it was written."""

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from rlbuffers import FieldSpec, ReplayBuffer
-from rlbuffers.checkpoint import Checkpoints, create_run, load_state
+from rlbuffers.checkpoint import Checkpoints, create_run, file_crc32c, load_state
+from rlbuffers.errors import CorruptCheckpointError
 from tests.faults import FaultInjector, SimulatedCrash
 
 
@@ -22,10 +23,39 @@ def test_write_checkpoint_replaces_a_stale_directory_atomically(tmp_path):
     (tmp_path / "gen-2" / "stale.pt").write_bytes(b"x")
     final = Checkpoints(tmp_path, prefix="gen").write(2, {"state.pt": {"generation": 2}},
                                                       state={"step": 2, "lr": 0.1})
-    assert sorted(p.name for p in final.iterdir()) == ["state.json", "state.pt"]
+    assert sorted(p.name for p in final.iterdir()) == ["checksums.json", "state.json",
+                                                       "state.pt"]
     assert torch.load(final / "state.pt", weights_only=True) == {"generation": 2}
     assert load_state(final) == {"step": 2, "lr": 0.1}
     assert not (tmp_path / "gen-2.tmp").exists()
+
+
+def test_latest_checks_every_file_against_its_crc32c(tmp_path):
+    """Tensors written without torch's zip CRC load back exactly; a flipped byte, a missing
+    file or a truncated one is named at resume (latest), not silently loaded."""
+    ckpts = Checkpoints(tmp_path, prefix="step")
+    state = {"w": torch.arange(1000, dtype=torch.float32), "step": 3}
+    extra = {"weights.bin": lambda p: p.write_bytes(bytes(range(256)) * 64)}
+    path = ckpts.write(3, {"opt.pt": state}, state={"step": 3}, writers=extra)
+    assert ckpts.latest(3) == path
+    got = torch.load(path / "opt.pt", weights_only=True)
+    assert torch.equal(got["w"], state["w"]) and got["step"] == 3
+    import crc32c
+    assert file_crc32c(path / "weights.bin") == crc32c.crc32c(bytes(range(256)) * 64)
+
+    raw = bytearray((path / "weights.bin").read_bytes())
+    raw[1000] ^= 0x01
+    (path / "weights.bin").write_bytes(bytes(raw))
+    with pytest.raises(CorruptCheckpointError, match=r"weights.bin: crc32c expected 0x"):
+        ckpts.latest(3)
+    path = ckpts.write(3, {"opt.pt": state}, state={"step": 3}, writers=extra)
+    (path / "opt.pt").write_bytes((path / "opt.pt").read_bytes()[:-10])
+    with pytest.raises(CorruptCheckpointError, match="opt.pt: crc32c"):
+        ckpts.latest(3)
+    path = ckpts.write(3, {"opt.pt": state}, state={"step": 3})
+    (path / "state.json").unlink()
+    with pytest.raises(CorruptCheckpointError, match="state.json: missing"):
+        ckpts.latest(3)
 
 
 def test_the_buffer_commit_names_the_checkpoint(tmp_path):

@@ -290,6 +290,7 @@ def test_lora_with_mu_iterations_reads_groups_back_from_the_buffer(tiny_dir, tmp
     ("--loss-norm", "mean", "--loss-norm: expected 'sequence', 'token' or 'constant'"),
     ("--pack-tokens", "10", "--pack-tokens: expected >= --max-prompt-tokens"),
     ("--memory-budget", "lots", "--memory-budget: expected an integer"),
+    ("--gradient-checkpointing", "yes", "--gradient-checkpointing: expected 'auto', 'on'"),
 ])
 def test_bad_settings_are_named(tmp_path, flag, value, match):
     with pytest.raises(ValueError, match=match):
@@ -332,3 +333,13 @@ def test_prefix_shared_generation_equals_one_sequence_per_prompt_copy(tiny_dir, 
         for (a, ta), (b, tb) in zip(together, one, strict=True):
             np.testing.assert_array_equal(a, b)
             assert ta == tb
+
+
+@pytest.mark.parametrize("lora, setting, want", [
+    (0, "auto", True), (4, "auto", False), (4, "on", True), (0, "off", False)])
+def test_gradient_checkpointing_auto_is_on_for_full_fine_tuning_only(tiny_dir, lora, setting,
+                                                                      want):
+    cfg = grpo.Config(model=str(tiny_dir), lora_rank=lora, gradient_checkpointing=setting)
+    model, _, _ = grpo.make_policy(cfg)
+    base = model.get_base_model() if lora else model
+    assert base.model.gradient_checkpointing is want

@@ -32,6 +32,7 @@ Output in ``--run-dir``: ``metrics.jsonl`` (one line per step), ``curve.png``, `
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
@@ -131,7 +132,8 @@ def make_policy(cfg: Config) -> tuple[Any, Any, Path]:
             r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                             "down_proj"]))
-    if cfg.gradient_checkpointing:
+    if cfg.gradient_checkpointing == "on" or (cfg.gradient_checkpointing == "auto"
+                                              and not cfg.lora_rank):
         base = model.get_base_model() if cfg.lora_rank else model
         if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5
             base.activation_checkpointing_enable({"use_reentrant": False})
@@ -410,9 +412,11 @@ def progress(row: dict[str, Any]) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------
 def train_step(cfg: Config, model: Any, tok: Any, opt: torch.optim.Optimizer,
                amb: AdaptiveMicroBatch, buf: ReplayBuffer, store: TokenStore, problems: Any,
-               trainer: dict[str, Any], monitor: MemoryMonitor) -> dict[str, Any]:
+               trainer: dict[str, Any], monitor: MemoryMonitor,
+               wait_save: Any = lambda: None) -> dict[str, Any]:
     """Generate, score, reference, update (mu iterations), add to the buffer; returns the
-    step's metrics row (the caller checkpoints and commits)."""
+    step's metrics row (the caller checkpoints and commits). ``wait_save()`` is called before
+    the weights or the buffer change: the previous step's checkpoint may still be writing."""
     step, row, times, peaks = trainer["step"] + 1, {}, {}, {}
     indices = next_prompts(store, cfg, trainer["data"])
     prompts = [np.asarray(store[i], np.int64) for i in indices]
@@ -446,6 +450,8 @@ def train_step(cfg: Config, model: Any, tok: Any, opt: torch.optim.Optimizer,
             ref_flat = reference_logprobs(model, batch, cfg, Path(cfg.run_dir))
         batch["ref"] = torch.zeros_like(batch["advantage"])
         batch["ref"][batch["mask"]] = ref_flat[batch["index"][batch["mask"]]]
+    with phase("save_wait"):
+        wait_save()
     with phase("update"):
         upd = update(model, opt, amb, batch, cfg, n_tok, record_behaviour=True)
     behaviour = upd.pop("behaviour").numpy()
@@ -527,6 +533,49 @@ def reuse_iteration(cfg: Config, model: Any, opt: torch.optim.Optimizer,
     return out
 
 
+def save_step(cfg: Config, model: Any, opt: torch.optim.Optimizer, buf: ReplayBuffer,
+              ckpts: Checkpoints, step: int, frozen: dict[str, Any],
+              history: list[dict[str, Any]], row: dict[str, Any]) -> None:
+    """Checkpoint ``step`` (weights and optimizer state as they are: unchanged until the next
+    update, which waits for this; ``frozen``: RNG and trainer state taken when the step
+    ended), commit the buffer (the commit names the step: it makes the checkpoint the resume
+    point), then log the step's metrics line and curve."""
+    t0, run_dir = time.perf_counter(), Path(cfg.run_dir)
+    ckpts.write(step, torch_files={"optimizer.pt": opt.state_dict(), "rng.pt": frozen["rng"]},
+                writers={"weights.safetensors": lambda p: save_weights(model, cfg, p)},
+                state=frozen["state"])
+    report = buf.save(metadata={"trainer_step": step})
+    ckpts.prune(step)
+    row["seconds_save"] = time.perf_counter() - t0
+    row["save_bytes"] = report.bytes_written
+    history.append(row)
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+    plot_curve(run_dir / "curve.png", history, cfg)
+
+
+class BackgroundSave:
+    """One save at a time on a worker thread; :meth:`wait` re-raises its error."""
+
+    def __init__(self) -> None:
+        from concurrent.futures import Future, ThreadPoolExecutor
+
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="save")
+        self.future: Future[None] | None = None
+
+    def start(self, fn: Any) -> None:
+        self.wait()
+        self.future = self.pool.submit(fn)
+
+    def wait(self) -> None:
+        if self.future is not None:
+            future, self.future = self.future, None
+            future.result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(Config, argv, prog="python -m trainers.grpo",
                        description=__doc__.split("\n\n")[0], resumable=RESUMABLE)
@@ -564,6 +613,7 @@ def main(argv: list[str] | None = None) -> None:
         if cfg.eval_size else []
     asdiv = asdiv_problems(cfg.eval_asdiv) if cfg.eval_asdiv else []
     ckpts = Checkpoints(run_dir / "ckpt", prefix="step", keep=cfg.keep_checkpoints)
+    saver = BackgroundSave()
     try:
         if cfg.evaluate and "before" not in trainer["eval"] and trainer["step"] == 0:
             trainer["eval"]["before"] = evaluate(model, tok, cfg, held_out, asdiv)
@@ -572,36 +622,33 @@ def main(argv: list[str] | None = None) -> None:
         bar = tqdm(total=cfg.steps, initial=trainer["step"], desc="GRPO steps", unit="step")
         while trainer["step"] < cfg.steps:
             t0 = time.perf_counter()
-            row = train_step(cfg, model, tok, opt, amb, buf, store, problems, trainer, monitor)
+            row = train_step(cfg, model, tok, opt, amb, buf, store, problems, trainer, monitor,
+                             wait_save=lambda: saver.wait())
             trainer["step"] = row["step"]
-            times: dict[str, float] = {}
-            with _Phase(monitor, "save", times, {}):
-                ckpts.write(trainer["step"], torch_files={
-                    "optimizer.pt": opt.state_dict(), "rng.pt": rng_states(rng)},
-                    writers={"weights.safetensors": lambda p: save_weights(model, cfg, p)},
-                    state={"trainer": trainer, "history": history + [row],
-                           "micro_batch": amb.state_dict(), "monitor": monitor.state_dict()})
-                report = buf.save(metadata={"trainer_step": trainer["step"]})
-                ckpts.prune(trainer["step"])
-            row["seconds_save"] = times["save"]
-            row["save_bytes"] = report.bytes_written
             row["step_seconds"] = time.perf_counter() - t0
             row["peak_rss_bytes"] = max(v for k, v in row.items() if k.startswith("peak_rss_"))
-            history.append(row)
-            with open(run_dir / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(row) + "\n")
-            plot_curve(run_dir / "curve.png", history, cfg)
+            # Checkpoint + commit in the background, overlapping the next step's generation
+            # (weights, optimizer state and buffer stay unchanged until wait_save()).
+            saver.wait()  # (done already: the update waited for it) history is complete
+            frozen = {"rng": rng_states(rng), "state": copy.deepcopy({
+                "trainer": trainer, "history": history + [row],
+                "micro_batch": amb.state_dict(), "monitor": monitor.state_dict()})}
+            saver.start(lambda a=(trainer["step"], frozen, row): save_step(
+                cfg, model, opt, buf, ckpts, a[0], a[1], history, a[2]))
             bar.set_postfix(progress(row))
             bar.update(1)
+        saver.wait()
         bar.close()
         if cfg.evaluate and "after" not in trainer["eval"]:
             trainer["eval"]["after"] = evaluate(model, tok, cfg, held_out, asdiv)
             print(f"held-out accuracy after: {json.dumps(trainer['eval']['after'])}", flush=True)
         write_atomic(run_dir / "eval.json", json.dumps(trainer["eval"], indent=1).encode())
     except KeyboardInterrupt:
+        saver.wait()
         sys.exit(f"interrupted; step {buf.metadata.get('trainer_step', 0)} is the last complete "
                  f"one: continue with --resume --run-dir {cfg.run_dir}")
     finally:
+        saver.close()
         buf.close()
 
 
