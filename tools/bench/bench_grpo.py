@@ -38,6 +38,7 @@ ROWS = {
     "full_g8_256": {"group": 8, "tokens": 256, "beta": 0.04, "lora": 0},
     "full_g4_64": {"group": 4, "tokens": 64, "beta": 0.04, "lora": 0},
 }
+PHASES = ("generate", "reference", "update", "save")  # of ours; save overlaps the next step
 TITLES = {"lora": "LoRA r=16, G=4, 64 tokens, beta 0.04",
           "full_g8_256": "full fine-tuning, G=8, 256 tokens, beta 0.04",
           "full_g4_64": "full fine-tuning, G=4, 64 tokens, beta 0.04"}
@@ -57,7 +58,9 @@ def child_ours(row: dict[str, Any], steps: int, out: Path) -> None:
     for line in (out / "run" / "metrics.jsonl").read_text().splitlines():
         m = json.loads(line)
         print("STEP " + json.dumps({"seconds": m["step_seconds"],
-                                    "tokens": m["completion_tokens"]}), flush=True)
+                                    "tokens": m["completion_tokens"],
+                                    **{k: m.get(f"seconds_{k}", 0.0) for k in PHASES}}),
+              flush=True)
 
 
 def child_trl(row: dict[str, Any], steps: int, out: Path) -> None:
@@ -141,7 +144,8 @@ def run_child(kind: str, row: dict[str, Any], steps: int) -> dict[str, float]:
     steps_out = [json.loads(line[5:]) for line in stdout.splitlines() if line.startswith("STEP ")]
     secs = [s["seconds"] for s in steps_out]
     return {"peak_rss_mib": peak / MIB, "step_seconds": statistics.median(secs),
-            "tokens_per_s": sum(s["tokens"] for s in steps_out) / sum(secs)}
+            "tokens_per_s": sum(s["tokens"] for s in steps_out) / sum(secs),
+            **{k: statistics.median(s.get(k, 0.0) for s in steps_out) for k in PHASES}}
 
 
 def bench_row(name: str, runs: int, steps: int) -> str:
@@ -166,6 +170,9 @@ def bench_row(name: str, runs: int, steps: int) -> str:
             f"{runs} runs each, {row['threads']} threads.\n\n"
             + table(["trainer", "peak RSS MiB", "vs TRL", "s / step", "vs TRL",
                      "completion tokens / s"], rows))
+    text += ("\n\nOurs per phase (s, medians): " + ", ".join(
+        f"{k} {o[k]:.1f}" for k in PHASES) + " (the checkpoint and buffer commit of a step are "
+        "written while the next step generates).")
     if floor:
         text += (f"\n\nPeak minus the {floor:,.0f} MiB floor of fp32 weights + gradients + "
                  f"AdamW state: ours {o['peak_rss_mib'] - floor:,.0f} MiB, TRL "
