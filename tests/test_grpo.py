@@ -343,3 +343,36 @@ def test_gradient_checkpointing_auto_is_on_for_full_fine_tuning_only(tiny_dir, l
     model, _, _ = grpo.make_policy(cfg)
     base = model.get_base_model() if lora else model
     assert base.model.gradient_checkpointing is want
+
+
+def test_merged_lora_generates_as_the_adapters_and_leaves_the_weights_untouched(tiny_dir):
+    """Decoding with W + scale * B @ A swapped in gives the LoRA policy's tokens; afterwards
+    every base weight is the same tensor with the same bits, and the adapters are active."""
+    from peft import LoraConfig, get_peft_model
+
+    from trainers.lm import load_causal_lm
+    model, tok = load_causal_lm(tiny_dir)
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=[
+        "q_proj", "v_proj", "gate_proj", "down_proj"]))
+    torch.manual_seed(0)
+    for n, p in model.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.5)  # adapters that change the outputs
+    before = {n: (p, p.detach().clone()) for n, p in model.named_parameters()}
+    cfg = grpo.Config(max_completion_tokens=8, memory_budget="none")
+    prompts = [np.random.default_rng(1).integers(3, len(tok), 6)]
+    ids = torch.from_numpy(prompts[0])[None]
+    with torch.no_grad():
+        lora_logits = model(input_ids=ids).logits
+        with generation.merged_lora(model):
+            merged_logits = model(input_ids=ids).logits
+        with model.disable_adapter():
+            base_logits = model(input_ids=ids).logits
+    torch.testing.assert_close(merged_logits, lora_logits, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(base_logits, lora_logits, atol=1e-3)
+    got = generation.generate(model, tok, prompts, cfg, n_per_prompt=2, greedy=True)
+    want = generation._generate(model, tok, prompts, cfg, 2, True, None)  # LoRA layers on
+    for (a, _), (b, _) in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+    for n, p in model.named_parameters():
+        assert p is before[n][0] and torch.equal(p, before[n][1]), n

@@ -5,6 +5,8 @@ its group of samples (prefix sharing). Used by the LLM trainers."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -50,6 +52,40 @@ def generate(model: Any, tok: Any, prompts: list[np.ndarray], cfg: Config, *, n_
     KV cache, in batches under the memory budget (halved on out-of-memory). A prompt's KV cache
     is computed once and copied to its ``n_per_prompt`` sequences (prefix sharing)."""
     model.eval()
+    with merged_lora(model):
+        return _generate(model, tok, prompts, cfg, n_per_prompt, greedy, max_new)
+
+
+@contextmanager
+def merged_lora(model: Any) -> Iterator[None]:
+    """For the ``with`` block, a peft LoRA model runs as its base model with merged weights
+    ``W + scale * B @ A`` (new tensors swapped in; the original ``W`` tensors are put back
+    untouched afterwards, so nothing drifts as peft's merge / unmerge would): decoding pays no
+    per-layer adapter matmuls. Extra memory: the merged copies of the adapted weights, while
+    the block runs. Any other model: nothing changes."""
+    if not hasattr(model, "disable_adapter"):
+        yield
+        return
+    from peft.tuners.lora import Linear as LoraLinear
+
+    originals = []
+    try:
+        for module in model.modules():
+            if isinstance(module, LoraLinear) and not module.merged and not module.disable_adapters:
+                weight = module.get_base_layer().weight
+                delta = sum(module.get_delta_weight(a) for a in module.active_adapters
+                            if a in module.lora_A)
+                originals.append((weight, weight.data))
+                weight.data = weight.data + delta
+        with model.disable_adapter() if originals else nullcontext():
+            yield
+    finally:
+        for weight, data in originals:
+            weight.data = data
+
+
+def _generate(model: Any, tok: Any, prompts: list[np.ndarray], cfg: Config, n_per_prompt: int,
+              greedy: bool, max_new: int | None) -> list[tuple[np.ndarray, bool]]:
     max_new = max_new or cfg.max_completion_tokens
     size = generation_batch(cfg, model, len(prompts) * n_per_prompt, max(map(len, prompts)))
     out: list[tuple[np.ndarray, bool]] = []
