@@ -20,42 +20,16 @@ require("reasoning_gym", "transformers", "peft", "tokenizers")
 
 from rlbuffers import ReplayBuffer  # noqa: E402
 from rlbuffers.memory import AdaptiveMicroBatch  # noqa: E402
+from tests.tiny_lm import make_tiny_lm_dir  # noqa: E402
 from trainers import generation, grpo  # noqa: E402
 
 # peft 0.21 reads a property that transformers 5 deprecates
 pytestmark = pytest.mark.filterwarnings(
     "ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
 
-CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    """A 2-layer Llama (hidden 32) and a byte-level BPE tokenizer (vocab ~400) with a chat
-    template, trained on reasoning-gym problems: everything a --model directory needs."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    d = tmp_path_factory.mktemp("tiny")
-    texts = [p["question"] + " <answer>" + str(p["answer"]) + "</answer>"
-             for p in grpo.task_problems("basic_arithmetic", 200, 0)]
-    tk = Tokenizer(models.BPE())
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    tk.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>",
-                                  pad_token="<|endoftext|>", chat_template=CHAT)
-    tok.save_pretrained(d)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, vocab_size=len(tok),
-                      tie_word_embeddings=True, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id, max_position_embeddings=1024)
-    LlamaForCausalLM(cfg).save_pretrained(d)
-    return d
+    return make_tiny_lm_dir(tmp_path_factory.mktemp("tiny"))
 
 
 ARGS = ["--task", "basic_arithmetic", "--train-size", "40", "--prompts-per-step", "2",

@@ -260,6 +260,21 @@ def update(model: Any, opt: torch.optim.Optimizer, amb: AdaptiveMicroBatch,
     """One optimizer step on packed rows: clipped surrogate + beta * k3 KL, token weights in
     ``batch['weight']``. With ``record_behaviour`` the batch's ``old`` log-probs are the
     current ones (ratio 1, as in the first of the mu iterations) and are returned."""
+    out = accumulate_gradients(model, amb, batch, cfg, n_tokens, record_behaviour)
+    grad_norm = 0.0
+    if cfg.max_grad_norm:
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(
+            [p for p in model.parameters() if p.requires_grad], cfg.max_grad_norm))
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return {**out, "grad_norm": grad_norm}
+
+
+def accumulate_gradients(model: Any, amb: AdaptiveMicroBatch, batch: dict[str, torch.Tensor],
+                         cfg: Any, n_tokens: int, record_behaviour: bool) -> dict[str, Any]:
+    """The loss of :func:`update` backpropagated micro-batch by micro-batch into ``.grad``
+    (no optimizer step); returns its statistics and, with ``record_behaviour``, the current
+    log-probs (float32[n_tokens])."""
     eps_lo, eps_hi = cfg.epsilon, cfg.epsilon_high or cfg.epsilon
     flat = {k: torch.zeros(n_tokens) for k in ("logprob", "kl", "clipped")}
     rows = len(batch["input_ids"])
@@ -285,14 +300,8 @@ def update(model: Any, opt: torch.optim.Optimizer, amb: AdaptiveMicroBatch,
         return (per_token * micro["weight"][m]).sum() * rows / len(m)
 
     stats = amb.run(batch, step_fn)
-    grad_norm = 0.0
-    if cfg.max_grad_norm:
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(
-            [p for p in model.parameters() if p.requires_grad], cfg.max_grad_norm))
-    opt.step()
-    opt.zero_grad(set_to_none=True)
     return {"loss": stats.loss, "kl": float(flat["kl"].mean()),
-            "clip_fraction": float(flat["clipped"].mean()), "grad_norm": grad_norm,
+            "clip_fraction": float(flat["clipped"].mean()),
             "micro_batch": stats.micro_batch, "retries": stats.retries,
             "behaviour": flat["logprob"] if record_behaviour else None}
 

@@ -1,0 +1,117 @@
+"""CRSP trainer (trainers/crsp.py) on a tiny random Llama: the optimised path (shared base with
+three adapters, reference = adapters off, roles one after another, shared-prefix packing,
+chunked log-probs, micro-batches) and the naive path (a reference copy, full logits, all roles
+at once, fixed padding) give the same losses, reference log-probs and gradients for a full
+step of all three roles; a rollout of all roles on the tiny model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from tests.heavy import require
+
+require("reasoning_gym", "transformers", "peft", "tokenizers", "datasketch")
+
+from rlbuffers.cache import ByteLRUCache  # noqa: E402
+from rlbuffers.memory import AdaptiveMicroBatch, RunningMeanStd  # noqa: E402
+from tests.tiny_lm import make_tiny_lm_dir  # noqa: E402
+from trainers import crsp  # noqa: E402
+from trainers.crsp_config import Config  # noqa: E402
+from trainers.crsp_rewards import ROLES, NoveltySketch  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return make_tiny_lm_dir(tmp_path_factory.mktemp("tiny"))
+
+
+def small_config(tiny_dir, **kw):
+    return Config(model=str(tiny_dir), lora_rank=4, max_prompt_tokens=24, proposer_tokens=8,
+                  solver_tokens=8, critic_tokens=8, pack_tokens=48, chunk_tokens=7,
+                  memory_budget="none", beta=0.1, epsilon=0.2, **kw)
+
+
+def random_adapters(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in sorted(model.named_parameters()):
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+
+
+def synthetic_batches(vocab, seed=0):
+    """Proposer: 2 prompts x 1; solver: 3 prompts x 3 attempts; critic: 4 prompts x 1."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for role, (n_prompts, g) in zip(ROLES, [(2, 1), (3, 3), (4, 1)], strict=True):
+        b = crsp.RoleBatch()
+        for _ in range(n_prompts):
+            b.add(rng.integers(3, vocab, rng.integers(3, 20)),
+                  [(rng.integers(3, vocab, rng.integers(1, 8)), False) for _ in range(g)])
+        b.advantage = rng.normal(size=len(b.completions)).astype(np.float32)
+        out[role] = b
+    return out
+
+
+def test_optimised_and_naive_paths_give_the_same_losses_and_gradients(tiny_dir):
+    cfg = small_config(tiny_dir)
+    opt_model, tok, none = crsp.make_model(cfg)
+    naive_cfg = dataclasses.replace(cfg, memory_opt=False)
+    naive_model, _, reference = crsp.make_model(naive_cfg)
+    assert none is None and reference is not None
+    for m in (opt_model, naive_model):
+        random_adapters(m)
+    batches = synthetic_batches(len(tok))
+    amb = AdaptiveMicroBatch(opt_model, max_micro_batch=1)  # one packed row at a time
+    grads = {}
+
+    def keep(role):  # what the trainer's optimizer of this role would step on
+        grads.update({n: p.grad.clone() for n, p in opt_model.named_parameters()
+                      if p.grad is not None and f".{role}." in n})
+
+    got = crsp.optimised_grads(opt_model, batches, cfg, tok.pad_token_id, amb, keep)
+    want = crsp.naive_grads(naive_model, reference, batches, naive_cfg, tok.pad_token_id)
+    assert set(got) == set(want) == set(ROLES)
+    naive = {n: p.grad for n, p in naive_model.named_parameters() if p.grad is not None}
+    assert set(grads) == set(naive) and len(grads) > 0
+    for role in ROLES:
+        torch.testing.assert_close(got[role]["ref"], want[role]["ref"], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got[role]["behaviour"], want[role]["behaviour"],
+                                   rtol=1e-5, atol=1e-5)
+        # AdaptiveMicroBatch's loss is the sum over rows of each row's share: the role's loss.
+        assert got[role]["loss"] == pytest.approx(want[role]["loss"], rel=1e-4, abs=1e-6)
+        role_names = [n for n in grads if f".{role}." in n]
+        assert role_names
+        for n in role_names:
+            torch.testing.assert_close(grads[n], naive[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_rollout_rewards_every_role(tiny_dir):
+    cfg = small_config(tiny_dir, seeds_per_step=2, solver_samples=3, critiques_per_problem=2)
+    model, tok, _ = crsp.make_model(cfg)
+    prompts = crsp.Prompts(tok, cfg.max_prompt_tokens, ByteLRUCache(1 << 20))
+    seeds = [{"question": "What is 2 + 3?", "answer": "5"},
+             {"question": "What is 4 + 4?", "answer": "8"}]
+    stats = {r: RunningMeanStd() for r in ROLES}
+    torch.manual_seed(0)
+    batches, metrics = crsp.rollout(cfg, model, tok, prompts, seeds,
+                                    lambda a, e: float(a == e["answer"]), NoveltySketch(8, 16),
+                                    stats, step=0)
+    assert len(batches["proposer"].completions) == 2
+    n_problems = len(batches["solver"].prompts)
+    assert n_problems >= 2 and len(batches["solver"].completions) == 3 * n_problems
+    assert len(batches["critic"].completions) == 2 * n_problems
+    for role in ROLES:
+        b = batches[role]
+        assert b.reward.shape == b.advantage.shape == (len(b.completions),)
+        assert stats[role].count == len(b.completions)
+    assert metrics["alpha"] == cfg.alpha0
+    cache = prompts.cache.stats()  # every distinct role prompt tokenized once, kept
+    assert cache["entries"] == cache["misses"] >= 2 + n_problems and cache["evictions"] == 0
