@@ -1,0 +1,312 @@
+"""Guidance trainer (trainers/guidance.py) on a tiny random Llama and a tiny random BERT critic:
+shared and --naive-init layouts give the same losses, a run killed between checkpoint and commit
+(and one stopped and resumed) equals the uninterrupted run, the critic's TD loss and the
+token-level actor loss equal naive references (values and gradients), every utterance is in the
+buffer and `rlbuffers inspect` reads it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.heavy import require
+
+require("reasoning_gym", "transformers", "peft", "tokenizers")
+
+from rlbuffers import ReplayBuffer  # noqa: E402
+from rlbuffers.memory import AdaptiveMicroBatch  # noqa: E402
+from trainers import guidance  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+
+CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def make_tiny_lm(d: Path) -> Path:
+    """A 2-layer Llama (hidden 32) with a byte-level BPE tokenizer (vocab ~300) and a chat
+    template, trained on reasoning-gym problems."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    texts = [p["question"] + " <answer>" + str(p["answer"]) + "</answer>"
+             for p in guidance.task_problems("basic_arithmetic", 100, 0)]
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>",
+                                  pad_token="<|endoftext|>", chat_template=CHAT)
+    tok.save_pretrained(d)
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=len(tok), tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        max_position_embeddings=1024)).save_pretrained(d)
+    return d
+
+
+def make_tiny_bert(d: Path) -> Path:
+    """A 2-layer BERT encoder (hidden 32) with a character WordPiece vocabulary."""
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    d.mkdir(parents=True, exist_ok=True)
+    chars = [chr(c) for c in range(33, 127) if not chr(c).isupper()]
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *("##" + c for c in chars)]
+    (d / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    BertTokenizerFast(vocab_file=str(d / "vocab.txt")).save_pretrained(d)
+    torch.manual_seed(0)
+    BertModel(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=64, vocab_size=len(vocab),
+                         max_position_embeddings=128)).save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    return make_tiny_lm(d / "lm"), make_tiny_bert(d / "bert")
+
+
+def fake_score(problems, index, text):
+    """Deterministic rewards that vary (the tiny model never answers right)."""
+    return float(sum(map(ord, text)) % 3 == 0)
+
+
+def args(tiny, run_dir, *extra):
+    lm, bert = tiny
+    return ["--model", str(lm), "--critic-model", str(bert), "--run-dir", str(run_dir),
+            "--task", "basic_arithmetic", "--train-size", "40", "--episodes-per-iteration", "3",
+            "--episodes-per-job", "2", "--max-answer-tokens", "8", "--max-hint-tokens", "6",
+            "--memory-budget", "none", "--train-threads", "1", "--lora-rank", "4",
+            "--critic-batch", "4", "--critic-hidden", "16", "--critic-max-tokens", "64",
+            "--actor-lr", "1e-2", "--guidance-lr", "1e-2", "--critic-lr", "1e-3", *extra]
+
+
+def rows(path):
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+KEYS = ["iteration", "reward_mean", "turn1_accuracy", "turn2_accuracy", "hint_uptake",
+        "critic_loss", "td_target_mean", "q_mean", "q_agent_mean", "v_guidance_mean",
+        "advantage_agent_mean", "actor_loss", "guidance_loss", "kl_agent", "kl_guidance",
+        "grad_norm_agent", "grad_norm_guidance", "value_loss", "answer_tokens_mean",
+        "hint_tokens_mean"]
+
+
+def same(got, want, n):
+    assert len(got) == len(want[:n]) == n
+    for g, w in zip(got, want, strict=False):
+        for k in KEYS:
+            assert g[k] == pytest.approx(w[k], rel=1e-5, abs=1e-7), (g["iteration"], k)
+
+
+@pytest.fixture(scope="module")
+def reference_run(tiny, tmp_path_factory):
+    """An uninterrupted 3-iteration run (shared layout)."""
+    run = tmp_path_factory.mktemp("runs") / "a"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(guidance, "score", fake_score)
+        torch.set_num_threads(1)
+        guidance.main(args(tiny, run, "--iterations", "3"))
+    return run
+
+
+# ----- end to end ----------------------------------------------------------------------------
+
+def test_naive_layout_gives_the_same_losses(tiny, reference_run, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(guidance, "score", fake_score)
+    guidance.main(args(tiny, tmp_path / "naive", "--iterations", "2", "--naive-init"))
+    out = capsys.readouterr().out
+    assert "guidance_copy" in out and "reference_copy" in out and "target_critic" in out
+    want = rows(reference_run)
+    same(rows(tmp_path / "naive"), want, 2)
+    assert all(w["grad_norm_agent"] > 0 and w["grad_norm_guidance"] > 0 for w in want)
+    assert len({w["actor_loss"] for w in want}) == 3  # the adapters really change
+    assert len({w["reward_mean"] for w in want}) > 1 and any(w["kl_agent"] > 0 for w in want)
+
+
+def test_killed_between_checkpoint_and_commit_resumes_exactly(tiny, reference_run, tmp_path,
+                                                              monkeypatch):
+    monkeypatch.setattr(guidance, "score", fake_score)
+    real_save = ReplayBuffer.save
+
+    def crash_at_3(self, *a, **kw):  # iteration 3's checkpoint is written, not committed
+        if kw.get("metadata", {}).get("trainer_iteration") == 3:
+            raise KeyboardInterrupt
+        return real_save(self, *a, **kw)
+
+    monkeypatch.setattr(ReplayBuffer, "save", crash_at_3)
+    with pytest.raises(SystemExit, match="iteration 2 is the last complete one"):
+        guidance.main(args(tiny, tmp_path / "b", "--iterations", "3"))
+    monkeypatch.setattr(ReplayBuffer, "save", real_save)
+    assert (tmp_path / "b" / "ckpt" / "iter-3").is_dir()
+    guidance.main(["--run-dir", str(tmp_path / "b"), "--resume"])
+    same(rows(tmp_path / "b"), rows(reference_run), 3)
+    assert not (tmp_path / "b" / "ckpt" / "iter-1").exists()  # keep 2
+
+
+def test_stopped_run_resumes_exactly_with_two_workers(tiny, reference_run, tmp_path,
+                                                      monkeypatch):
+    """Stop after 2 iterations, resume to 3 on 2 in-process worker slots (the jobs are seeded
+    one by one, so the episodes do not depend on the workers)."""
+    monkeypatch.setattr(guidance, "score", fake_score)
+    guidance.main(args(tiny, tmp_path / "c", "--iterations", "2"))
+    guidance.main(["--run-dir", str(tmp_path / "c"), "--resume", "--iterations", "3",
+                   "--workers", "2", "--rollout-backend", "inprocess"])
+    same(rows(tmp_path / "c"), rows(reference_run), 3)
+
+
+def test_buffer_holds_every_utterance_and_inspect_reads_it(reference_run):
+    buf = ReplayBuffer.open(reference_run / "buffer", mode="r")
+    assert len(buf) == 3 * 3 * 3 and buf.metadata["trainer_iteration"] == 3
+    b = buf[np.arange(len(buf))]
+    buf.close()
+    np.testing.assert_array_equal(b["turn"], np.tile([0, 1, 2], 9))
+    np.testing.assert_array_equal(b["episode"], np.repeat(np.arange(9), 3))
+    np.testing.assert_array_equal(b["iteration"], np.repeat([1, 2, 3], 9))
+    np.testing.assert_array_equal(b["done"], np.tile([False, False, True], 9))
+    assert (b["reward"][b["turn"] < 2] == 0).all()
+    for i in range(len(b["turn"])):  # next observation = the next utterance's observation
+        assert len(b["action_ids"][i]) > 0
+        if b["turn"][i] < 2:
+            np.testing.assert_array_equal(b["next_observation_ids"][i],
+                                          b["observation_ids"][i + 1])
+        else:
+            assert len(b["next_observation_ids"][i]) == 0
+    r = rows(reference_run)
+    assert [x["buffer_utterances"] for x in r] == [9, 18, 27]
+    assert (reference_run / "curve.png").stat().st_size > 0
+    out = subprocess.run([sys.executable, "-m", "rlbuffers.cli", "inspect",
+                          str(reference_run / "buffer"), "--json"], capture_output=True,
+                         text=True, check=True).stdout
+    info = json.loads(out)
+    assert info["size"] == 27 and info["episodes"] == 9, info
+
+
+# ----- losses against naive references -------------------------------------------------------
+
+def cfg_for(tiny, **kw):
+    lm, bert = tiny
+    return guidance.Config(model=str(lm), critic_model=str(bert), lora_rank=4, critic_hidden=16,
+                           critic_max_tokens=64, chunk_tokens=3, max_grad_norm=0.0, **kw)
+
+
+def test_td_and_value_losses_equal_a_naive_per_item_critic(tiny):
+    cfg = cfg_for(tiny, gamma=0.9)
+    critic, target, ctok = guidance.make_critic(cfg)
+    with torch.no_grad():  # a target that differs from the critic
+        for p in target.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    texts = ["what is 2 + 3?", "2 + 3 = 5 so <answer>5</answer>", "add them", "", "7 - 1",
+             "it is 6"]
+    obs, act, nxt = texts[:4], texts[2:], texts[1:5]
+    reward = np.array([0.0, 1.0, 0.0, 0.5], np.float32)
+    done = np.array([False, True, False, True])
+    enc = lambda xs: dict(ctok(xs, padding=True, return_tensors="pt"))  # noqa: E731
+    b = {"obs": enc(obs), "act": enc(act), "next_obs": enc(nxt), "reward": reward, "done": done}
+    loss, _ = guidance.td_loss(critic, target, b, cfg)
+    critic.zero_grad()
+    loss.backward()
+    got = {n: p.grad.clone() for n, p in critic.named_parameters() if p.grad is not None}
+
+    def one(model, text):  # the CLS..SEP tokens of one text, mean-pooled
+        ids = ctok(text, return_tensors="pt")
+        return model.encoder(**ids).last_hidden_state.mean(1)
+
+    critic.zero_grad()
+    terms1, terms2 = [], []
+    for i in range(4):
+        s, a = one(critic, obs[i]), one(critic, act[i])
+        x = torch.cat([s, a], -1)
+        with torch.no_grad():
+            s2 = one(target, nxt[i])
+            y1 = reward[i] + 0.9 * (1 - float(done[i])) * target.v1(s2)
+            y2 = reward[i] + 0.9 * (1 - float(done[i])) * target.v2(s2)
+        terms1.append((critic.q1(x) - y1) ** 2)
+        terms2.append((critic.q2(x) - y2) ** 2)
+    naive = torch.stack(terms1).mean() + torch.stack(terms2).mean()
+    naive.backward()
+    assert float(loss.detach()) == pytest.approx(float(naive.detach()), rel=1e-5)
+    for n, p in critic.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(got[n], p.grad, rtol=1e-4, atol=1e-7, msg=n)
+
+    v = guidance.value_loss(critic, target, b)
+    with torch.no_grad():
+        want = 0.0
+        for i in range(4):
+            s, a, ts, ta = one(critic, obs[i]), one(critic, act[i]), one(target, obs[i]), \
+                one(target, act[i])
+            tq = torch.cat([ts, ta], -1)
+            want += float((critic.v1(s) - target.q1(tq)) ** 2 + (critic.v2(s) - target.q2(tq)) ** 2)
+    assert float(v.detach()) == pytest.approx(want / 4, rel=1e-5)
+
+
+def test_actor_loss_and_gradients_equal_a_naive_full_logits_loss(tiny):
+    cfg = cfg_for(tiny, beta=0.1)
+    policies, tok, _ = guidance.make_policies(cfg, naive=False)
+    g = np.random.default_rng(0)
+    with torch.no_grad():  # adapters away from their zero init: policy != reference
+        for role in ("agent", "guidance"):
+            for p in policies.adapter_params(role):
+                p.add_(0.1 * torch.randn_like(p))
+    vocab = len(tok)
+    obs = [g.integers(3, vocab, n) for n in (5, 9, 3, 7)]
+    acts = [g.integers(3, vocab, n) for n in (4, 1, 6, 3)]
+    adv = g.normal(size=4).astype(np.float32)
+    batch = guidance.utterance_batch(obs, acts, tok.pad_token_id, adv)
+    guidance.reference_logprobs(policies, batch, cfg, rows=3)
+
+    def naive_logprobs(model):
+        out = []
+        for o, a in zip(obs, acts, strict=True):
+            ids = torch.from_numpy(np.concatenate([o, a]))[None]
+            logits = model(input_ids=ids).logits[0, len(o) - 1:-1]
+            out.append(torch.log_softmax(logits.float(), -1).gather(
+                1, torch.from_numpy(a)[:, None]).squeeze(1))
+        return out
+
+    with torch.no_grad(), policies.models["agent"].disable_adapter():
+        ref = naive_logprobs(policies.models["agent"])
+    torch.testing.assert_close(batch["ref"][batch["target"]], torch.cat(ref), rtol=1e-5,
+                               atol=1e-6)
+    model = policies.use("agent")
+    model.zero_grad()
+    terms = []
+    for lp, r, a in zip(naive_logprobs(model), ref, adv, strict=True):
+        d = r - lp
+        terms.append((-a * lp + 0.1 * (torch.exp(d) - d - 1)).mean())
+    naive = torch.stack(terms).mean()
+    naive.backward()
+    params = policies.adapter_params("agent")
+    want = [p.grad.clone() for p in params]
+
+    opt = torch.optim.SGD(params, lr=0.0)  # the step is a no-op: gradients kept
+    opt.zero_grad = lambda set_to_none=True: None
+    amb = AdaptiveMicroBatch(model, max_micro_batch=3)  # micro-batches of 3 and 1 rows
+    out = guidance.policy_step(policies, "agent", opt, amb, batch, cfg)
+    assert out["loss"] == pytest.approx(float(naive.detach()), rel=1e-5)
+    for p, w in zip(params, want, strict=True):
+        torch.testing.assert_close(p.grad, w, rtol=1e-4, atol=1e-7)
+    assert all(p.grad is None for p in policies.adapter_params("guidance"))
+
+
+@pytest.mark.parametrize("flag, value, match", [
+    ("--lora-rank", "0", "--lora-rank: expected >= 1, got 0"),
+    ("--gamma", "2", "--gamma: expected in \\[0, 1\\]"),
+    ("--rollout-backend", "mpi", "--rollout-backend: expected '', 'inprocess' or 'ray'"),
+])
+def test_bad_settings_are_named(tmp_path, flag, value, match):
+    with pytest.raises(ValueError, match=match):
+        guidance.main(["--run-dir", str(tmp_path / "x"), flag, value])
