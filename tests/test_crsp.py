@@ -7,6 +7,9 @@ step of all three roles; a rollout of all roles on the tiny model."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -16,6 +19,7 @@ from tests.heavy import require
 
 require("reasoning_gym", "transformers", "peft", "tokenizers", "datasketch")
 
+from rlbuffers import ReplayBuffer  # noqa: E402
 from rlbuffers.cache import ByteLRUCache  # noqa: E402
 from rlbuffers.memory import AdaptiveMicroBatch, RunningMeanStd  # noqa: E402
 from tests.tiny_lm import make_tiny_lm_dir  # noqa: E402
@@ -115,3 +119,50 @@ def test_rollout_rewards_every_role(tiny_dir):
     assert metrics["alpha"] == cfg.alpha0
     cache = prompts.cache.stats()  # every distinct role prompt tokenized once, kept
     assert cache["entries"] == cache["misses"] >= 2 + n_problems and cache["evictions"] == 0
+
+
+ARGS = ["--train-size", "20", "--seeds-per-step", "2", "--solver-samples", "2",
+        "--critiques-per-problem", "1", "--max-prompt-tokens", "120", "--pack-tokens", "160",
+        "--proposer-tokens", "10", "--solver-tokens", "8", "--critic-tokens", "6",
+        "--lora-rank", "4", "--memory-budget", "none", "--threads", "1", "--lr", "1e-2",
+        "--task", "basic_arithmetic"]
+
+
+def rows(path):
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_crash_between_checkpoint_and_commit_resumes_to_the_uninterrupted_run(
+        tiny_dir, tmp_path, monkeypatch):
+    base = [*ARGS, "--model", str(tiny_dir)]
+    crsp.main([*base, "--run-dir", str(tmp_path / "a"), "--steps", "3"])
+    want = rows(tmp_path / "a")
+    assert len(want) == 3
+
+    real_save = ReplayBuffer.save
+
+    def crash_at_step_3(self, *a, **kw):  # step 3's checkpoint is written, not committed
+        if kw.get("metadata", {}).get("trainer_step") == 3:
+            raise KeyboardInterrupt
+        return real_save(self, *a, **kw)
+
+    monkeypatch.setattr(ReplayBuffer, "save", crash_at_step_3)
+    with pytest.raises(SystemExit, match="step 2 is the last complete one"):
+        crsp.main([*base, "--run-dir", str(tmp_path / "b"), "--steps", "3"])
+    monkeypatch.setattr(ReplayBuffer, "save", real_save)
+    crsp.main(["--run-dir", str(tmp_path / "b"), "--resume"])
+    got = rows(tmp_path / "b")
+    keys = ["step", "utterances", "alpha", "novelty", "seed_accuracy",
+            *[f"{r}_{k}" for r in ROLES for k in ("reward", "loss", "kl")]]
+    assert [[r[k] for k in keys] for r in got] == [[r[k] for k in keys] for r in want]
+    buf = ReplayBuffer.open(tmp_path / "b" / "buffer", mode="r")
+    assert len(buf) == sum(r["utterances"] for r in want)
+    data = buf[np.arange(len(buf))]
+    assert set(data["role"].tolist()) == {0, 1, 2}
+    np.testing.assert_array_equal(np.unique(data["step"]), [1, 2, 3])
+    buf.close()
+    out = subprocess.run([sys.executable, "-m", "rlbuffers.cli", "inspect",
+                          str(tmp_path / "b" / "buffer"), "--json"], capture_output=True,
+                         text=True, check=True).stdout
+    assert json.loads(out)["size"] == len(data["role"])
+    assert (tmp_path / "b" / "curve.png").stat().st_size > 0

@@ -28,17 +28,36 @@ logits, all three roles' graphs alive at once, one full batch padded to a fixed 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 import logging
+import os
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
+from rlbuffers import FieldSpec, ReplayBuffer
 from rlbuffers.cache import ByteLRUCache
-from rlbuffers.memory import AdaptiveMicroBatch, RunningMeanStd
-from trainers.crsp_config import Config
+from rlbuffers.checkpoint import Checkpoints, create_run, load_state
+from rlbuffers.memory import AdaptiveMicroBatch, MemoryMonitor, RunningMeanStd, auto_budget
+from rlbuffers.memory.process import trim_heap
+from rlbuffers.memory.reference import reference_bytes_saved
+from rlbuffers.stream.token_store import TokenStore
+from trainers.common import (
+    parse_config,
+    pyplot,
+    restore_metrics,
+    rng_states,
+    save_figure,
+    set_rng_states,
+)
+from trainers.crsp_config import RESUMABLE, Config, check_config
 from trainers.crsp_rewards import (
     ROLES,
     NoveltySketch,
@@ -51,7 +70,7 @@ from trainers.crsp_rewards import (
 )
 from trainers.generation import generate
 from trainers.grpo import accumulate_gradients, packed_batch, reference_logprobs
-from trainers.math_tasks import SYSTEM, extract_answer, numeric_match
+from trainers.math_tasks import SYSTEM, extract_answer, numeric_match, task_problems
 
 log = logging.getLogger("trainers.crsp")
 ROLE_ID = {r: i for i, r in enumerate(ROLES)}
@@ -196,9 +215,11 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
         out["proposer"].add(p, comps)
     proposals = [parse_proposal(text(c)) for c in out["proposer"].completions]
     # Solver: attempts on every seed and every well-formed proposal.
-    problems = [(s["question"], s, None) for s in seeds] + [
+    problems = [(s["question"], s.get("entry", s), None) for s in seeds] + [
         (q, None, a) for q, a in (x for x in proposals if x is not None)]
-    s_prompts = [prompts("solver", q) for q, _, _ in problems]
+    s_prompts = [np.asarray(s["prompt_ids"], np.int64) if "prompt_ids" in s  # the token store
+                 else prompts("solver", s["question"]) for s in seeds]
+    s_prompts += [prompts("solver", q) for q, _, _ in problems[len(seeds):]]
     attempts = sample(model, tok, cfg, "solver", s_prompts, cfg.solver_samples, cfg.solver_tokens)
     outcome: list[list[float]] = []
     for p, comps, (_, entry, answer) in zip(s_prompts, attempts, problems, strict=True):
@@ -338,3 +359,240 @@ def naive_grads(model: Any, reference: Any, batches: dict[str, RoleBatch], cfg: 
 
 def role_parameters(model: Any, role: str) -> list[torch.nn.Parameter]:
     return [p for n, p in model.named_parameters() if f".{role}." in n and "lora_" in n]
+
+
+# ------------------------------------------------------------------------------------------
+# The buffer of utterances, checkpoints, the loop
+# ------------------------------------------------------------------------------------------
+def buffer_fields() -> dict[str, FieldSpec]:
+    """One utterance (a role's completion) per transition; a step's utterances of a role and
+    prompt form a group (``done`` on its last member)."""
+    return {"prompt_ids": FieldSpec((None,), "int32"),
+            "completion_ids": FieldSpec((None,), "int32"),
+            "behaviour_logprobs": FieldSpec((None,), "float32"),
+            "ref_logprobs": FieldSpec((None,), "float32"),
+            "role": FieldSpec((), "int8"), "group": FieldSpec((), "int64"),
+            "reward": FieldSpec((), "float32"), "extrinsic": FieldSpec((), "float32"),
+            "length_reward": FieldSpec((), "float32"), "creativity": FieldSpec((), "float32"),
+            "advantage": FieldSpec((), "float32"), "step": FieldSpec((), "int64"),
+            "completion_truncated": FieldSpec((), "bool"), "done": FieldSpec((), "bool")}
+
+
+def utterances(batches: dict[str, RoleBatch], grads: dict[str, dict[str, Any]], step: int,
+               first_group: int) -> dict[str, Any]:
+    """Every role's utterances of a step as one ``buffer.extend`` batch."""
+    cols: dict[str, list[Any]] = {k: [] for k in buffer_fields()}
+    group = first_group
+    for role in ROLES:
+        b = batches[role]
+        if not b.completions:
+            continue
+        lens = [len(c) for c in b.completions]
+        cuts = np.cumsum([0] + lens)
+        behaviour = grads[role]["behaviour"].numpy()
+        ref = grads[role]["ref"].numpy()
+        k = 0
+        for prompt, comps in zip(b.prompts, b.groups, strict=True):
+            for j, c in enumerate(comps):
+                cols["prompt_ids"].append(prompt.astype(np.int32))
+                cols["completion_ids"].append(c.astype(np.int32))
+                cols["behaviour_logprobs"].append(behaviour[cuts[k]:cuts[k + 1]])
+                cols["ref_logprobs"].append(ref[cuts[k]:cuts[k + 1]])
+                cols["role"].append(ROLE_ID[role])
+                cols["group"].append(group)
+                cols["done"].append(j == len(comps) - 1)
+                k += 1
+            group += 1
+        cols["reward"] += b.reward.tolist()
+        cols["advantage"] += b.advantage.tolist()
+        cols["extrinsic"] += b.parts["extrinsic"]
+        cols["length_reward"] += b.parts["length"]
+        cols["creativity"] += b.parts.get("creativity", [0.0] * len(lens))
+        cols["completion_truncated"] += b.truncated
+    cols["step"] = [step] * len(cols["role"])
+    return {k: v if k in ("prompt_ids", "completion_ids", "behaviour_logprobs",
+                          "ref_logprobs") else np.asarray(v) for k, v in cols.items()}
+
+
+@dataclass
+class Trainer:
+    """Everything a step changes besides the model and the buffer (checkpointed)."""
+
+    cfg: Config
+    model: Any
+    tok: Any
+    reference: Any
+    opts: dict[str, torch.optim.Optimizer]
+    amb: AdaptiveMicroBatch
+    prompts: Prompts
+    sketch: NoveltySketch
+    stats: dict[str, RunningMeanStd]
+    rng: np.random.Generator
+    state: dict[str, Any]  # step, groups, data order (plain data)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"trainer": self.state, "sketch": self.sketch.state_dict(),
+                "stats": {r: s.state_dict() for r, s in self.stats.items()},
+                "micro_batch": self.amb.state_dict(), "truncated_prompts": self.prompts.truncated}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state = state["trainer"]
+        self.sketch.load_state_dict(state["sketch"])
+        for r, s in state["stats"].items():
+            self.stats[r].load_state_dict(s)
+        self.amb.load_state_dict(state["micro_batch"])
+        self.prompts.truncated = state["truncated_prompts"]
+
+    def step_role(self, role: str) -> None:
+        params = role_parameters(self.model, role)
+        if self.cfg.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
+        self.opts[role].step()
+        self.opts[role].zero_grad(set_to_none=True)
+
+
+def train_step(t: Trainer, buf: ReplayBuffer, store: TokenStore, problems: Any,
+               monitor: MemoryMonitor) -> dict[str, Any]:
+    """Rollout of all roles, rewards, the update of each role, the buffer; returns the
+    metrics row (the caller checkpoints and commits)."""
+    from trainers.grpo import next_prompts
+
+    cfg, step, times, peaks = t.cfg, t.state["step"] + 1, {}, {}
+    seeds = [{"question": problems[i]["question"], "entry": problems[i],
+              "prompt_ids": store[i]}  # the solver's prompt, memory-mapped
+             for i in next_prompts(store, cfg, t.state["data"])]  # type: ignore[arg-type]
+    for name in ("rollout", "update", "buffer"):
+        times[name] = 0.0
+    with monitor.phase("rollout") as pk:
+        t0 = time.perf_counter()
+        batches, row = rollout(cfg, t.model, t.tok, t.prompts, seeds, problems.score_answer,
+                               t.sketch, t.stats, step - 1)
+        times["rollout"], peaks["rollout"] = time.perf_counter() - t0, pk
+    with monitor.phase("update") as pk:
+        t0 = time.perf_counter()
+        if cfg.memory_opt:
+            grads = optimised_grads(t.model, batches, cfg, t.tok.pad_token_id, t.amb,
+                                    t.step_role)
+        else:
+            grads = naive_grads(t.model, t.reference, batches, cfg, t.tok.pad_token_id)
+            for role in grads:
+                t.step_role(role)
+        times["update"], peaks["update"] = time.perf_counter() - t0, pk
+        trim_heap()
+    with monitor.phase("buffer") as pk:
+        buf.extend(utterances(batches, grads, step, t.state["groups"]))
+        peaks["buffer"] = pk
+    t.state["groups"] += sum(len(batches[r].prompts) for r in ROLES)
+    row.update({"step": step, **{f"{r}_loss": grads[r]["loss"] for r in grads},
+                **{f"{r}_kl": float(grads[r].get("kl", 0.0)) for r in grads},
+                "utterances": int(sum(len(batches[r].completions) for r in ROLES)),
+                **{f"seconds_{k}": v for k, v in times.items()},
+                **{f"peak_rss_{k}_bytes": v.peak_rss_bytes for k, v in peaks.items()}})
+    return row
+
+
+def plot_curve(path: Path, history: list[dict[str, Any]]) -> None:
+    plt = pyplot()
+    steps = [h["step"] for h in history]
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=80)
+    for role in ROLES:
+        ax.plot(steps, [h[f"{role}_reward"] for h in history], label=f"{role} reward")
+    ax.plot(steps, [h["seed_accuracy"] for h in history], "--", label="solver accuracy (seeds)")
+    ax.set(xlabel="step", ylabel="mean reward", title="CRSP per-role rewards")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_config(Config, argv, prog="python -m trainers.crsp",
+                       description=__doc__.split("\n\n")[0], resumable=RESUMABLE)
+    check_config(cfg)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
+    monitor = MemoryMonitor()  # logs RAM, the cgroup limit, CPUs and CUDA devices
+    model, tok, reference = make_model(cfg)
+    from trainers.grpo import prompt_store
+    from trainers.lm import smollm2_dir
+
+    model_dir = Path(cfg.model) if cfg.model else smollm2_dir()
+    run_dir = Path(cfg.run_dir)
+    ckpts = Checkpoints(run_dir / "ckpt", prefix="step", keep=cfg.keep_checkpoints)
+    if not cfg.resume:
+        def make(d: Path) -> None:
+            (d / "ckpt").mkdir()
+            prompt_store(cfg, tok, model_dir, d / "seeds")  # type: ignore[arg-type]
+            ReplayBuffer.create(d / "buffer", capacity=cfg.buffer_capacity,
+                                fields=buffer_fields(), seed=cfg.seed).close()
+
+        create_run(run_dir, dataclasses.asdict(cfg), make)
+    buf = ReplayBuffer.open(run_dir / "buffer", mode="r+")
+    opts = {r: torch.optim.AdamW(role_parameters(model, r), lr=cfg.lr, weight_decay=0.0)
+            for r in ROLES}
+    budget = None if cfg.memory_budget == "none" else (
+        auto_budget() if cfg.memory_budget == "auto" else int(cfg.memory_budget))
+    t = Trainer(cfg, model, tok, reference, opts,
+                AdaptiveMicroBatch(model, budget_bytes=budget, grow_after=10,
+                                   max_tokens=cfg.micro_batch_tokens, tokens_key="real"),
+                Prompts(tok, cfg.max_prompt_tokens, ByteLRUCache(cfg.prompt_cache_bytes)),
+                NoveltySketch(cfg.sketch_capacity, cfg.sketch_perm, cfg.seed),
+                {r: RunningMeanStd() for r in ROLES}, np.random.default_rng(cfg.seed),
+                {"step": 0, "groups": 0, "data": {"epoch": 0, "position": 0}})
+    monitor.record_saving("shared_reference", reference_bytes_saved(model) * (
+        1 if cfg.memory_opt else 0))
+    history: list[dict[str, Any]] = []
+    step = int(buf.metadata.get("trainer_step", 0))
+    ckpts.prune(step)
+    ckpt = ckpts.latest(step)
+    if ckpt is not None:
+        from safetensors.torch import load_file
+
+        model.load_state_dict(load_file(str(ckpt / "adapters.safetensors")), strict=False)
+        for r, s in torch.load(ckpt / "optimizers.pt", weights_only=True).items():
+            opts[r].load_state_dict(s)
+        set_rng_states(torch.load(ckpt / "rng.pt", weights_only=False), t.rng)
+        state = load_state(ckpt)
+        t.load_state_dict(state)
+        monitor.load_state_dict(state["monitor"])
+        history = state["history"]
+        restore_metrics(run_dir / "metrics.jsonl", history, "step")
+        print(f"resumed {run_dir} at step {t.state['step']}", flush=True)
+    store = TokenStore(run_dir / "seeds")
+    problems = task_problems(cfg.task, cfg.train_size, cfg.seed, cfg.task_config)
+    try:
+        bar = tqdm(total=cfg.steps, initial=t.state["step"], desc="CRSP steps", unit="step")
+        while t.state["step"] < cfg.steps:
+            t0 = time.perf_counter()
+            row = train_step(t, buf, store, problems, monitor)
+            t.state["step"] = row["step"]
+            save_t0 = time.perf_counter()
+            from safetensors.torch import save_file
+
+            adapters = {n: p.detach() for n, p in model.named_parameters() if "lora_" in n}
+            ckpts.write(t.state["step"], torch_files={
+                "optimizers.pt": {r: o.state_dict() for r, o in opts.items()},
+                "rng.pt": rng_states(t.rng)},
+                writers={"adapters.safetensors": lambda p, a=adapters: save_file(a, str(p))},
+                state={**t.state_dict(), "history": history + [row],
+                       "monitor": monitor.state_dict()})
+            row["save_bytes"] = buf.save(metadata={"trainer_step": t.state["step"]}).bytes_written
+            ckpts.prune(t.state["step"])
+            row["seconds_save"] = time.perf_counter() - save_t0
+            row["step_seconds"] = time.perf_counter() - t0
+            row["peak_rss_bytes"] = max(v for k, v in row.items() if k.startswith("peak_rss_"))
+            history.append(row)
+            with open(run_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(row) + "\n")
+            plot_curve(run_dir / "curve.png", history)
+            bar.set_postfix({f"{r[:4]}": f"{row[f'{r}_reward']:.2f}" for r in ROLES})
+            bar.update(1)
+        bar.close()
+    except KeyboardInterrupt:
+        sys.exit(f"interrupted; step {buf.metadata.get('trainer_step', 0)} is the last complete "
+                 f"one: continue with --resume --run-dir {cfg.run_dir}")
+    finally:
+        buf.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -105,6 +105,10 @@ class Config:
     def loss_norm(self) -> str:
         return "sequence"
 
+    @property
+    def prompts_per_step(self) -> int:
+        return self.seeds_per_step
+
 
 #: Settings a resumed run may change; the rest must match the run's config.json.
 RESUMABLE = {"run_dir", "resume", "steps", "threads", "memory_budget", "generation_batch"}
