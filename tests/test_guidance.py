@@ -21,40 +21,11 @@ require("reasoning_gym", "transformers", "peft", "tokenizers")
 
 from rlbuffers import ReplayBuffer  # noqa: E402
 from rlbuffers.memory import AdaptiveMicroBatch  # noqa: E402
+from tests.tiny_lm import make_tiny_lm_dir  # noqa: E402
 from trainers import guidance  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
-
-CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
-def make_tiny_lm(d: Path) -> Path:
-    """A 2-layer Llama (hidden 32) with a byte-level BPE tokenizer (vocab ~300) and a chat
-    template, trained on reasoning-gym problems."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    texts = [p["question"] + " <answer>" + str(p["answer"]) + "</answer>"
-             for p in guidance.task_problems("basic_arithmetic", 100, 0)]
-    tk = Tokenizer(models.BPE())
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    tk.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>",
-                                  pad_token="<|endoftext|>", chat_template=CHAT)
-    tok.save_pretrained(d)
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=len(tok), tie_word_embeddings=True,
-        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-        max_position_embeddings=1024)).save_pretrained(d)
-    return d
-
 
 def make_tiny_bert(d: Path) -> Path:
     """A 2-layer BERT encoder (hidden 32) with a character WordPiece vocabulary."""
@@ -75,7 +46,7 @@ def make_tiny_bert(d: Path) -> Path:
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny")
-    return make_tiny_lm(d / "lm"), make_tiny_bert(d / "bert")
+    return make_tiny_lm_dir(d / "lm"), make_tiny_bert(d / "bert")
 
 
 def fake_score(problems, index, text):
@@ -133,7 +104,7 @@ def test_naive_layout_gives_the_same_losses(tiny, reference_run, tmp_path, monke
     same(rows(tmp_path / "naive"), want, 2)
     assert all(w["grad_norm_agent"] > 0 and w["grad_norm_guidance"] > 0 for w in want)
     assert len({w["actor_loss"] for w in want}) == 3  # the adapters really change
-    assert len({w["reward_mean"] for w in want}) > 1 and any(w["kl_agent"] > 0 for w in want)
+    assert any(w["kl_agent"] > 0 for w in want)
 
 
 def test_killed_between_checkpoint_and_commit_resumes_exactly(tiny, reference_run, tmp_path,
@@ -177,6 +148,7 @@ def test_buffer_holds_every_utterance_and_inspect_reads_it(reference_run):
     np.testing.assert_array_equal(b["iteration"], np.repeat([1, 2, 3], 9))
     np.testing.assert_array_equal(b["done"], np.tile([False, False, True], 9))
     assert (b["reward"][b["turn"] < 2] == 0).all()
+    assert set(b["reward"][b["turn"] == 2].tolist()) == {0.0, 1.0}  # rewards that vary
     for i in range(len(b["turn"])):  # next observation = the next utterance's observation
         assert len(b["action_ids"][i]) > 0
         if b["turn"][i] < 2:
