@@ -180,11 +180,12 @@ def packed_logprobs(model: Any, micro: dict[str, torch.Tensor], cfg: Config) -> 
 
 @torch.no_grad()
 def reference_logprobs(model: Any, batch: dict[str, torch.Tensor], cfg: Config,
-                       run_dir: Path) -> torch.Tensor:
-    """Per completion token log-probs of the reference policy (flat, float32[n]): the same
+                       run_dir: Path | None, n_tokens: int = 0) -> torch.Tensor:
+    """Per completion token log-probs of the reference policy (flat, float32[n], at the
+    batch's ``index``; ``n`` is ``n_tokens`` or the number of completion tokens): the same
     weights with adapters disabled (LoRA), or the initial weights memory-mapped from
-    ``reference.pt`` for the duration of the call (full fine-tuning)."""
-    n = int(batch["mask"].sum())
+    ``run_dir/reference.pt`` for the duration of the call (full fine-tuning)."""
+    n = n_tokens or int(batch["mask"].sum())
     out = torch.zeros(n)
     if cfg.lora_rank:
         ctx, ref = model.disable_adapter(), model
@@ -195,7 +196,8 @@ def reference_logprobs(model: Any, batch: dict[str, torch.Tensor], cfg: Config,
 
         with torch.device("meta"):
             ref = AutoModelForCausalLM.from_config(model.config)
-        state = torch.load(run_dir / "reference.pt", mmap=True, weights_only=True)
+        state = torch.load(Path(run_dir or ".") / "reference.pt", mmap=True,
+                           weights_only=True)
         ref.load_state_dict(state, assign=True)
         ref.tie_weights()
         own = dict(model.named_buffers())  # non-persistent buffers (rotary inv_freq): shared

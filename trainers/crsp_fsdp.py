@@ -1,0 +1,119 @@
+"""CRSP's update with the shared base sharded across ranks (PyTorch FSDP2, ``fully_shard``):
+gloo on CPU, NCCL on GPU. The frozen weights of every decoder layer are a sharded unit, so a
+rank holds ``1 / world`` of them (SmolLM2-135M: 79% of the parameters; the tied embeddings /
+LM head stay replicated); the roles' adapters are replicated (ignored by FSDP, a few MB).
+Each rank runs its share of a role's packed rows; the adapter gradients are summed across
+ranks, which makes them the 1-rank gradients of the whole batch. Roles stay sequential, as in
+the 1-rank path.
+
+Collectives must match across ranks, so every rank runs the same number of micro-batches:
+ranks short of rows run a copy of a row with zero loss weight (exact zero gradients).
+Rollout generation is not sharded: on CPU each decoding step would all-gather every layer.
+Not wired into ``python -m trainers.crsp`` yet (a ``torchrun`` launch and generation on
+unsharded weights are the missing parts); ``tests/test_crsp_fsdp.py`` runs it on 2 ranks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlbuffers.memory import AdaptiveMicroBatch
+from trainers.crsp import ROLES, RoleBatch, activate, role_parameters, role_tensors
+from trainers.crsp_config import Config
+from trainers.grpo import accumulate_gradients, reference_logprobs
+
+
+def shard_base(model: Any) -> list[Any]:
+    """``fully_shard`` the frozen base weights of each decoder layer of a peft model; the
+    three roles' adapters are left out of the shards (``ignored_params``: replicated, their
+    gradients summed by :func:`sync_adapter_grads`), so switching and disabling adapters
+    never touches FSDP's state. The embeddings, final norm and LM head stay replicated too:
+    the chunked LM head reads its weight outside any module's forward, and they are frozen.
+    Returns the units."""
+    from torch.distributed.fsdp import fully_shard
+
+    units = []
+    for layer in model.get_base_model().model.layers:
+        adapters = {p for n, p in layer.named_parameters() if "lora_" in n}
+        units.append(fully_shard(layer, ignored_params=adapters))
+    return units
+
+
+def sync_adapter_grads(model: Any, role: str) -> None:
+    """Sum ``role``'s adapter gradients over the ranks (one flat all-reduce)."""
+    import torch.distributed as dist
+
+    params = [p for p in role_parameters(model, role) if p.grad is not None]
+    if not params:
+        return
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat)
+    offset = 0
+    for p in params:
+        p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+        offset += p.numel()
+
+
+def local_rows(batch: dict[str, torch.Tensor], rank: int, world: int, n_tokens: int
+               ) -> dict[str, torch.Tensor]:
+    """Rows ``rank, rank + world, ...`` of a packed batch, padded to ``ceil(R / world)`` rows
+    with copies of row 0 whose weight is 0 and whose tokens point at the scratch slot
+    ``n_tokens`` of the flat arrays (so they change no statistic)."""
+    rows = len(batch["input_ids"])
+    per_rank = -(-rows // world)
+    mine = list(range(rank, rows, world))
+    out = {k: v[mine] for k, v in batch.items()}
+    missing = per_rank - len(mine)
+    if missing:
+        pad = {k: v[:1].repeat(missing, *([1] * (v.dim() - 1))) for k, v in batch.items()}
+        pad["weight"] = torch.zeros_like(pad["weight"])
+        pad["index"] = torch.where(pad["mask"], n_tokens, -1)
+        out = {k: torch.cat([out[k], pad[k]]) for k in out}
+    return out
+
+
+def sharded_grads(model: Any, batches: dict[str, RoleBatch], cfg: Config, pad_id: int,
+                  amb: AdaptiveMicroBatch, on_role: Any = lambda role: None
+                  ) -> dict[str, dict[str, Any]]:
+    """:func:`trainers.crsp.optimised_grads` on this rank's rows of every role: per role the
+    loss and the flat reference / behaviour log-probs of the whole batch (summed across
+    ranks), gradients in the sharded parameters' ``.grad``, then ``on_role(role)``."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for role in ROLES:
+        b = batches[role]
+        if not b.completions:
+            continue
+        activate(model, role)
+        n = sum(len(c) for c in b.completions)
+        batch = local_rows(role_tensors(b, cfg, pad_id), rank, world, n)
+        ref = reference_logprobs(model, batch, cfg, None, n_tokens=n + 1)  # type: ignore
+        batch["ref"] = torch.zeros_like(batch["advantage"])
+        batch["ref"][batch["mask"]] = ref[batch["index"][batch["mask"]]]
+        model.train()
+        res = accumulate_gradients(model, amb, batch, cfg, n + 1, record_behaviour=True)
+        flat = torch.stack([ref, res["behaviour"]])
+        flat[:, n] = 0.0  # the padding rows' scratch slot
+        dist.all_reduce(flat)
+        loss = torch.tensor([res["loss"]], dtype=torch.float64)
+        dist.all_reduce(loss)
+        out[role] = {**res, "loss": float(loss[0]), "ref": flat[0, :n],
+                     "behaviour": flat[1, :n]}
+        sync_adapter_grads(model, role)
+        on_role(role)
+    return out
+
+
+def gather_grads(model: Any) -> dict[str, np.ndarray]:
+    """Full (unsharded) gradients of every parameter that has one, by name."""
+    out = {}
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+            out[name] = g.detach().numpy().copy()
+    return out
