@@ -97,6 +97,42 @@ def test_optimised_and_naive_paths_give_the_same_losses_and_gradients(tiny_dir):
             torch.testing.assert_close(grads[n], naive[n], rtol=1e-4, atol=1e-6, msg=n)
 
 
+def test_selective_checkpointing_from_the_profile_keeps_the_gradients(tiny_dir):
+    cfg = small_config(tiny_dir)
+    plain, tok, _ = crsp.make_model(cfg)
+    assert plain.checkpoint_plan is None
+    sel_cfg = dataclasses.replace(cfg, gradient_checkpointing="selective",
+                                  checkpoint_layers="auto", activation_fraction=0.75)
+    selective, _, _ = crsp.make_model(sel_cfg)
+    plan = selective.checkpoint_plan
+    layers = plan["profile"]["layers"]
+    assert len(layers) == 2 and all(x["saved_bytes"] > 0 for x in layers)
+    # One of the two identical layers is enough to keep <= 75% of the saved bytes.
+    assert len(plan["layers"]) == 1 and plan["saving_bytes"] > 0
+    grads = []
+    for model in (plain, selective):
+        random_adapters(model)
+        keep = {}
+        crsp.optimised_grads(model, synthetic_batches(len(tok)), cfg, tok.pad_token_id,
+                             AdaptiveMicroBatch(model, max_micro_batch=1),
+                             lambda role, m=model, k=keep: k.update(
+                                 {n: p.grad.clone() for n, p in m.named_parameters()
+                                  if p.grad is not None and f".{role}." in n}))
+        grads.append(keep)
+    assert set(grads[0]) == set(grads[1]) and grads[0]
+    for n in grads[0]:
+        torch.testing.assert_close(grads[1][n], grads[0][n], rtol=1e-5, atol=1e-7, msg=n)
+
+
+def test_bad_checkpoint_layers_are_named():
+    from trainers.crsp_config import check_config
+
+    with pytest.raises(ValueError, match="--checkpoint-layers: expected 'auto' or comma-"):
+        check_config(Config(checkpoint_layers="first"))
+    with pytest.raises(ValueError, match="--activation-fraction: expected in \\[0, 1\\], got 2"):
+        check_config(Config(activation_fraction=2.0))
+
+
 def test_rollout_rewards_every_role(tiny_dir):
     cfg = small_config(tiny_dir, seeds_per_step=2, solver_samples=3, critiques_per_problem=2)
     model, tok, _ = crsp.make_model(cfg)

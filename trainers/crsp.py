@@ -46,6 +46,7 @@ from rlbuffers import FieldSpec, ReplayBuffer
 from rlbuffers.cache import ByteLRUCache
 from rlbuffers.checkpoint import Checkpoints, create_run, load_state
 from rlbuffers.memory import AdaptiveMicroBatch, MemoryMonitor, RunningMeanStd, auto_budget
+from rlbuffers.memory.activations import profile_activations, select_checkpoint_layers
 from rlbuffers.memory.process import trim_heap
 from rlbuffers.memory.reference import reference_bytes_saved
 from rlbuffers.stream.token_store import TokenStore
@@ -103,20 +104,48 @@ def make_model(cfg: Config) -> tuple[Any, Any, Any]:
     model = get_peft_model(base, lora, adapter_name=ROLES[0])
     for role in ROLES[1:]:
         model.add_adapter(role, lora)
-    set_checkpointing(model, cfg)
+    model.checkpoint_plan = set_checkpointing(model, cfg)
     return model, tok, reference
 
 
-def set_checkpointing(model: Any, cfg: Config) -> None:
-    """Activation checkpointing of all decoder layers, none, or the selected ones."""
+def checkpoint_plan(model: Any, cfg: Config) -> dict[str, Any]:
+    """Measure the saved-for-backward bytes of each decoder layer on one packed row of
+    ``micro_batch_tokens`` tokens (``profile_activations``) and choose the fewest layers whose
+    checkpointing keeps at most ``activation_fraction`` of them (``select_checkpoint_layers``).
+    Returns plain data: the profile, the chosen layers and the bytes saved per micro-batch."""
+    layers = list(model.get_base_model().model.layers)
+    ids = torch.zeros((1, cfg.micro_batch_tokens), dtype=torch.long)
+    activate(model, ROLES[0])
+    model.train()
+    prof = profile_activations(
+        layers, lambda: model(input_ids=ids, logits_to_keep=1).logits.sum(),
+        exclude=model.parameters())
+    chosen = select_checkpoint_layers(prof, int(cfg.activation_fraction * prof.total_bytes))
+    saving = sum(prof.layers[i].checkpoint_saving_bytes for i in chosen)
+    log.info("activation profile (%d tokens): %.1f MiB saved for backward, %.1f MiB per "
+             "layer; checkpointing layers %s saves %.1f MiB", cfg.micro_batch_tokens,
+             prof.total_bytes / 2**20, prof.layers[-1].saved_bytes / 2**20, chosen,
+             saving / 2**20)
+    return {"profile": prof.state_dict(), "layers": chosen, "saving_bytes": saving}
+
+
+def set_checkpointing(model: Any, cfg: Config) -> dict[str, Any] | None:
+    """Activation checkpointing of all decoder layers, none, or selected ones: those
+    ``--checkpoint-layers`` names, or with ``auto`` those a measured profile chooses
+    (``checkpoint_plan``, returned)."""
     if cfg.gradient_checkpointing == "off":
-        return
+        return None
     from torch.utils.checkpoint import checkpoint
 
     layers = model.get_base_model().model.layers
-    chosen = range(len(layers)) if cfg.gradient_checkpointing == "all" else (
-        [int(i) for i in cfg.checkpoint_layers.split(",")] if cfg.checkpoint_layers
-        else range(0, len(layers), 2))
+    plan = None
+    if cfg.gradient_checkpointing == "all":
+        chosen = list(range(len(layers)))
+    elif cfg.checkpoint_layers == "auto":
+        plan = checkpoint_plan(model, cfg)
+        chosen = plan["layers"]
+    else:
+        chosen = [int(i) for i in cfg.checkpoint_layers.split(",")]
     for i in chosen:
         layer = layers[i]
         forward = layer.forward
@@ -127,6 +156,7 @@ def set_checkpointing(model: Any, cfg: Config) -> None:
             return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
 
         layer.forward = wrapped
+    return plan
 
 
 def activate(model: Any, role: str, all_trainable: bool = False) -> None:
@@ -540,6 +570,8 @@ def main(argv: list[str] | None = None) -> None:
                 {"step": 0, "groups": 0, "data": {"epoch": 0, "position": 0}})
     monitor.record_saving("shared_reference", reference_bytes_saved(model) * (
         1 if cfg.memory_opt else 0))
+    if model.checkpoint_plan:  # per micro-batch of --micro-batch-tokens
+        monitor.record_saving("selective_checkpointing", model.checkpoint_plan["saving_bytes"])
     history: list[dict[str, Any]] = []
     step = int(buf.metadata.get("trainer_step", 0))
     ckpts.prune(step)

@@ -80,9 +80,13 @@ class Config:
     gradient_checkpointing: str = "off"
     """Activation checkpointing of decoder layers: 'off', 'all', or 'selective' (the layers
     --checkpoint-layers names, e.g. those a memory profile shows dominate)."""
-    checkpoint_layers: str = ""
-    """Comma-separated decoder layer indices checkpointed with 'selective' ('' : every
-    second layer)."""
+    checkpoint_layers: str = "auto"
+    """With 'selective': comma-separated decoder layer indices, or 'auto': the fewest layers
+    that a measured profile of the bytes each layer saves for backward (one row of
+    --micro-batch-tokens) shows bring them to --activation-fraction."""
+    activation_fraction: float = 0.5
+    """With --checkpoint-layers auto: the fraction of the profiled saved-for-backward bytes
+    the checkpointed model may keep (the largest layers are checkpointed first)."""
     prompt_cache_bytes: int = 16 << 20
     """Byte bound of the LRU cache of tokenized role prompts."""
     threads: int = 0
@@ -130,6 +134,10 @@ def check_config(c: Config) -> None:
                              f">= --max-prompt-tokens + the longest completion ({longest})"),
              "gradient_checkpointing": (c.gradient_checkpointing in ("off", "all", "selective"),
                                         "'off', 'all' or 'selective'"),
+             "checkpoint_layers": (c.checkpoint_layers == "auto" or all(
+                 x.strip().isdigit() for x in c.checkpoint_layers.split(",")),
+                 "'auto' or comma-separated layer indices"),
+             "activation_fraction": (0 <= c.activation_fraction <= 1, "in [0, 1]"),
              "memory_budget": (c.memory_budget in ("auto", "none") or c.memory_budget.isdigit(),
                                "an integer (bytes), 'auto' or 'none'")}
     for name, (ok, expected) in rules.items():

@@ -39,6 +39,10 @@ _LAZY = {
     "reference_bytes_saved": "rlbuffers.memory.reference",
     "MemoryBudgetError": "rlbuffers.memory.errors",
     "TrainingBytes": "rlbuffers.memory.budget",
+    "ActivationProfile": "rlbuffers.memory.activations",
+    "LayerActivations": "rlbuffers.memory.activations",
+    "profile_activations": "rlbuffers.memory.activations",
+    "select_checkpoint_layers": "rlbuffers.memory.activations",
 }
 
 
