@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -124,6 +126,31 @@ def test_selective_checkpointing_from_the_profile_keeps_the_gradients(tiny_dir):
         torch.testing.assert_close(grads[1][n], grads[0][n], rtol=1e-5, atol=1e-7, msg=n)
 
 
+def test_micro_batch_planned_from_the_measured_cost_and_the_budget(tiny_dir, monkeypatch):
+    from rlbuffers.memory import MemoryBudgetError, StepCost
+
+    cfg = small_config(tiny_dir, micro_batch_tokens=0, seeds_per_step=2, solver_samples=4)
+    model, tok, _ = crsp.make_model(cfg)
+    probed = []
+
+    def probe(step, make_batch, sizes):  # runs the real steps, returns a known cost
+        for n in sizes:
+            batch = make_batch(n)
+            assert batch["input_ids"].shape == (n, cfg.pack_tokens)
+            step(batch)
+            assert all(p.grad is None for p in model.parameters())  # zeroed after each
+            probed.append(n)
+        return StepCost(fixed_bytes=1000, bytes_per_item=300)
+
+    monkeypatch.setattr(crsp, "probe_activation_bytes", probe)
+    # Solver rows at these settings: 2 x 2 x 4 x (24 + 8) tokens / 48 per row = 11.
+    assert crsp.plan_micro_batch_tokens(model, cfg, tok.pad_token_id, 2000) == 3 * 48
+    assert crsp.plan_micro_batch_tokens(model, cfg, tok.pad_token_id, 10**9) == 11 * 48
+    with pytest.raises(MemoryBudgetError, match="does not fit one item"):
+        crsp.plan_micro_batch_tokens(model, cfg, tok.pad_token_id, 1200)
+    assert probed == [1, 2] * 3
+
+
 def test_bad_checkpoint_layers_are_named():
     from trainers.crsp_config import check_config
 
@@ -166,6 +193,24 @@ ARGS = ["--train-size", "20", "--seeds-per-step", "2", "--solver-samples", "2",
 
 def rows(path):
     return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_tensor_summaries_by_flag_and_on_demand(tiny_dir, tmp_path, monkeypatch):
+    base = [*ARGS, "--model", str(tiny_dir), "--steps", "2"]
+    crsp.main([*base, "--run-dir", str(tmp_path / "a"), "--tensor-summary"])
+    for r in rows(tmp_path / "a"):
+        owners = {g["owner"] for g in r["tensors"]["groups"]}
+        assert {"parameter", "optimizer_state"} <= owners and r["tensors"]["total_bytes"] > 0
+    real_step = crsp.train_step
+
+    def ask_in_step_2(t, *a):  # what `kill -USR1 PID` does while step 2 runs
+        if t.state["step"] == 1:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return real_step(t, *a)
+
+    monkeypatch.setattr(crsp, "train_step", ask_in_step_2)
+    crsp.main([*base, "--run-dir", str(tmp_path / "b")])
+    assert ["tensors" in r for r in rows(tmp_path / "b")] == [False, True]
 
 
 def test_crash_between_checkpoint_and_commit_resumes_to_the_uninterrupted_run(

@@ -32,7 +32,9 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +49,7 @@ from rlbuffers.cache import ByteLRUCache
 from rlbuffers.checkpoint import Checkpoints, create_run, load_state
 from rlbuffers.memory import AdaptiveMicroBatch, MemoryMonitor, RunningMeanStd, auto_budget
 from rlbuffers.memory.activations import profile_activations, select_checkpoint_layers
+from rlbuffers.memory.budget import plan_micro_batch, probe_activation_bytes
 from rlbuffers.memory.process import trim_heap
 from rlbuffers.memory.reference import reference_bytes_saved
 from rlbuffers.stream.token_store import TokenStore
@@ -108,25 +111,32 @@ def make_model(cfg: Config) -> tuple[Any, Any, Any]:
     return model, tok, reference
 
 
-def checkpoint_plan(model: Any, cfg: Config) -> dict[str, Any]:
-    """Measure the saved-for-backward bytes of each decoder layer on one packed row of
-    ``micro_batch_tokens`` tokens (``profile_activations``) and choose the fewest layers whose
-    checkpointing keeps at most ``activation_fraction`` of them (``select_checkpoint_layers``).
-    Returns plain data: the profile, the chosen layers and the bytes saved per micro-batch."""
+def checkpoint_plan(model: Any, cfg: Config, profile_tokens: int = 128) -> dict[str, Any]:
+    """Measure the saved-for-backward bytes of each decoder layer on one row of
+    ``profile_tokens`` tokens (``profile_activations``; short, so that the forward's freed
+    temporaries do not stay in the heap for the run) and choose the fewest layers whose
+    checkpointing keeps at most ``activation_fraction`` of them (``select_checkpoint_layers``;
+    the bytes grow with the tokens, so the choice holds for longer micro-batches). Returns
+    plain data: the profile, the chosen layers and the bytes saved, scaled to a micro-batch
+    of ``micro_batch_tokens`` (or ``pack_tokens``)."""
     layers = list(model.get_base_model().model.layers)
-    ids = torch.zeros((1, cfg.micro_batch_tokens), dtype=torch.long)
+    tokens = cfg.micro_batch_tokens or cfg.pack_tokens
+    ids = torch.zeros((1, min(profile_tokens, tokens)), dtype=torch.long)
     activate(model, ROLES[0])
     model.train()
     prof = profile_activations(
         layers, lambda: model(input_ids=ids, logits_to_keep=1).logits.sum(),
         exclude=model.parameters())
+    trim_heap()  # the profile's activations are freed: give their pages back
     chosen = select_checkpoint_layers(prof, int(cfg.activation_fraction * prof.total_bytes))
-    saving = sum(prof.layers[i].checkpoint_saving_bytes for i in chosen)
+    scale = tokens / ids.shape[1]
+    saving = int(scale * sum(prof.layers[i].checkpoint_saving_bytes for i in chosen))
     log.info("activation profile (%d tokens): %.1f MiB saved for backward, %.1f MiB per "
-             "layer; checkpointing layers %s saves %.1f MiB", cfg.micro_batch_tokens,
-             prof.total_bytes / 2**20, prof.layers[-1].saved_bytes / 2**20, chosen,
-             saving / 2**20)
-    return {"profile": prof.state_dict(), "layers": chosen, "saving_bytes": saving}
+             "layer; checkpointing layers %s saves %.1f MiB per %d-token micro-batch",
+             ids.shape[1], prof.total_bytes / 2**20, prof.layers[-1].saved_bytes / 2**20,
+             chosen, saving / 2**20, tokens)
+    return {"profile": prof.state_dict(), "profile_tokens": int(ids.shape[1]),
+            "layers": chosen, "saving_bytes": saving}
 
 
 def set_checkpointing(model: Any, cfg: Config) -> dict[str, Any] | None:
@@ -387,6 +397,56 @@ def naive_grads(model: Any, reference: Any, batches: dict[str, RoleBatch], cfg: 
     return out
 
 
+def plan_micro_batch_tokens(model: Any, cfg: Config, pad_id: int, budget_bytes: int) -> int:
+    """Tokens per update micro-batch from the measured budget: the peak extra memory of a
+    micro-batch of 1 and of 2 full packed rows (``pack_tokens`` each, forward + backward
+    through the chunked log-probs) is measured (``probe_activation_bytes``) and
+    ``plan_micro_batch`` takes the most rows that fit ``budget_bytes``, up to the rows of
+    the largest role's batch at these settings. Gradients are zeroed afterwards.
+
+    Raises:
+        MemoryBudgetError: not even one row fits the budget.
+    """
+    from trainers.grpo import packed_logprobs
+
+    half = cfg.pack_tokens // 2
+    activate(model, ROLES[0])
+    model.train()
+
+    def make_batch(n: int) -> dict[str, torch.Tensor]:
+        b = RoleBatch()
+        for _ in range(n):  # a prompt and two completions fill one row
+            comp = np.full(half // 2, 3, np.int64)
+            b.add(np.full(cfg.pack_tokens - 2 * len(comp), 3, np.int64),
+                  [(comp, False), (comp, False)])
+        b.advantage = np.ones(len(b.completions), np.float32)
+        return role_tensors(b, cfg, pad_id)
+
+    def step(batch: dict[str, torch.Tensor]) -> None:
+        lp = packed_logprobs(model, batch, cfg)
+        (lp * batch["weight"][batch["mask"]]).sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    cost = probe_activation_bytes(step, make_batch, sizes=(1, 2))
+    solver = 2 * cfg.seeds_per_step * cfg.solver_samples * (cfg.max_prompt_tokens
+                                                            + cfg.solver_tokens)
+    plan = plan_micro_batch(budget_bytes, cost=cost,
+                            target_batch=max(1, -(-solver // cfg.pack_tokens)))
+    log.info("micro-batch plan: %s per row, budget %.0f MiB: %d row(s) of %d tokens",
+             cost, budget_bytes / 2**20, plan.micro_batch, cfg.pack_tokens)
+    return plan.micro_batch * cfg.pack_tokens
+
+
+def micro_batches(model: Any, cfg: Config, tok: Any, budget: int | None) -> AdaptiveMicroBatch:
+    """The update's micro-batching: ``--micro-batch-tokens`` tokens, or planned (0)."""
+    tokens = cfg.micro_batch_tokens
+    if tokens == 0 and budget is not None and cfg.memory_opt:
+        tokens = plan_micro_batch_tokens(model, cfg, tok.pad_token_id, budget)
+        print(f"micro-batches of {tokens} tokens planned from the budget", flush=True)
+    return AdaptiveMicroBatch(model, budget_bytes=budget, grow_after=10,
+                              max_tokens=tokens or cfg.pack_tokens, tokens_key="real")
+
+
 def role_parameters(model: Any, role: str) -> list[torch.nn.Parameter]:
     return [p for n, p in model.named_parameters() if f".{role}." in n and "lora_" in n]
 
@@ -561,9 +621,7 @@ def main(argv: list[str] | None = None) -> None:
             for r in ROLES}
     budget = None if cfg.memory_budget == "none" else (
         auto_budget() if cfg.memory_budget == "auto" else int(cfg.memory_budget))
-    t = Trainer(cfg, model, tok, reference, opts,
-                AdaptiveMicroBatch(model, budget_bytes=budget, grow_after=10,
-                                   max_tokens=cfg.micro_batch_tokens, tokens_key="real"),
+    t = Trainer(cfg, model, tok, reference, opts, micro_batches(model, cfg, tok, budget),
                 Prompts(tok, cfg.max_prompt_tokens, ByteLRUCache(cfg.prompt_cache_bytes)),
                 NoveltySketch(cfg.sketch_capacity, cfg.sketch_perm, cfg.seed),
                 {r: RunningMeanStd() for r in ROLES}, np.random.default_rng(cfg.seed),
@@ -591,12 +649,23 @@ def main(argv: list[str] | None = None) -> None:
         print(f"resumed {run_dir} at step {t.state['step']}", flush=True)
     store = TokenStore(run_dir / "seeds")
     problems = task_problems(cfg.task, cfg.train_size, cfg.seed, cfg.task_config)
+    summary_asked = threading.Event()  # kill -USR1 PID: a tensor summary after this step
+    in_main = threading.current_thread() is threading.main_thread()
+    old_handler = signal.signal(signal.SIGUSR1, lambda *_: summary_asked.set()) if in_main \
+        else None
     try:
         bar = tqdm(total=cfg.steps, initial=t.state["step"], desc="CRSP steps", unit="step")
         while t.state["step"] < cfg.steps:
             t0 = time.perf_counter()
             row = train_step(t, buf, store, problems, monitor)
             t.state["step"] = row["step"]
+            if cfg.tensor_summary or summary_asked.is_set():
+                summary_asked.clear()
+                row["tensors"] = monitor.tensor_summary(top_k=5).to_dict()
+                print(f"step {row['step']}: live tensors "
+                      f"{row['tensors']['total_bytes'] / 2**20:,.1f} MiB: "
+                      + ", ".join(f"{g['owner']} {g['dtype']} {g['bytes'] / 2**20:,.1f} MiB"
+                                  for g in row["tensors"]["groups"]), flush=True)
             save_t0 = time.perf_counter()
             from safetensors.torch import save_file
 
@@ -624,6 +693,8 @@ def main(argv: list[str] | None = None) -> None:
                  f"one: continue with --resume --run-dir {cfg.run_dir}")
     finally:
         buf.close()
+        if in_main:
+            signal.signal(signal.SIGUSR1, old_handler)
 
 
 if __name__ == "__main__":

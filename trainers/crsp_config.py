@@ -70,7 +70,9 @@ class Config:
     pack_tokens: int = 512
     """Tokens per packed row (shared-prefix packing); >= longest prompt + completion."""
     micro_batch_tokens: int = 512
-    """Tokens per micro-batch (whole rows); halved by AdaptiveMicroBatch under pressure."""
+    """Tokens per micro-batch (whole rows); halved by AdaptiveMicroBatch under pressure.
+    0: planned at start from the measured cost of 1 and 2 rows and --memory-budget (the
+    most rows that fit; one row with --memory-budget none)."""
     chunk_tokens: int = 512
     """Tokens per chunk of the LM head in token_logprobs."""
     memory_budget: str = "auto"
@@ -91,6 +93,10 @@ class Config:
     """Byte bound of the LRU cache of tokenized role prompts."""
     threads: int = 0
     """torch threads (0: all CPUs)."""
+    tensor_summary: bool = False
+    """After every step, print the live tensors by owner (parameter, gradient, optimizer
+    state, other), dtype and device and store them in metrics.jsonl as ``tensors``; without
+    it, ``kill -USR1 PID`` asks for one after the current step."""
     buffer_capacity: int = 4096
     """Utterances the rollout buffer keeps (all roles)."""
     keep_checkpoints: int = 2
@@ -115,7 +121,8 @@ class Config:
 
 
 #: Settings a resumed run may change; the rest must match the run's config.json.
-RESUMABLE = {"run_dir", "resume", "steps", "threads", "memory_budget", "generation_batch"}
+RESUMABLE = {"run_dir", "resume", "steps", "threads", "memory_budget", "generation_batch",
+             "tensor_summary"}
 
 
 def check_config(c: Config) -> None:
@@ -130,6 +137,7 @@ def check_config(c: Config) -> None:
              "temperature": (c.temperature > 0, "> 0"), "top_p": (0 < c.top_p <= 1, "in (0, 1]"),
              "beta": (c.beta >= 0, ">= 0"), "epsilon": (c.epsilon > 0, "> 0"),
              "alpha_decay": (0 < c.alpha_decay <= 1, "in (0, 1]"),
+             "micro_batch_tokens": (c.micro_batch_tokens >= 0, ">= 0 (0: planned)"),
              "pack_tokens": (c.pack_tokens >= longest,
                              f">= --max-prompt-tokens + the longest completion ({longest})"),
              "gradient_checkpointing": (c.gradient_checkpointing in ("off", "all", "selective"),
