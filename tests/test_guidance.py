@@ -6,6 +6,7 @@ buffer and `rlbuffers inspect` reads it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -282,3 +283,48 @@ def test_actor_loss_and_gradients_equal_a_naive_full_logits_loss(tiny):
 def test_bad_settings_are_named(tmp_path, flag, value, match):
     with pytest.raises(ValueError, match=match):
         guidance.main(["--run-dir", str(tmp_path / "x"), flag, value])
+
+
+def test_value_step_samples_fresh_actions_from_the_current_policy(tiny, tmp_path, monkeypatch):
+    monkeypatch.setattr(guidance, "score", fake_score)
+    cfg = guidance.common.parse_config(guidance.Config, args(tiny, tmp_path / "v",
+                                                             "--iterations", "1"),
+                                       prog="guidance", description="", resumable=set())
+    run = guidance.build(cfg)
+    try:
+        run.trainer["iteration"] = guidance.iterate(run)["iteration"]
+        calls = []
+
+        def fake_generate(model, tok, prompts, cfg, *, n_per_prompt, max_new):
+            role = model.active_adapter
+            calls.append((role, max_new, [p.tolist() for p in prompts]))
+            return [(np.array([ord("a") if role == "agent" else ord("b")] * 3), False)
+                    for _ in prompts]
+
+        monkeypatch.setattr(guidance, "generate", fake_generate)
+        rng = torch.get_rng_state()
+        state = run.buf.rng.bit_generator.state  # a fresh dict: restoring redraws the same
+        b = guidance.value_batch(run, 2)
+        assert torch.equal(torch.get_rng_state(), rng)  # the learner's RNG is untouched
+        run.buf.rng.bit_generator.state = state
+        s = run.buf.sample(cfg.critic_batch)  # the same draw as value_batch's
+        turns = s["turn"].tolist()
+        assert {c[0] for c in calls} == {"agent", "guidance"} & {
+            "agent" if t != 1 else "guidance" for t in turns}
+        for role, max_new, prompts in calls:
+            want = [s["observation_ids"][i].tolist() for i, t in enumerate(turns)
+                    if (t == 1) == (role == "guidance")]
+            assert prompts == want
+            assert max_new == (cfg.max_hint_tokens if role == "guidance" else
+                               cfg.max_answer_tokens)
+        acts = [np.array([ord("b" if t == 1 else "a")] * 3) for t in turns]
+        want_act = guidance.critic_inputs(run.ctok, run.tok, acts, cfg, keep_end=False)
+        torch.testing.assert_close(b["act"]["input_ids"], want_act["input_ids"])
+        run.cfg = dataclasses.replace(cfg, value_action="buffer")
+        run.buf.rng.bit_generator.state = state
+        b2 = guidance.value_batch(run, 2)
+        stored = guidance.critic_inputs(run.ctok, run.tok, s["action_ids"], cfg, keep_end=False)
+        torch.testing.assert_close(b2["act"]["input_ids"], stored["input_ids"])
+    finally:
+        run.pool.close()
+        run.buf.close()

@@ -64,7 +64,7 @@ from rlbuffers.memory.reference import reference_bytes_saved
 from rlbuffers.rollouts.inprocess import InProcessPool
 from rlbuffers.rollouts.pool import RolloutPool
 from trainers import common
-from trainers.generation import memory_budget
+from trainers.generation import generate, memory_budget
 from trainers.guidance_config import RESUMABLE, Config, check_config
 from trainers.guidance_rollout import POLICIES, ROLES, Policies, episode_job, make_policies
 from trainers.math_tasks import extract_answer, task_problems
@@ -234,8 +234,9 @@ def td_loss(critic: DoubleCritic, target: DoubleCritic, b: dict[str, Any],
 
 
 def value_loss(critic: DoubleCritic, target: DoubleCritic, b: dict[str, Any]) -> torch.Tensor:
-    """``sum_i MSE(V_i(s), Qbar_i(s, a))`` with ``a`` the buffer's action (ArCHer samples a
-    fresh action from the policy here)."""
+    """``sum_i MSE(V_i(s), Qbar_i(s, a))``; ``b["act"]``: with ``--value-action policy`` an
+    action sampled from the current policy at ``s`` (ArCHer, Sec. 4: V(s) -> E_{a ~ pi}
+    Qbar(s, a); see :func:`value_batch`), with ``buffer`` the stored one."""
     v1, v2 = critic.v(critic.embed(b["obs"]))
     with torch.no_grad():
         t1, t2 = (x.to(v1.device) for x in target.q(target.embed(b["obs"]),
@@ -526,6 +527,32 @@ def critic_batch(run: Run) -> dict[str, Any]:
             "done": s["done"]}
 
 
+def value_batch(run: Run, iteration: int) -> dict[str, Any]:
+    """``critic_batch`` utterances sampled uniformly from the buffer as critic inputs ``obs``
+    and ``act``; with ``--value-action policy`` each action is replaced by one sampled from
+    the current adapter of the state's role (agent for turns 0 and 2, guidance for turn 1),
+    with torch's RNG seeded by (seed, iteration) and the learner's RNG left as it was."""
+    cfg = run.cfg
+    s = run.buf.sample(cfg.critic_batch)
+    acts = [np.asarray(a) for a in s["action_ids"]]
+    if cfg.value_action == "policy":
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed * 1_000_003 + iteration)
+            torch.set_num_threads(cfg.generate_threads)
+            for role, turns, max_new in (("agent", (0, 2), cfg.max_answer_tokens),
+                                         ("guidance", (1,), cfg.max_hint_tokens)):
+                idx = [i for i, t in enumerate(s["turn"]) if t in turns]
+                if idx:
+                    out = generate(run.policies.use(role), run.tok,
+                                   [np.asarray(s["observation_ids"][i], np.int64) for i in idx],
+                                   cfg, n_per_prompt=1, max_new=max_new)
+                    for i, (c, _) in zip(idx, out, strict=True):
+                        acts[i] = c
+            torch.set_num_threads(cfg.train_threads or os.cpu_count() or 1)
+    return {"obs": critic_inputs(run.ctok, run.tok, s["observation_ids"], cfg, keep_end=True),
+            "act": critic_inputs(run.ctok, run.tok, acts, cfg, keep_end=False)}
+
+
 def critic_phase(run: Run, out: dict[str, Any]) -> None:
     """Critic TD steps on buffer samples; ``out`` gets the mean loss, targets and Q."""
     stats: list[dict[str, float]] = []
@@ -581,7 +608,7 @@ def iterate(run: Run) -> dict[str, Any]:
         row.update({f"{name}_loss": st["loss"], f"kl_{role}": st["kl"],
                     f"grad_norm_{role}": st["grad_norm"], f"micro_batch_{role}": st["micro_batch"]})
     with phase(run, "value", row):
-        loss = value_loss(run.critic, run.target, critic_batch(run))
+        loss = value_loss(run.critic, run.target, value_batch(run, it))
         loss.backward()
         clip_and_step(list(run.critic.parameters()), run.opts["critic"], cfg)
         row["value_loss"] = float(loss.detach())

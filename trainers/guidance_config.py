@@ -57,6 +57,9 @@ class Config:
     the whole buffer (off-policy)."""
     critic_batch: int = 16
     """Utterances per critic TD step and per value step."""
+    value_action: str = "policy"
+    """Action in the value step's target Qbar(s, a): 'policy' samples it from the current
+    adapter of the state's role (ArCHer), 'buffer' uses the stored one (no generation)."""
     critic_hidden: int = 256
     """Width of the critic's Q and V heads (two-layer MLPs)."""
     critic_max_tokens: int = 256
@@ -117,6 +120,7 @@ def check_config(c: Config) -> None:
              "lora_rank": (c.lora_rank >= 1, ">= 1"),
              "gamma": (0 <= c.gamma <= 1, "in [0, 1]"), "tau": (0 <= c.tau <= 1, "in [0, 1]"),
              "beta": (c.beta >= 0, ">= 0"), "critic_steps": (c.critic_steps >= 0, ">= 0"),
+             "value_action": (c.value_action in ("policy", "buffer"), "'policy' or 'buffer'"),
              "critic_batch": (c.critic_batch >= 1, ">= 1"),
              "buffer_episodes": (c.buffer_episodes >= c.episodes_per_iteration,
                                  ">= --episodes-per-iteration"),
