@@ -62,7 +62,8 @@ def args(tiny, run_dir, *extra):
             "--episodes-per-job", "2", "--max-answer-tokens", "8", "--max-hint-tokens", "6",
             "--memory-budget", "none", "--train-threads", "1", "--lora-rank", "4",
             "--critic-batch", "4", "--critic-hidden", "16", "--critic-max-tokens", "64",
-            "--actor-lr", "1e-2", "--guidance-lr", "1e-2", "--critic-lr", "1e-3", *extra]
+            "--actor-lr", "1e-2", "--guidance-lr", "1e-2", "--critic-lr", "1e-3",
+            "--eval-size", "0", *extra]
 
 
 def rows(path):
@@ -328,3 +329,18 @@ def test_value_step_samples_fresh_actions_from_the_current_policy(tiny, tmp_path
     finally:
         run.pool.close()
         run.buf.close()
+
+
+def test_held_out_evaluation_before_and_after(tiny, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(guidance, "score", fake_score)
+    guidance.main(args(tiny, tmp_path / "e", "--iterations", "1", "--eval-size", "4"))
+    evals = json.loads((tmp_path / "e" / "eval.json").read_text())
+    assert set(evals) == {"before", "after"}
+    for e in evals.values():
+        assert e["turn1"]["n"] == e["turn2"]["n"] == 4
+        for turn in ("turn1", "turn2"):
+            lo, hi = e[turn]["ci95"]
+            assert lo <= e[turn]["accuracy"] <= hi and e[turn]["accuracy"] in (0, .25, .5, .75, 1)
+        assert 0 <= e["hint_uptake"] <= 1 and 0 <= e["turn2_breaks"] <= 1
+    out = capsys.readouterr().out
+    assert "held-out before" in out and "held-out after" in out

@@ -66,8 +66,15 @@ from rlbuffers.rollouts.pool import RolloutPool
 from trainers import common
 from trainers.generation import generate, memory_budget
 from trainers.guidance_config import RESUMABLE, Config, check_config
-from trainers.guidance_rollout import POLICIES, ROLES, Policies, episode_job, make_policies
-from trainers.math_tasks import extract_answer, task_problems
+from trainers.guidance_rollout import (
+    POLICIES,
+    ROLES,
+    Policies,
+    episode_job,
+    make_policies,
+    play,
+)
+from trainers.math_tasks import extract_answer, task_problems, wilson
 
 MIB = 2**20
 
@@ -93,6 +100,26 @@ def score(problems: Any, index: int, text: str) -> float:
     """reasoning-gym's ``score_answer`` of the answer extracted from ``text`` (1.0 right)."""
     answer, _ = extract_answer(text)
     return float(problems.score_answer(answer, problems[index])) if answer else 0.0
+
+
+@torch.no_grad()
+def evaluate(run: Run, problems: Any) -> dict[str, Any]:
+    """Greedy two-turn episodes on held-out ``problems``: turn-1 and turn-2 accuracy with 95%
+    Wilson intervals, the share of episodes turn 2 fixes (hint uptake) and breaks."""
+    cfg = run.cfg
+    torch.set_num_threads(cfg.generate_threads)
+    ep = play(run.policies, run.tok, [problems[i]["question"] for i in range(len(problems))],
+              cfg, greedy=True)
+    torch.set_num_threads(cfg.train_threads or os.cpu_count() or 1)
+    right = np.array([[score(problems, i, texts[k]) == 1.0 for k in (0, 2)]
+                      for i, texts in enumerate(ep["texts"])])
+    n, out = len(right), {}
+    for name, hits in (("turn1", right[:, 0]), ("turn2", right[:, 1])):
+        out[name] = {"accuracy": float(hits.mean()), "n": n,
+                     "ci95": list(wilson(float(hits.sum()), n))}
+    out["hint_uptake"] = float((~right[:, 0] & right[:, 1]).mean())
+    out["turn2_breaks"] = float((right[:, 0] & ~right[:, 1]).mean())
+    return out
 
 
 # ------------------------------------------------------------------------------------------
@@ -677,7 +704,13 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(cfg.train_threads or os.cpu_count() or 1)
     run = build(cfg)
+    held_out = task_problems(cfg.task, cfg.eval_size, cfg.seed + 1_000_003, cfg.task_config) \
+        if cfg.eval_size else []
+    evals = run.trainer.setdefault("eval", {})
     try:
+        if cfg.eval_size and "before" not in evals and run.trainer["iteration"] == 0:
+            evals["before"] = evaluate(run, held_out)
+            print(f"held-out before: {json.dumps(evals['before'])}", flush=True)
         bar = tqdm(total=cfg.iterations, initial=run.trainer["iteration"], unit="it",
                    desc="guidance iterations")
         while run.trainer["iteration"] < cfg.iterations:
@@ -693,6 +726,11 @@ def main(argv: list[str] | None = None) -> None:
                              "peak": f"{row['peak_rss_bytes'] / MIB:.0f}M"})
             bar.update(1)
         bar.close()
+        if cfg.eval_size and "after" not in evals:
+            evals["after"] = evaluate(run, held_out)
+            print(f"held-out after: {json.dumps(evals['after'])}", flush=True)
+            common.write_atomic(Path(cfg.run_dir) / "eval.json",
+                                json.dumps(evals, indent=1).encode())
     except KeyboardInterrupt:
         sys.exit(f"interrupted; iteration {run.buf.metadata.get('trainer_iteration', 0)} is the "
                  f"last complete one: continue with --resume --run-dir {cfg.run_dir}")

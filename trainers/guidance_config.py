@@ -19,6 +19,9 @@ class Config:
     """reasoning-gym task of the problems."""
     task_config: str = "{}"
     """JSON keyword arguments of the task's reasoning-gym dataset."""
+    eval_size: int = 50
+    """Held-out problems (a disjoint seed of --task) of the greedy evaluation before the first
+    and after the last iteration (turn-1 and turn-2 accuracy, eval.json; 0: none)."""
     train_size: int = 2000
     """Problems generated from the task (seed --seed), read in a seeded, resumable order."""
     iterations: int = 10
@@ -120,6 +123,7 @@ def check_config(c: Config) -> None:
              "lora_rank": (c.lora_rank >= 1, ">= 1"),
              "gamma": (0 <= c.gamma <= 1, "in [0, 1]"), "tau": (0 <= c.tau <= 1, "in [0, 1]"),
              "beta": (c.beta >= 0, ">= 0"), "critic_steps": (c.critic_steps >= 0, ">= 0"),
+             "eval_size": (c.eval_size >= 0, ">= 0"),
              "value_action": (c.value_action in ("policy", "buffer"), "'policy' or 'buffer'"),
              "critic_batch": (c.critic_batch >= 1, ">= 1"),
              "buffer_episodes": (c.buffer_episodes >= c.episodes_per_iteration,

@@ -137,8 +137,10 @@ def worker_policies(cfg: Config) -> tuple[Policies, Any]:
     return POLICIES[cfg.run_dir]
 
 
-def play(policies: Policies, tok: Any, questions: list[str], cfg: Config) -> dict[str, Any]:
-    """Episodes of ``questions``: turn 1, hint, turn 2, each batched over the episodes.
+def play(policies: Policies, tok: Any, questions: list[str], cfg: Config,
+         greedy: bool = False) -> dict[str, Any]:
+    """Episodes of ``questions``: turn 1, hint, turn 2, each batched over the episodes
+    (``greedy``: argmax decoding, for evaluation).
     Returns ``observations``, ``actions`` (int32 token arrays), ``texts`` and ``truncated``,
     each a list per episode of its 3 utterances."""
     encode = lambda text: np.asarray(tok.encode(text, add_special_tokens=False))  # noqa: E731
@@ -146,7 +148,8 @@ def play(policies: Policies, tok: Any, questions: list[str], cfg: Config) -> dic
     prompts = [encode(render(tok, q)) for q in questions]
     for turn, role in enumerate(TURN_ROLE):
         max_new = cfg.max_hint_tokens if role == "guidance" else cfg.max_answer_tokens
-        out = generate(policies.use(role), tok, prompts, cfg, n_per_prompt=1, max_new=max_new)
+        out = generate(policies.use(role), tok, prompts, cfg, n_per_prompt=1, max_new=max_new,
+                       greedy=greedy)
         obs.append(prompts)
         acts.append([c for c, _ in out])
         cut.append([t for _, t in out])
