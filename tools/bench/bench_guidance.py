@@ -11,6 +11,8 @@
    once, as the first forward or a move to an accelerator does; transformers maps safetensors
    files lazily, so right after loading most weights are not yet resident) as RSS and as PSS
    (a page mapped by several copies counted once); the peak RSS of one training iteration.
+3. **Phase 1 throughput**: episodes per minute with 1 rollout worker (the learner) and with 2
+   Ray workers.
 """
 
 from __future__ import annotations
@@ -111,6 +113,60 @@ def child(layout: str, out: Path, threads: int) -> None:
         "critic_loss": row["critic_loss"], "actor_loss": row["actor_loss"]}), flush=True)
 
 
+def child_throughput(workers: int, out: Path, episodes: int, repeats: int) -> None:
+    """Phase 1 alone: ``repeats`` timed collections of ``episodes`` episodes (after one
+    untimed, which starts the workers and loads their models), on ``workers`` rollout workers
+    (1: in the learner's process with 2 torch threads; more: Ray actors, 1 thread each)."""
+    import time
+
+    import torch
+
+    from trainers import guidance
+    from trainers.guidance_config import Config
+
+    torch.set_num_threads(2)
+    cfg = Config(run_dir=str(out / "run"), iterations=1, episodes_per_iteration=episodes,
+                 episodes_per_job=max(1, episodes // 2), max_answer_tokens=48,
+                 max_hint_tokens=24, workers=workers, generate_threads=2, eval_size=0)
+    run = guidance.build(cfg)
+    rates = []
+    try:
+        for it in range(repeats + 1):
+            indices = list(range(it * episodes, (it + 1) * episodes))
+            t0 = time.perf_counter()
+            guidance.collect(run, indices, it + 1)
+            if it:
+                rates.append(episodes / (time.perf_counter() - t0) * 60)
+    finally:
+        run.pool.close()
+        run.buf.close()
+    print("RESULT " + json.dumps({"episodes_per_min": rates}), flush=True)
+
+
+def throughput(repeats: int) -> str:
+    from tools.bench.report import table
+
+    res = {}
+    for workers in (1, 2):
+        with tempfile.TemporaryDirectory(prefix="bench-guidance-") as tmp:
+            cmd = [sys.executable, "-m", "tools.bench.bench_guidance", "--child",
+                   f"throughput{workers}", "--out", tmp, "--runs", str(repeats)]
+            p = subprocess.run(cmd, capture_output=True, text=True,
+                               env=dict(os.environ, TOKENIZERS_PARALLELISM="false"))
+        if p.returncode:
+            raise RuntimeError(f"throughput child failed:\n{p.stderr[-3000:]}")
+        line = next(x for x in p.stdout.splitlines() if x.startswith("RESULT "))
+        res[workers] = json.loads(line[7:])["episodes_per_min"]
+        print(workers, res[workers], flush=True)
+    med = {w: statistics.median(r) for w, r in res.items()}
+    rows = [["1 (in the learner, 2 threads)", f"{med[1]:.1f}", "1.00x"],
+            ["2 Ray workers (1 thread each)", f"{med[2]:.1f}", f"{med[2] / med[1]:.2f}x"]]
+    return table(["rollout workers", "episodes / min", "vs 1"], rows) + (
+        f"\n\nPhase 1 only (turn 1, hint, turn 2; 48-token answers, 24-token hints), 8 "
+        f"episodes per collection in 2 jobs, medians of {repeats} collections after one "
+        f"untimed (which starts the workers and loads their models).")
+
+
 def run_child(layout: str, threads: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="bench-guidance-") as tmp:
         cmd = [sys.executable, "-m", "tools.bench.bench_guidance", "--child", layout,
@@ -151,9 +207,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--child", choices=list(LAYOUTS), help="internal: run one layout")
+    p.add_argument("--child", choices=[*LAYOUTS, "throughput1", "throughput2"],
+                   help="internal: run one layout or one throughput measurement")
     p.add_argument("--out", help="internal")
     a = p.parse_args()
+    if a.child and a.child.startswith("throughput"):
+        child_throughput(int(a.child[-1]), Path(a.out), 8, a.runs)
+        return
     if a.child:
         child(a.child, Path(a.out), a.threads)
         return
@@ -165,7 +225,8 @@ def main() -> None:
             + seed_plans()
             + "\n\n### Measured: SmolLM2-135M + MiniLM critic, 1 iteration of 2 episodes\n\n"
             + f"{stamp()} 24-token answers, 12-token hints, {a.threads} threads, medians of "
-            f"{a.runs} fresh processes per layout.\n\n" + measured(a.runs, a.threads))
+            f"{a.runs} fresh processes per layout.\n\n" + measured(a.runs, a.threads)
+            + "\n\n### Phase 1 throughput, 1 vs 2 rollout workers\n\n" + throughput(a.runs))
     print(body)
     write_section("guidance", body)
 
