@@ -319,6 +319,34 @@ def test_gradient_checkpointing_auto_is_on_for_full_fine_tuning_only(tiny_dir, l
     assert base.model.gradient_checkpointing is want
 
 
+def test_bfloat16_generation_decodes_with_bf16_weights_and_restores_fp32(tiny_dir):
+    """With generate_dtype bfloat16, every matmul of the decode sees bfloat16 weights (the LoRA
+    path too, merged), the logits equal a bf16 copy of the model's, and afterwards each
+    parameter is the same fp32 tensor with the same bits."""
+    from peft import LoraConfig, get_peft_model
+
+    from trainers.lm import load_causal_lm
+    model, tok = load_causal_lm(tiny_dir)
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"]))
+    before = {n: (p, p.detach().clone()) for n, p in model.named_parameters()}
+    seen = set()
+    hooks = [m.register_forward_pre_hook(lambda m, a: seen.add(m.weight.dtype))
+             for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    cfg = grpo.Config(max_completion_tokens=5, memory_budget="none", generate_dtype="bfloat16")
+    prompts = [np.random.default_rng(2).integers(3, len(tok), 7)]
+    got = generation.generate(model, tok, prompts, cfg, n_per_prompt=2, greedy=True)
+    for h in hooks:
+        h.remove()
+    assert seen == {torch.bfloat16} and len(got) == 2
+    with torch.no_grad(), generation.weights_as(model, torch.bfloat16):
+        ids = torch.from_numpy(prompts[0])[None]
+        assert model(input_ids=ids).logits.dtype == torch.bfloat16
+    for n, p in model.named_parameters():
+        assert p is before[n][0] and p.dtype == torch.float32 and torch.equal(p, before[n][1]), n
+    with pytest.raises(ValueError, match="--generate-dtype: expected 'float32', 'bfloat16'"):
+        grpo.check_config(grpo.Config(generate_dtype="int8"))
+
+
 def test_merged_lora_generates_as_the_adapters_and_leaves_the_weights_untouched(tiny_dir):
     """Decoding with W + scale * B @ A swapped in gives the LoRA policy's tokens; afterwards
     every base weight is the same tensor with the same bits, and the adapters are active."""

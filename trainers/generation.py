@@ -52,8 +52,27 @@ def generate(model: Any, tok: Any, prompts: list[np.ndarray], cfg: Config, *, n_
     KV cache, in batches under the memory budget (halved on out-of-memory). A prompt's KV cache
     is computed once and copied to its ``n_per_prompt`` sequences (prefix sharing)."""
     model.eval()
-    with merged_lora(model):
+    dtype = getattr(torch, getattr(cfg, "generate_dtype", "float32"))
+    with merged_lora(model), weights_as(model, dtype):
         return _generate(model, tok, prompts, cfg, n_per_prompt, greedy, max_new)
+
+
+@contextmanager
+def weights_as(model: Any, dtype: torch.dtype) -> Iterator[None]:
+    """For the ``with`` block, every floating-point parameter of ``model`` holds a ``dtype``
+    copy of its values (e.g. bfloat16, for CPUs with bf16 matrix units); the original tensors
+    are put back untouched afterwards (the fp32 master weights never round-trip). Extra memory:
+    the copies, while the block runs. Parameters already in ``dtype``: nothing changes."""
+    originals = []
+    try:
+        for param in model.parameters():
+            if param.is_floating_point() and param.dtype != dtype:
+                originals.append((param, param.data))
+                param.data = param.data.to(dtype)
+        yield
+    finally:
+        for param, data in originals:
+            param.data = data
 
 
 @contextmanager

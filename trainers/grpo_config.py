@@ -86,6 +86,10 @@ class Config:
     costs ~25% of the update). Generation never pays for it (eval mode, KV cache)."""
     generate_threads: int = 1
     """torch threads while generating (decoding is overhead-bound: more rarely help)."""
+    generate_dtype: str = "float32"
+    """Weights' dtype while generating: 'float32', or 'bfloat16' (a copy swapped in for the
+    generate call; faster on CPUs with bf16 matrix units and on GPUs). Log-probs and the
+    update stay in float32, so the stored behaviour log-probs are those of the fp32 policy."""
     train_threads: int = 0
     """torch threads for log-probs and the update (0: all CPUs)."""
     buffer_groups: int = 512
@@ -100,7 +104,7 @@ class Config:
 
 #: Settings a resumed run may change; the rest must match the run's config.json.
 RESUMABLE = {"run_dir", "resume", "steps", "evaluate", "generate_threads", "train_threads",
-             "memory_budget", "generation_batch"}
+             "generate_dtype", "memory_budget", "generation_batch"}
 
 
 def check_config(c: Config) -> None:
@@ -108,6 +112,8 @@ def check_config(c: Config) -> None:
     rules = {"steps": (c.steps >= 1, ">= 1"),
              "prompts_per_step": (c.prompts_per_step >= 1, ">= 1"),
              "group_size": (c.group_size >= 2, ">= 2"),
+             "generate_dtype": (c.generate_dtype in ("float32", "bfloat16", "float16"),
+                                "'float32', 'bfloat16' or 'float16'"),
              "train_size": (c.train_size >= c.prompts_per_step, ">= --prompts-per-step"),
              "max_completion_tokens": (c.max_completion_tokens >= 1, ">= 1"),
              "temperature": (c.temperature > 0, "> 0"), "top_p": (0 < c.top_p <= 1, "in (0, 1]"),
