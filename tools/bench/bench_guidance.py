@@ -219,7 +219,8 @@ def main() -> None:
         return
     from tools.bench.report import stamp, write_section
 
-    body = ("### The seed's situation, planned: one 44.5 GB GPU and 64 GB of CPU RAM\n\n"
+    body = ("## Two-turn guidance trainer: memory of the layouts\n\n"
+            "### The seed's situation, planned: one 44.5 GB GPU and 64 GB of CPU RAM\n\n"
             "Made-up sizes from the seed (base 7-13 GB, critics 2-3 GB); trained = weights + "
             "gradients + AdamW (x4), LoRA adapters 1% of the base each (x4).\n\n"
             + seed_plans()
