@@ -32,9 +32,7 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -136,29 +134,17 @@ def child(path: str, n_seeds: int, threads: int) -> None:
 def run_child(path: str, n_seeds: int, threads: int, limit_bytes: int) -> dict[str, Any]:
     """One step in a fresh process; stopped (``{"stopped_mib": ...}``) if its RSS, sampled
     every 20 ms, passes ``limit_bytes``."""
-    import psutil
+    from tools.bench.report import run_sampled
 
     cmd = [sys.executable, "-m", "tools.bench.bench_crsp", "--child", path,
            "--seeds", str(n_seeds), "--threads", str(threads)]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        p = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env)
-        proc, peak = psutil.Process(p.pid), 0
-        while p.poll() is None:
-            try:
-                peak = max(peak, proc.memory_info().rss)
-            except psutil.NoSuchProcess:
-                break
-            if peak > limit_bytes:
-                p.kill()
-                p.wait()
-                return {"stopped_mib": peak / MIB}
-            time.sleep(0.02)
-        out.seek(0), err.seek(0)
-        stdout, stderr = out.read(), err.read()
-    if p.returncode:
-        raise RuntimeError(f"{path} child failed ({p.returncode}):\n{stderr[-3000:]}")
-    line = next(x for x in stdout.splitlines() if x.startswith("RESULT "))
+    run = run_sampled(cmd, env, interval_s=0.02, limit_bytes=limit_bytes)
+    if run.returncode is None:
+        return {"stopped_mib": run.peak_rss_bytes / MIB}
+    if run.returncode:
+        raise RuntimeError(f"{path} child failed ({run.returncode}):\n{run.stderr[-3000:]}")
+    line = next(x for x in run.stdout.splitlines() if x.startswith("RESULT "))
     return json.loads(line[7:])
 
 

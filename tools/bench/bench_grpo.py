@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -122,25 +121,16 @@ def run_child(kind: str, row: dict[str, Any], steps: int) -> dict[str, float]:
     same way for both trainers; the kernel's ``ru_maxrss`` is not used because the memory
     monitor of ours resets the high-water mark per phase), median step seconds and completion
     tokens per second."""
-    import psutil
+    from tools.bench.report import run_sampled
     with tempfile.TemporaryDirectory(prefix="bench-grpo-") as tmp:
         cmd = [sys.executable, "-m", "tools.bench.bench_grpo", "--child", kind,
                "--row", json.dumps(row), "--steps", str(steps), "--out", tmp]
         env = dict(os.environ, OMP_NUM_THREADS=str(row["threads"]),
                    TOKENIZERS_PARALLELISM="false")
-        with open(Path(tmp) / "out.txt", "w+") as out, open(Path(tmp) / "err.txt", "w+") as err:
-            p = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env)
-            proc, peak = psutil.Process(p.pid), 0
-            while p.poll() is None:
-                try:
-                    peak = max(peak, proc.memory_info().rss)
-                except psutil.NoSuchProcess:
-                    break
-                time.sleep(0.05)
-            out.seek(0), err.seek(0)
-            stdout, stderr = out.read(), err.read()
-        if p.wait():
-            raise RuntimeError(f"{kind} child failed:\n{stderr[-3000:]}")
+        run = run_sampled(cmd, env, interval_s=0.05)
+    if run.returncode:
+        raise RuntimeError(f"{kind} child failed:\n{run.stderr[-3000:]}")
+    stdout, peak = run.stdout, run.peak_rss_bytes
     steps_out = [json.loads(line[5:]) for line in stdout.splitlines() if line.startswith("STEP ")]
     secs = [s["seconds"] for s in steps_out]
     return {"peak_rss_mib": peak / MIB, "step_seconds": statistics.median(secs),

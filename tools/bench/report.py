@@ -12,7 +12,11 @@ import os
 import platform
 import re
 import statistics
+import subprocess
+import tempfile
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -48,6 +52,38 @@ def machine() -> str:
 def stamp() -> str:
     """Machine line plus today's date, for the top of a section."""
     return f"Machine: {machine()}. Date: {_dt.date.today().isoformat()}."
+
+
+@dataclass
+class ChildRun:
+    """What :func:`run_sampled` saw of a child process."""
+
+    returncode: int | None  # None: stopped over the limit
+    stdout: str
+    stderr: str
+    peak_rss_bytes: int  # the largest RSS sample
+
+
+def run_sampled(cmd: Sequence[str], env: dict[str, str], *, interval_s: float = 0.05,
+                limit_bytes: int | None = None) -> ChildRun:
+    """Run ``cmd`` with its RSS sampled every ``interval_s`` by this process (the same way
+    for every program measured); killed as soon as a sample passes ``limit_bytes``."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(list(cmd), stdout=out, stderr=err, text=True, env=env)
+        proc, peak, stopped = psutil.Process(p.pid), 0, False
+        while p.poll() is None:
+            try:
+                peak = max(peak, proc.memory_info().rss)
+            except psutil.NoSuchProcess:
+                break
+            if limit_bytes is not None and peak > limit_bytes:
+                p.kill()
+                stopped = True
+                break
+            time.sleep(interval_s)
+        code = p.wait()
+        out.seek(0), err.seek(0)
+        return ChildRun(None if stopped else code, out.read(), err.read(), peak)
 
 
 def median_of(fn: Callable[[], float], runs: int = 3) -> float:
