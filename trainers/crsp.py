@@ -340,16 +340,23 @@ def optimised_grads(model: Any, batches: dict[str, RoleBatch], cfg: Config, pad_
         if not b.completions:
             continue
         activate(model, role)
-        batch = role_tensors(b, cfg, pad_id)
-        n = sum(len(c) for c in b.completions)
-        ref = reference_logprobs(model, batch, cfg, Path())  # type: ignore[arg-type]
-        batch["ref"] = torch.zeros_like(batch["advantage"])
-        batch["ref"][batch["mask"]] = ref[batch["index"][batch["mask"]]]
-        model.train()
-        res = accumulate_gradients(model, amb, batch, cfg, n, record_behaviour=True)
-        out[role] = {**res, "ref": ref}
+        out[role] = role_gradients(model, amb, role_tensors(b, cfg, pad_id), cfg,
+                                   sum(len(c) for c in b.completions))
         on_role(role)
     return out
+
+
+def role_gradients(model: Any, amb: AdaptiveMicroBatch, batch: dict[str, torch.Tensor],
+                   cfg: Config, n_tokens: int) -> dict[str, Any]:
+    """The active role's step on packed ``batch``: reference log-probs (adapters off), then
+    the TR-RPG loss backpropagated micro-batch by micro-batch into its adapter's ``.grad``.
+    Returns ``accumulate_gradients``' statistics and ``ref`` (float32[n_tokens], flat)."""
+    ref = reference_logprobs(model, batch, cfg, None, n_tokens=n_tokens)  # type: ignore
+    batch["ref"] = torch.zeros_like(batch["advantage"])
+    batch["ref"][batch["mask"]] = ref[batch["index"][batch["mask"]]]
+    model.train()
+    res = accumulate_gradients(model, amb, batch, cfg, n_tokens, record_behaviour=True)
+    return {**res, "ref": ref}
 
 
 def naive_grads(model: Any, reference: Any, batches: dict[str, RoleBatch], cfg: Config,

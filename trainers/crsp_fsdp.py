@@ -21,9 +21,15 @@ import numpy as np
 import torch
 
 from rlbuffers.memory import AdaptiveMicroBatch
-from trainers.crsp import ROLES, RoleBatch, activate, role_parameters, role_tensors
+from trainers.crsp import (
+    ROLES,
+    RoleBatch,
+    activate,
+    role_gradients,
+    role_parameters,
+    role_tensors,
+)
 from trainers.crsp_config import Config
-from trainers.grpo import accumulate_gradients, reference_logprobs
 
 
 def shard_base(model: Any) -> list[Any]:
@@ -92,12 +98,8 @@ def sharded_grads(model: Any, batches: dict[str, RoleBatch], cfg: Config, pad_id
         activate(model, role)
         n = sum(len(c) for c in b.completions)
         batch = local_rows(role_tensors(b, cfg, pad_id), rank, world, n)
-        ref = reference_logprobs(model, batch, cfg, None, n_tokens=n + 1)  # type: ignore
-        batch["ref"] = torch.zeros_like(batch["advantage"])
-        batch["ref"][batch["mask"]] = ref[batch["index"][batch["mask"]]]
-        model.train()
-        res = accumulate_gradients(model, amb, batch, cfg, n + 1, record_behaviour=True)
-        flat = torch.stack([ref, res["behaviour"]])
+        res = role_gradients(model, amb, batch, cfg, n + 1)  # slot n: the padding rows'
+        flat = torch.stack([res["ref"], res["behaviour"]])
         flat[:, n] = 0.0  # the padding rows' scratch slot
         dist.all_reduce(flat)
         loss = torch.tensor([res["loss"]], dtype=torch.float64)
