@@ -152,6 +152,34 @@ def test_packed_logprobs_equal_per_sequence_full_logits(tiny_model):
     torch.testing.assert_close(lp, want, rtol=1e-5, atol=1e-5)
 
 
+def test_bfloat16_train_dtype_is_mixed_precision_close_to_fp32(tiny_model):
+    """--train-dtype bfloat16: log-probs and gradients close to fp32 (the decoder under
+    autocast, the LM head in fp32), gradients and weights stay float32, and the trailing
+    padding of a packed row changes nothing."""
+    cfg = grpo.Config(pack_tokens=40, max_prompt_tokens=8, max_completion_tokens=8,
+                      chunk_tokens=4)
+    prompts, comps = make_rollouts(seed=6, n=5)
+    batch = grpo.packed_batch(prompts, [[c] for c in comps], cfg, 0, {})
+    assert not batch["real"][:, -1].any()  # rows end in padding
+    out = {}
+    for dtype in ("float32", "bfloat16"):
+        tiny_model.zero_grad()
+        lp = grpo.packed_logprobs(tiny_model, batch, dataclasses.replace(cfg, train_dtype=dtype))
+        assert lp.dtype == torch.float32
+        lp.sum().backward()
+        out[dtype] = (lp.detach(), torch.cat([p.grad.flatten()
+                                              for p in tiny_model.parameters()]))
+    want = torch.cat(naive_logprobs(tiny_model, prompts, comps)).detach()
+    order = batch["index"][batch["mask"]]
+    torch.testing.assert_close(out["float32"][0], want[order], rtol=1e-5, atol=1e-5)
+    diff = (out["bfloat16"][0] - out["float32"][0]).abs().max()
+    assert 0 < diff < 0.05  # really computed in bf16, and close
+    g32, g16 = out["float32"][1], out["bfloat16"][1]
+    assert g16.dtype == torch.float32
+    assert torch.nn.functional.cosine_similarity(g32, g16, dim=0) > 0.99
+    assert all(p.dtype == torch.float32 for p in tiny_model.parameters())
+
+
 def test_record_behaviour_gives_ratio_one_and_the_current_logprobs(tiny_model):
     cfg = grpo.Config(pack_tokens=16, max_prompt_tokens=8, max_completion_tokens=8, beta=0.0)
     prompts, comps = make_rollouts(seed=4)
@@ -309,14 +337,28 @@ def test_prefix_shared_generation_equals_one_sequence_per_prompt_copy(tiny_dir, 
             assert ta == tb
 
 
-@pytest.mark.parametrize("lora, setting, want", [
-    (0, "auto", True), (4, "auto", False), (4, "on", True), (0, "off", False)])
-def test_gradient_checkpointing_auto_is_on_for_full_fine_tuning_only(tiny_dir, lora, setting,
-                                                                      want):
-    cfg = grpo.Config(model=str(tiny_dir), lora_rank=lora, gradient_checkpointing=setting)
+@pytest.mark.parametrize("lora, setting, budget, want", [
+    (0, "auto", "1000", True), (4, "auto", "1000", True), (0, "auto", str(2**40), False),
+    (4, "auto", "none", False), (4, "on", "none", True), (0, "off", "1000", False)])
+def test_gradient_checkpointing_auto_follows_the_memory_budget(tiny_dir, lora, setting, budget,
+                                                               want):
+    cfg = grpo.Config(model=str(tiny_dir), lora_rank=lora, gradient_checkpointing=setting,
+                      memory_budget=budget)
     model, _, _ = grpo.make_policy(cfg)
     base = model.get_base_model() if lora else model
     assert base.model.gradient_checkpointing is want
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_activation_bytes_scale_with_the_micro_batch(tiny_dir, dtype):
+    """The estimate from profiles at 8 and 16 tokens, extrapolated to the 64-token micro-batch,
+    equals the bytes profiled at 32 and 64 (saved activations are linear in tokens)."""
+    cfg = grpo.Config(model=str(tiny_dir), gradient_checkpointing="off", micro_batch_tokens=64,
+                      train_dtype=dtype)
+    model, _, _ = grpo.make_policy(cfg)
+    small = grpo.activation_bytes(model, cfg, tokens=16)
+    full = grpo.activation_bytes(model, cfg, tokens=64)
+    assert small > 0 and abs(small - full) <= 0.1 * full
 
 
 def test_bfloat16_generation_decodes_with_bf16_weights_and_restores_fp32(tiny_dir):

@@ -150,7 +150,7 @@ def _generate_call(model: Any, tok: Any, prompts: list[np.ndarray], copies: int,
         pos = (att.cumsum(-1) - 1).clamp(min=0)  # as generate() makes them from the mask
         cache = model(input_ids=ids[:, :-1], attention_mask=att[:, :-1],
                       position_ids=pos[:, :-1], use_cache=True, logits_to_keep=1)
-        cache = getattr(cache, "past_key_values", None) or cache.cache
+        cache = getattr(cache, _cache_kwarg())  # the output's name for it, without warning
         cache.batch_repeat_interleave(copies)
         extra[_cache_kwarg()] = cache
     ids, att = ids.repeat_interleave(copies, 0), att.repeat_interleave(copies, 0)

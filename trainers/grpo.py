@@ -51,6 +51,7 @@ from tqdm.auto import tqdm
 from rlbuffers import FieldSpec, ReplayBuffer
 from rlbuffers.checkpoint import Checkpoints, create_run, load_state
 from rlbuffers.memory import AdaptiveMicroBatch, MemoryMonitor, token_logprobs
+from rlbuffers.memory.activations import profile_activations
 from rlbuffers.memory.process import trim_heap
 from rlbuffers.memory.reference import reference_bytes_saved
 from rlbuffers.samplers import GroupSampler
@@ -132,8 +133,7 @@ def make_policy(cfg: Config) -> tuple[Any, Any, Path]:
             r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                             "down_proj"]))
-    if cfg.gradient_checkpointing == "on" or (cfg.gradient_checkpointing == "auto"
-                                              and not cfg.lora_rank):
+    if wants_checkpointing(model, cfg):
         base = model.get_base_model() if cfg.lora_rank else model
         if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5
             base.activation_checkpointing_enable({"use_reentrant": False})
@@ -143,6 +143,52 @@ def make_policy(cfg: Config) -> tuple[Any, Any, Path]:
         if cfg.lora_rank:
             model.enable_input_require_grads()
     return model, tok, model_dir
+
+
+def activation_bytes(model: Any, cfg: Config, tokens: int = 128) -> int:
+    """Bytes autograd saves for backward over one update micro-batch (``--micro-batch-tokens``)
+    without activation checkpointing: ``profile_activations`` of the decoder on ``tokens / 2``
+    and ``tokens`` tokens under ``--train-dtype`` autocast, extrapolated linearly to the
+    micro-batch (the saved bytes are a fixed part, e.g. autocast's bf16 weight copies, plus a
+    part per token; attention under SDPA saves no ``[T, T]`` scores)."""
+    base = model.get_base_model() if cfg.lora_rank else model
+    decoder = base.get_decoder()
+    dtype = getattr(torch, cfg.train_dtype)
+    was_training = model.training
+    model.train()
+
+    def saved(n: int) -> int:
+        ids = torch.zeros((1, n), dtype=torch.long)
+
+        def forward() -> torch.Tensor:
+            with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+                return decoder(input_ids=ids, use_cache=False).last_hidden_state.float().sum()
+
+        return profile_activations(list(decoder.layers), forward,
+                                   exclude=model.parameters()).total_bytes
+
+    n = max(2, min(tokens, cfg.micro_batch_tokens))
+    small, large = saved(n // 2), saved(n)
+    model.train(was_training)
+    trim_heap()
+    per_token = (large - small) / (n - n // 2)
+    return int(large + per_token * (cfg.micro_batch_tokens - n))
+
+
+def wants_checkpointing(model: Any, cfg: Config) -> bool:
+    """``--gradient-checkpointing``: 'on', 'off', or 'auto': on when one micro-batch's saved
+    activations (:func:`activation_bytes`) exceed the memory budget, since recompute costs
+    ~25% of the update (so off with ``--memory-budget none``)."""
+    if cfg.gradient_checkpointing != "auto":
+        return cfg.gradient_checkpointing == "on"
+    budget = memory_budget(cfg)
+    if budget is None:
+        return False
+    need = activation_bytes(model, cfg)
+    log.info("activations of a %d-token micro-batch: %.0f MiB, budget %.0f MiB: "
+             "checkpointing %s", cfg.micro_batch_tokens, need / MIB, budget / MIB,
+             "on" if need > budget else "off")
+    return need > budget
 
 
 def lm_parts(model: Any) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
@@ -164,13 +210,20 @@ def packed_batch(prompts: list[np.ndarray], completions: list[list[np.ndarray]],
 def packed_logprobs(model: Any, micro: dict[str, torch.Tensor], cfg: Config) -> torch.Tensor:
     """Log-probs (float32[n]) of the completion tokens of packed rows (``micro['mask']``, in
     row-major order), from the decoder's hidden states (each completion attends to its prompt
-    and itself) through the chunked LM head (no ``[B, T, V]``)."""
+    and itself; under bf16/fp16 autocast with ``cfg.train_dtype``) through the chunked LM
+    head in fp32 (no ``[B, T, V]``)."""
     decoder, weight, bias = lm_parts(model)
+    width = int(micro["real"].any(0).nonzero().max()) + 1  # trailing padding: not computed
+    micro = {k: v[:, :width] for k, v in micro.items()}
     allowed = shared_prefix_mask(micro["block"], micro["parent"])
     if decoder.config._attn_implementation == "eager":
         allowed = torch.zeros(allowed.shape).masked_fill_(~allowed, torch.finfo(torch.float32).min)
-    hidden = decoder(input_ids=micro["input_ids"], position_ids=micro["position_ids"],
-                     attention_mask=allowed, use_cache=False).last_hidden_state
+    dtype = getattr(torch, getattr(cfg, "train_dtype", "float32"))
+    with torch.autocast(micro["input_ids"].device.type, dtype=dtype,
+                        enabled=dtype != torch.float32):
+        hidden = decoder(input_ids=micro["input_ids"], position_ids=micro["position_ids"],
+                         attention_mask=allowed, use_cache=False).last_hidden_state
+    hidden = hidden.float()  # the LM head and log-softmax in fp32 (mixed precision)
     mask = micro["mask"]
     rows = mask.nonzero()[:, 0]
     return token_logprobs(hidden[rows, micro["source"][mask]][None], weight,

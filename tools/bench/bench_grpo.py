@@ -1,8 +1,8 @@
 """Benchmark of ``trainers/grpo.py`` against TRL's ``GRPOTrainer``: section ``grpo`` of
 ``docs/benchmarks.md``.
 
-Both trainers get the same model (SmolLM2-135M-Instruct, fp32), prompts (reasoning-gym, the
-same chat template and system prompt), reward (reasoning-gym's ``score_answer`` on the
+Both trainers get the same model (SmolLM2-135M-Instruct, fp32 weights), precision, prompts
+(reasoning-gym, the same chat template and system prompt), reward (reasoning-gym's ``score_answer`` on the
 extracted answer plus the format reward), group size, completion length, beta, learning rate,
 AdamW, and LoRA on or off. TRL keeps its defaults otherwise (gradient checkpointing on). Each
 run is a fresh subprocess (``--child ours|trl``); the parent samples its RSS every 50 ms (the
@@ -13,7 +13,11 @@ runs of ``--steps`` steps each.
 
 Rows (see ``ROWS``): LoRA r=16, G=4, 64 tokens, beta 0.04; full fine-tuning G=8, 256 tokens,
 beta 0.04; full fine-tuning G=4, 64 tokens (whose weights + gradients + AdamW state alone are
-~2.15 GB: the floor). ``--only NAME,...`` runs some rows and keeps each row's text in
+~2.15 GB: the floor); each in fp32 for both trainers, and (``*_bf16``) in bf16 mixed
+precision for both: TRL's default ``bf16=True`` (autocast around every forward, generation
+included) against ours with ``--train-dtype bfloat16`` (autocast in the reference and update
+forwards, LM head in fp32) and ``--generate-dtype bfloat16`` (a bf16 copy of the weights while
+decoding). Master weights, gradients and AdamW state stay fp32 in both. ``--only NAME,...`` runs some rows and keeps each row's text in
 ``~/.cache/rlbuffers/bench-grpo-rows``; the section is written when every row has a text.
 """
 
@@ -32,15 +36,19 @@ from typing import Any
 MIB = 2**20
 ROWS_DIR = Path.home() / ".cache" / "rlbuffers" / "bench-grpo-rows"
 COMMON = {"prompts": 4, "lr": 1e-5, "task": "gsm_symbolic", "threads": 2}
-ROWS = {
+BASE_ROWS = {
     "lora": {"group": 4, "tokens": 64, "beta": 0.04, "lora": 16, "lr": 1e-4},
     "full_g8_256": {"group": 8, "tokens": 256, "beta": 0.04, "lora": 0},
     "full_g4_64": {"group": 4, "tokens": 64, "beta": 0.04, "lora": 0},
 }
+ROWS = {**{k: {**v, "precision": "fp32"} for k, v in BASE_ROWS.items()},
+        **{f"{k}_bf16": {**v, "precision": "bf16"} for k, v in BASE_ROWS.items()}}
 PHASES = ("generate", "reference", "update", "save")  # of ours; save overlaps the next step
-TITLES = {"lora": "LoRA r=16, G=4, 64 tokens, beta 0.04",
-          "full_g8_256": "full fine-tuning, G=8, 256 tokens, beta 0.04",
-          "full_g4_64": "full fine-tuning, G=4, 64 tokens, beta 0.04"}
+_TITLES = {"lora": "LoRA r=16, G=4, 64 tokens, beta 0.04",
+           "full_g8_256": "full fine-tuning, G=8, 256 tokens, beta 0.04",
+           "full_g4_64": "full fine-tuning, G=4, 64 tokens, beta 0.04"}
+TITLES = {**{k: v + ", fp32" for k, v in _TITLES.items()},
+          **{f"{k}_bf16": v + ", bf16 mixed precision" for k, v in _TITLES.items()}}
 
 
 # ----- children ---------------------------------------------------------------------------
@@ -53,6 +61,8 @@ def child_ours(row: dict[str, Any], steps: int, out: Path) -> None:
             "--max-completion-tokens", str(row["tokens"]), "--beta", str(row["beta"]),
             "--lora-rank", str(row["lora"]), "--lr", str(row["lr"]), "--no-evaluate",
             "--generate-threads", str(row["threads"]), "--train-threads", str(row["threads"])]
+    if row["precision"] == "bf16":
+        args += ["--generate-dtype", "bfloat16", "--train-dtype", "bfloat16"]
     grpo.main(args)
     for line in (out / "run" / "metrics.jsonl").read_text().splitlines():
         m = json.loads(line)
@@ -108,7 +118,7 @@ def child_trl(row: dict[str, Any], steps: int, out: Path) -> None:
                       num_generations=row["group"], max_completion_length=row["tokens"],
                       max_steps=steps, learning_rate=row["lr"], beta=row["beta"],
                       logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
-                      bf16=False, seed=0, temperature=1.0, shuffle_dataset=False)
+                      bf16=row["precision"] == "bf16", seed=0, temperature=1.0, shuffle_dataset=False)
     trainer = GRPOTrainer(model=str(smollm2_dir()), reward_funcs=reward, args=args,
                           train_dataset=data, peft_config=peft_config, callbacks=[Times()])
     trainer.train()
