@@ -2,23 +2,24 @@
 ``docs/benchmarks.md``.
 
 Both trainers get the same model (SmolLM2-135M-Instruct, fp32 weights), precision, prompts
-(reasoning-gym, the same chat template and system prompt), reward (reasoning-gym's ``score_answer`` on the
-extracted answer plus the format reward), group size, completion length, beta, learning rate,
-AdamW, and LoRA on or off. TRL keeps its defaults otherwise (gradient checkpointing on). Each
-run is a fresh subprocess (``--child ours|trl``); the parent samples its RSS every 50 ms (the
-whole process, model loading and imports included) and reads its per-step seconds and
-completion tokens from what the child prints. Runs of the two trainers alternate (TRL, ours,
-TRL, ours, ...), so a slow spell of the shared machine falls on both; medians of ``--runs``
-runs of ``--steps`` steps each.
+(reasoning-gym, the same chat template and system prompt), reward (reasoning-gym's
+``score_answer`` on the extracted answer plus the format reward), group size, completion length,
+beta, learning rate, AdamW, and LoRA on or off. TRL keeps its defaults otherwise (gradient
+checkpointing on). Each run is a fresh subprocess (``--child ours|trl``); the parent samples its
+RSS every 50 ms (the whole process, model loading and imports included) and reads its per-step
+seconds and completion tokens from what the child prints. Runs of the two trainers alternate
+(TRL, ours, TRL, ours, ...), so a slow spell of the shared machine falls on both; medians of
+``--runs`` runs of ``--steps`` steps each.
 
 Rows (see ``ROWS``): LoRA r=16, G=4, 64 tokens, beta 0.04; full fine-tuning G=8, 256 tokens,
 beta 0.04; full fine-tuning G=4, 64 tokens (whose weights + gradients + AdamW state alone are
-~2.15 GB: the floor); each in fp32 for both trainers, and (``*_bf16``) in bf16 mixed
-precision for both: TRL's default ``bf16=True`` (autocast around every forward, generation
-included) against ours with ``--train-dtype bfloat16`` (autocast in the reference and update
-forwards, LM head in fp32) and ``--generate-dtype bfloat16`` (a bf16 copy of the weights while
-decoding). Master weights, gradients and AdamW state stay fp32 in both. ``--only NAME,...`` runs some rows and keeps each row's text in
-``~/.cache/rlbuffers/bench-grpo-rows``; the section is written when every row has a text.
+~2.15 GB: the floor); each in fp32 for both trainers, and (``*_bf16``) in bf16 mixed precision
+for both: TRL's default ``bf16=True`` (autocast around every forward, generation included)
+against ours with ``--train-dtype bfloat16`` (autocast in the reference and update forwards, LM
+head in fp32) and ``--generate-dtype bfloat16`` (a bf16 copy of the weights while decoding).
+Master weights, gradients and AdamW state stay fp32 in both. ``--only NAME,...`` runs some rows
+and keeps each row's text in ``~/.cache/rlbuffers/bench-grpo-rows``; the section is written when
+every row has a text.
 """
 
 from __future__ import annotations
@@ -118,7 +119,8 @@ def child_trl(row: dict[str, Any], steps: int, out: Path) -> None:
                       num_generations=row["group"], max_completion_length=row["tokens"],
                       max_steps=steps, learning_rate=row["lr"], beta=row["beta"],
                       logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
-                      bf16=row["precision"] == "bf16", seed=0, temperature=1.0, shuffle_dataset=False)
+                      bf16=row["precision"] == "bf16", seed=0, temperature=1.0,
+                      shuffle_dataset=False)
     trainer = GRPOTrainer(model=str(smollm2_dir()), reward_funcs=reward, args=args,
                           train_dataset=data, peft_config=peft_config, callbacks=[Times()])
     trainer.train()
