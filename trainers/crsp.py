@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -52,6 +53,8 @@ from rlbuffers.memory.activations import profile_activations, select_checkpoint_
 from rlbuffers.memory.budget import plan_micro_batch, probe_activation_bytes
 from rlbuffers.memory.process import trim_heap
 from rlbuffers.memory.reference import reference_bytes_saved
+from rlbuffers.stream.sources import IndexSource
+from rlbuffers.stream.stages import BlockShuffle, Stage
 from rlbuffers.stream.token_store import TokenStore
 from trainers.common import (
     parse_config,
@@ -548,16 +551,30 @@ class Trainer:
         self.opts[role].zero_grad(set_to_none=True)
 
 
+def seed_stream(n: int, cfg: Config) -> Stage:
+    """Indices of the seed problems (rows of the token store ``DIR/seeds``), streamed without
+    end: ``rlbuffers.stream``'s ``IndexSource`` (a seeded permutation per pass) through a
+    ``BlockShuffle`` of ``--seed-shuffle-buffer`` samples. Its ``state_dict()`` (a few
+    integers) resumes it exactly."""
+    stage: Stage = IndexSource(range(n), seed=cfg.seed, cycle=True)
+    if cfg.seed_shuffle_buffer > 1:
+        stage = BlockShuffle(stage, cfg.seed_shuffle_buffer, seed=cfg.seed)
+    return stage
+
+
 def train_step(t: Trainer, buf: ReplayBuffer, store: TokenStore, problems: Any,
                monitor: MemoryMonitor) -> dict[str, Any]:
     """Rollout of all roles, rewards, the update of each role, the buffer; returns the
     metrics row (the caller checkpoints and commits)."""
-    from trainers.grpo import next_prompts
-
     cfg, step, times, peaks = t.cfg, t.state["step"] + 1, {}, {}
+    stream = seed_stream(len(store), cfg)
+    if t.state["data"]:
+        stream.load_state_dict(t.state["data"])
+    indices = list(itertools.islice(stream, cfg.seeds_per_step))
+    t.state["data"] = stream.state_dict()
     seeds = [{"question": problems[i]["question"], "entry": problems[i],
               "prompt_ids": store[i]}  # the solver's prompt, memory-mapped
-             for i in next_prompts(store, cfg, t.state["data"])]  # type: ignore[arg-type]
+             for i in indices]
     for name in ("rollout", "update", "buffer"):
         times[name] = 0.0
     with monitor.phase("rollout") as pk:
@@ -632,7 +649,7 @@ def main(argv: list[str] | None = None) -> None:
                 Prompts(tok, cfg.max_prompt_tokens, ByteLRUCache(cfg.prompt_cache_bytes)),
                 NoveltySketch(cfg.sketch_capacity, cfg.sketch_perm, cfg.seed),
                 {r: RunningMeanStd() for r in ROLES}, np.random.default_rng(cfg.seed),
-                {"step": 0, "groups": 0, "data": {"epoch": 0, "position": 0}})
+                {"step": 0, "groups": 0, "data": {}})
     monitor.record_saving("shared_reference", reference_bytes_saved(model) * (
         1 if cfg.memory_opt else 0))
     if model.checkpoint_plan:  # per micro-batch of --micro-batch-tokens

@@ -89,6 +89,10 @@ class Config:
     activation_fraction: float = 0.5
     """With --checkpoint-layers auto: the fraction of the profiled saved-for-backward bytes
     the checkpointed model may keep (the largest layers are checkpointed first)."""
+    seed_shuffle_buffer: int = 64
+    """Seed problems shuffled together by the streaming reader (``rlbuffers.stream``: an
+    ``IndexSource`` permuting the token store per pass, then a ``BlockShuffle`` of this many
+    samples; resumable from a few integers). 0 or 1: the per-pass permutation only."""
     prompt_cache_bytes: int = 16 << 20
     """Byte bound of the LRU cache of tokenized role prompts."""
     threads: int = 0
@@ -130,6 +134,7 @@ def check_config(c: Config) -> None:
     longest = c.max_prompt_tokens + c.max_completion_tokens
     rules = {"steps": (c.steps >= 1, ">= 1"),
              "seeds_per_step": (c.seeds_per_step >= 1, ">= 1"),
+             "seed_shuffle_buffer": (c.seed_shuffle_buffer >= 0, ">= 0"),
              "solver_samples": (c.solver_samples >= 2, ">= 2 (the solvability band)"),
              "critiques_per_problem": (0 <= c.critiques_per_problem <= c.solver_samples,
                                        "in [0, --solver-samples]"),
