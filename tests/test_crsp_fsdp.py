@@ -79,3 +79,57 @@ def test_two_cpu_ranks_equal_one(tmp_path):
         assert any(k.startswith("grad/") and f".{role}." in k for k in got)
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-6, err_msg=k)
+
+
+def test_torchrun_two_ranks_train_as_one_rank(tmp_path):
+    """``torchrun --nproc-per-node 2 -m trainers.crsp``: rank 0 generates on the all-gathered
+    base, both ranks update their share of the rows of the sharded base. Step 1's rollout
+    (rewards, utterances) equals the 1-rank run's exactly, its losses and the adapters after
+    the update to fp32 tolerance; rank 0 owns the run directory (buffer, checkpoints,
+    metrics), and ``--resume`` continues the 2-rank run."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.numpy import load_file
+
+    from rlbuffers import ReplayBuffer
+    from tests.test_crsp import ARGS
+
+    tiny_dir = make_tiny_lm_dir(tmp_path / "tiny")
+    base = [*ARGS, "--model", str(tiny_dir), "--steps", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "trainers.crsp", *base, "--run-dir",
+                    str(tmp_path / "one")], check=True, env=env, capture_output=True)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", "2", "-m", "trainers.crsp"]
+    run = subprocess.run([*torchrun, *base, "--run-dir", str(tmp_path / "two")], env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+    def rows(name):
+        text = (tmp_path / name / "metrics.jsonl").read_text()
+        return [json.loads(line) for line in text.splitlines()]
+
+    one, two = rows("one"), rows("two")
+    assert [r["step"] for r in two] == [1, 2]  # one line per step: only rank 0 writes
+    assert [r["ranks"] for r in one + two] == [1, 1, 2, 2]
+    for key in ("utterances", "seed_accuracy", *[f"{r}_reward" for r in ROLES]):
+        assert two[0][key] == one[0][key], key
+    for role in ROLES:
+        np.testing.assert_allclose(two[0][f"{role}_loss"], one[0][f"{role}_loss"],
+                                   rtol=1e-4, atol=1e-6)
+    a1 = load_file(str(tmp_path / "one" / "ckpt" / "step-1" / "adapters.safetensors"))
+    a2 = load_file(str(tmp_path / "two" / "ckpt" / "step-1" / "adapters.safetensors"))
+    assert set(a1) == set(a2) and a1
+    for k in a1:
+        np.testing.assert_allclose(a2[k], a1[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    run = subprocess.run([*torchrun, "--run-dir", str(tmp_path / "two"), "--resume",
+                          "--steps", "3"], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert [r["step"] for r in rows("two")] == [1, 2, 3]
+    buf = ReplayBuffer.open(tmp_path / "two" / "buffer", mode="r")
+    assert buf.metadata["trainer_step"] == 3
+    assert len(buf) == sum(r["utterances"] for r in rows("two"))
+    buf.close()

@@ -529,6 +529,7 @@ class Trainer:
     stats: dict[str, RunningMeanStd]
     rng: np.random.Generator
     state: dict[str, Any]  # step, groups, data order (plain data)
+    fsdp_units: list[Any] | None = None  # the sharded decoder layers under torchrun
 
     def state_dict(self) -> dict[str, Any]:
         return {"trainer": self.state, "sketch": self.sketch.state_dict(),
@@ -562,7 +563,7 @@ def seed_stream(n: int, cfg: Config) -> Stage:
     return stage
 
 
-def train_step(t: Trainer, buf: ReplayBuffer, store: TokenStore, problems: Any,
+def train_step(t: Trainer, buf: ReplayBuffer | None, store: TokenStore, problems: Any,
                monitor: MemoryMonitor) -> dict[str, Any]:
     """Rollout of all roles, rewards, the update of each role, the buffer; returns the
     metrics row (the caller checkpoints and commits)."""
@@ -579,12 +580,20 @@ def train_step(t: Trainer, buf: ReplayBuffer, store: TokenStore, problems: Any,
         times[name] = 0.0
     with monitor.phase("rollout") as pk:
         t0 = time.perf_counter()
-        batches, row = rollout(cfg, t.model, t.tok, t.prompts, seeds, problems.score_answer,
-                               t.sketch, t.stats, step - 1)
+        if t.fsdp_units is None:
+            batches, row = rollout(cfg, t.model, t.tok, t.prompts, seeds,
+                                   problems.score_answer, t.sketch, t.stats, step - 1)
+        else:
+            from trainers.crsp_fsdp import rollout_on_rank0
+            batches, row = rollout_on_rank0(t, seeds, problems.score_answer, step - 1)
         times["rollout"], peaks["rollout"] = time.perf_counter() - t0, pk
     with monitor.phase("update") as pk:
         t0 = time.perf_counter()
-        if cfg.memory_opt:
+        if t.fsdp_units is not None:
+            from trainers.crsp_fsdp import sharded_grads
+            grads = sharded_grads(t.model, batches, cfg, t.tok.pad_token_id, t.amb,
+                                  t.step_role)
+        elif cfg.memory_opt:
             grads = optimised_grads(t.model, batches, cfg, t.tok.pad_token_id, t.amb,
                                     t.step_role)
         else:
@@ -594,12 +603,14 @@ def train_step(t: Trainer, buf: ReplayBuffer, store: TokenStore, problems: Any,
         times["update"], peaks["update"] = time.perf_counter() - t0, pk
         trim_heap()
     with monitor.phase("buffer") as pk:
-        buf.extend(utterances(batches, grads, step, t.state["groups"]))
+        if buf is not None:  # None on ranks > 0: rank 0 owns the run directory
+            buf.extend(utterances(batches, grads, step, t.state["groups"]))
         peaks["buffer"] = pk
     t.state["groups"] += sum(len(batches[r].prompts) for r in ROLES)
     row.update({"step": step, **{f"{r}_loss": grads[r]["loss"] for r in grads},
                 **{f"{r}_kl": float(grads[r].get("kl", 0.0)) for r in grads},
                 "utterances": int(sum(len(batches[r].completions) for r in ROLES)),
+                "ranks": torch.distributed.get_world_size() if t.fsdp_units else 1,
                 **{f"seconds_{k}": v for k, v in times.items()},
                 **{f"peak_rss_{k}_bytes": v.peak_rss_bytes for k, v in peaks.items()}})
     return row
@@ -618,12 +629,52 @@ def plot_curve(path: Path, history: list[dict[str, Any]]) -> None:
     save_figure(fig, path)
 
 
-def main(argv: list[str] | None = None) -> None:
-    cfg = parse_config(Config, argv, prog="python -m trainers.crsp",
-                       description=__doc__.split("\n\n")[0], resumable=RESUMABLE)
-    check_config(cfg)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
+def load_checkpoint(t: Trainer, ckpt: Path, monitor: MemoryMonitor) -> list[dict[str, Any]]:
+    """Adapters, optimizers, RNG and trainer state from a complete checkpoint; returns the
+    metrics history it holds."""
+    from safetensors.torch import load_file
+
+    t.model.load_state_dict(load_file(str(ckpt / "adapters.safetensors")), strict=False)
+    for r, s in torch.load(ckpt / "optimizers.pt", weights_only=True).items():
+        t.opts[r].load_state_dict(s)
+    set_rng_states(torch.load(ckpt / "rng.pt", weights_only=False), t.rng)
+    state = load_state(ckpt)
+    t.load_state_dict(state)
+    monitor.load_state_dict(state["monitor"])
+    return state["history"]
+
+
+def commit_step(t: Trainer, buf: ReplayBuffer, ckpts: Checkpoints, monitor: MemoryMonitor,
+                history: list[dict[str, Any]], row: dict[str, Any], t0: float) -> None:
+    """Checkpoint the step, then commit the buffer (the commit point), then append ``row``
+    to ``history``, ``metrics.jsonl`` and the curve."""
+    from safetensors.torch import save_file
+
+    save_t0 = time.perf_counter()
+    run_dir = Path(t.cfg.run_dir)
+    adapters = {n: p.detach() for n, p in t.model.named_parameters() if "lora_" in n}
+    ckpts.write(t.state["step"], torch_files={
+        "optimizers.pt": {r: o.state_dict() for r, o in t.opts.items()},
+        "rng.pt": rng_states(t.rng)},
+        writers={"adapters.safetensors": lambda p, a=adapters: save_file(a, str(p))},
+        state={**t.state_dict(), "history": history + [row],
+               "monitor": monitor.state_dict()})
+    row["save_bytes"] = buf.save(metadata={"trainer_step": t.state["step"]}).bytes_written
+    ckpts.prune(t.state["step"])
+    row["seconds_save"] = time.perf_counter() - save_t0
+    row["step_seconds"] = time.perf_counter() - t0
+    row["peak_rss_bytes"] = max(v for k, v in row.items() if k.startswith("peak_rss_"))
+    history.append(row)
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+    plot_curve(run_dir / "curve.png", history)
+
+
+def open_trainer(cfg: Config, rank: int, world: int
+                 ) -> tuple[Trainer, ReplayBuffer | None, Checkpoints, MemoryMonitor,
+                            list[dict[str, Any]]]:
+    """Model, run directory (created by rank 0 unless resuming), buffer (rank 0; None on
+    the others), optimizers and the trainer, restored from the last complete checkpoint."""
     monitor = MemoryMonitor()  # logs RAM, the cgroup limit, CPUs and CUDA devices
     model, tok, reference = make_model(cfg)
     from trainers.grpo import prompt_store
@@ -632,7 +683,7 @@ def main(argv: list[str] | None = None) -> None:
     model_dir = Path(cfg.model) if cfg.model else smollm2_dir()
     run_dir = Path(cfg.run_dir)
     ckpts = Checkpoints(run_dir / "ckpt", prefix="step", keep=cfg.keep_checkpoints)
-    if not cfg.resume:
+    if not cfg.resume and rank == 0:
         def make(d: Path) -> None:
             (d / "ckpt").mkdir()
             prompt_store(cfg, tok, model_dir, d / "seeds")  # type: ignore[arg-type]
@@ -640,37 +691,59 @@ def main(argv: list[str] | None = None) -> None:
                                 fields=buffer_fields(), seed=cfg.seed).close()
 
         create_run(run_dir, dataclasses.asdict(cfg), make)
-    buf = ReplayBuffer.open(run_dir / "buffer", mode="r+")
+    if world > 1:
+        import torch.distributed as dist
+        dist.barrier()  # rank 0 has created the run
+    buf: ReplayBuffer | None = ReplayBuffer.open(run_dir / "buffer",
+                                                 mode="r+" if rank == 0 else "r")
     opts = {r: torch.optim.AdamW(role_parameters(model, r), lr=cfg.lr, weight_decay=0.0)
             for r in ROLES}
     budget = None if cfg.memory_budget == "none" else (
         auto_budget() if cfg.memory_budget == "auto" else int(cfg.memory_budget))
-    t = Trainer(cfg, model, tok, reference, opts, micro_batches(model, cfg, tok, budget),
+    amb = micro_batches(model, cfg, tok, budget if world == 1 else None)  # ranks must agree
+    units = None
+    if world > 1:
+        from trainers.crsp_fsdp import shard_base
+        units = shard_base(model)
+    t = Trainer(cfg, model, tok, reference, opts, amb,
                 Prompts(tok, cfg.max_prompt_tokens, ByteLRUCache(cfg.prompt_cache_bytes)),
                 NoveltySketch(cfg.sketch_capacity, cfg.sketch_perm, cfg.seed),
                 {r: RunningMeanStd() for r in ROLES}, np.random.default_rng(cfg.seed),
-                {"step": 0, "groups": 0, "data": {}})
+                {"step": 0, "groups": 0, "data": {}}, units)
     monitor.record_saving("shared_reference", reference_bytes_saved(model) * (
         1 if cfg.memory_opt else 0))
     if model.checkpoint_plan:  # per micro-batch of --micro-batch-tokens
         monitor.record_saving("selective_checkpointing", model.checkpoint_plan["saving_bytes"])
     history: list[dict[str, Any]] = []
     step = int(buf.metadata.get("trainer_step", 0))
-    ckpts.prune(step)
+    if rank == 0:
+        ckpts.prune(step)
+    else:  # ranks > 0 only read where the run stands
+        buf.close()
+        buf = None
     ckpt = ckpts.latest(step)
     if ckpt is not None:
-        from safetensors.torch import load_file
+        history = load_checkpoint(t, ckpt, monitor)
+        if rank == 0:
+            restore_metrics(run_dir / "metrics.jsonl", history, "step")
+            print(f"resumed {run_dir} at step {t.state['step']}", flush=True)
+    return t, buf, ckpts, monitor, history
 
-        model.load_state_dict(load_file(str(ckpt / "adapters.safetensors")), strict=False)
-        for r, s in torch.load(ckpt / "optimizers.pt", weights_only=True).items():
-            opts[r].load_state_dict(s)
-        set_rng_states(torch.load(ckpt / "rng.pt", weights_only=False), t.rng)
-        state = load_state(ckpt)
-        t.load_state_dict(state)
-        monitor.load_state_dict(state["monitor"])
-        history = state["history"]
-        restore_metrics(run_dir / "metrics.jsonl", history, "step")
-        print(f"resumed {run_dir} at step {t.state['step']}", flush=True)
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_config(Config, argv, prog="python -m trainers.crsp",
+                       description=__doc__.split("\n\n")[0], resumable=RESUMABLE)
+    check_config(cfg)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
+    rank, world = 0, int(os.environ.get("WORLD_SIZE", "1"))  # WORLD_SIZE: set by torchrun
+    if world > 1:
+        if not cfg.memory_opt:
+            sys.exit("--no-memory-opt runs on one process only (it is the 1-rank baseline)")
+        from trainers.crsp_fsdp import init_distributed
+        rank, world = init_distributed()
+    t, buf, ckpts, monitor, history = open_trainer(cfg, rank, world)
+    run_dir = Path(cfg.run_dir)
     store = TokenStore(run_dir / "seeds")
     problems = task_problems(cfg.task, cfg.train_size, cfg.seed, cfg.task_config)
     summary_asked = threading.Event()  # kill -USR1 PID: a tensor summary after this step
@@ -678,7 +751,8 @@ def main(argv: list[str] | None = None) -> None:
     old_handler = signal.signal(signal.SIGUSR1, lambda *_: summary_asked.set()) if in_main \
         else None
     try:
-        bar = tqdm(total=cfg.steps, initial=t.state["step"], desc="CRSP steps", unit="step")
+        bar = tqdm(total=cfg.steps, initial=t.state["step"], desc="CRSP steps", unit="step",
+                   disable=rank != 0)
         while t.state["step"] < cfg.steps:
             t0 = time.perf_counter()
             row = train_step(t, buf, store, problems, monitor)
@@ -690,35 +764,23 @@ def main(argv: list[str] | None = None) -> None:
                       f"{row['tensors']['total_bytes'] / 2**20:,.1f} MiB: "
                       + ", ".join(f"{g['owner']} {g['dtype']} {g['bytes'] / 2**20:,.1f} MiB"
                                   for g in row["tensors"]["groups"]), flush=True)
-            save_t0 = time.perf_counter()
-            from safetensors.torch import save_file
-
-            adapters = {n: p.detach() for n, p in model.named_parameters() if "lora_" in n}
-            ckpts.write(t.state["step"], torch_files={
-                "optimizers.pt": {r: o.state_dict() for r, o in opts.items()},
-                "rng.pt": rng_states(t.rng)},
-                writers={"adapters.safetensors": lambda p, a=adapters: save_file(a, str(p))},
-                state={**t.state_dict(), "history": history + [row],
-                       "monitor": monitor.state_dict()})
-            row["save_bytes"] = buf.save(metadata={"trainer_step": t.state["step"]}).bytes_written
-            ckpts.prune(t.state["step"])
-            row["seconds_save"] = time.perf_counter() - save_t0
-            row["step_seconds"] = time.perf_counter() - t0
-            row["peak_rss_bytes"] = max(v for k, v in row.items() if k.startswith("peak_rss_"))
-            history.append(row)
-            with open(run_dir / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(row) + "\n")
-            plot_curve(run_dir / "curve.png", history)
-            bar.set_postfix({f"{r[:4]}": f"{row[f'{r}_reward']:.2f}" for r in ROLES})
-            bar.update(1)
+            if rank == 0:  # rank 0 owns the run directory
+                commit_step(t, buf, ckpts, monitor, history, row, t0)
+                bar.set_postfix({f"{r[:4]}": f"{row[f'{r}_reward']:.2f}" for r in ROLES})
+                bar.update(1)
         bar.close()
     except KeyboardInterrupt:
-        sys.exit(f"interrupted; step {buf.metadata.get('trainer_step', 0)} is the last complete "
-                 f"one: continue with --resume --run-dir {cfg.run_dir}")
+        last = buf.metadata.get("trainer_step", 0) if buf is not None else "?"
+        sys.exit(f"interrupted; step {last} is the last complete one: continue with --resume "
+                 f"--run-dir {cfg.run_dir}")
     finally:
-        buf.close()
+        if buf is not None:
+            buf.close()
         if in_main:
             signal.signal(signal.SIGUSR1, old_handler)
+        if world > 1:
+            import torch.distributed as dist
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -8,13 +8,20 @@ the 1-rank path.
 
 Collectives must match across ranks, so every rank runs the same number of micro-batches:
 ranks short of rows run a copy of a row with zero loss weight (exact zero gradients).
-Rollout generation is not sharded: on CPU each decoding step would all-gather every layer.
-Not wired into ``python -m trainers.crsp`` yet (a ``torchrun`` launch and generation on
-unsharded weights are the missing parts); ``tests/test_crsp_fsdp.py`` runs it on 2 ranks.
+Rollout generation is not sharded (each decoding step would all-gather every layer): every
+rank all-gathers the base once per step (:func:`unsharded_for_rollout`), rank 0 keeps the
+full weights while it generates and scores the rollout, the others free theirs at once and
+receive the rollout by broadcast (:func:`rollout_on_rank0`). Launch:
+``torchrun --standalone --nproc-per-node N -m trainers.crsp --run-dir DIR ...``; rank 0 owns
+the run directory (buffer, checkpoints, metrics), every rank resumes from its checkpoints.
+``tests/test_crsp_fsdp.py`` checks the update on 2 ranks and a 2-rank run of the trainer
+against a 1-rank run.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -46,6 +53,52 @@ def shard_base(model: Any) -> list[Any]:
         adapters = {p for n, p in layer.named_parameters() if "lora_" in n}
         units.append(fully_shard(layer, ignored_params=adapters))
     return units
+
+
+def init_distributed() -> tuple[int, int]:
+    """The process group of a ``torchrun`` launch (``RANK``, ``WORLD_SIZE`` and the
+    rendezvous from its environment): NCCL with CUDA, gloo otherwise. Returns (rank, world)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+@contextmanager
+def unsharded_for_rollout(units: list[Any], rank: int) -> Iterator[None]:
+    """For the block, rank 0 holds the full base weights and its forwards run no collective
+    (every unit all-gathered once, a collective all ranks join; resharding after forward
+    off, FSDP2's documented switch for evaluation); the other ranks free the gathered
+    weights at once. Afterwards every unit is sharded again."""
+    for unit in units:
+        unit.set_reshard_after_forward(False)
+        unit.unshard()
+    try:
+        if rank != 0:
+            for unit in units:
+                unit.reshard()
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(True)
+
+
+def rollout_on_rank0(t: Any, seeds: list[dict[str, Any]], score_answer: Any, version: int
+                     ) -> tuple[dict[str, RoleBatch], dict[str, Any]]:
+    """:func:`trainers.crsp.rollout` run by rank 0 on unsharded weights; its role batches and
+    metrics are broadcast, so every rank updates on the same rollout. The reward state (the
+    novelty sketch, the running statistics) advances on rank 0, which checkpoints it."""
+    import torch.distributed as dist
+
+    from trainers.crsp import rollout
+
+    rank = dist.get_rank()
+    with unsharded_for_rollout(t.fsdp_units, rank):
+        out = [rollout(t.cfg, t.model, t.tok, t.prompts, seeds, score_answer, t.sketch,
+                       t.stats, version) if rank == 0 else None]
+    dist.broadcast_object_list(out, src=0)
+    return out[0]
 
 
 def sync_adapter_grads(model: Any, role: str) -> None:
