@@ -420,3 +420,31 @@ def test_merged_lora_generates_as_the_adapters_and_leaves_the_weights_untouched(
         np.testing.assert_array_equal(a, b)
     for n, p in model.named_parameters():
         assert p is before[n][0] and torch.equal(p, before[n][1]), n
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.9)])
+def test_sampling_processors_draw_from_the_tempered_nucleus(temperature, top_p):
+    """The processors that make greedy ``generate`` sample leave one finite score per row,
+    and over 200,000 rows the drawn tokens' frequencies match softmax(logits / T) restricted
+    to the top-p nucleus and renormalised (within 5 standard errors); tokens outside it,
+    and tokens of probability 0, are never drawn."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(40, generator=g) * 2
+    logits[[3, 17]] = -float("inf")
+    n = 200_000
+    torch.manual_seed(1)
+    out = generation.sampling_processors(temperature, top_p)(
+        torch.zeros((n, 1), dtype=torch.long), logits.repeat(n, 1))
+    assert (torch.isfinite(out).sum(1) == 1).all()
+    freq = torch.bincount(out.argmax(1), minlength=40).double() / n
+    p = torch.softmax(logits.double() / temperature, 0)
+    order = torch.argsort(p, descending=True)
+    keep = torch.zeros(40, dtype=torch.bool)
+    keep[order[:int((p[order].cumsum(0) < top_p).sum()) + 1]] = True  # HF's nucleus
+    want = torch.where(keep, p, 0.0)
+    want /= want.sum()
+    assert (freq[want == 0] == 0).all() and freq[3] == 0 and freq[17] == 0
+    se = torch.sqrt(want * (1 - want) / n)
+    assert ((freq - want).abs() <= 5 * se + 1e-12).all()
+    if top_p < 1:
+        assert (want == 0).sum() > 2  # the nucleus really excluded tokens
