@@ -516,16 +516,27 @@ def open_run(cfg: Config) -> tuple[ReplayBuffer, Path | None]:
 def plot_curve(path: Path, history: list[dict[str, Any]], cfg: Config) -> None:
     plt = common.pyplot()
     its = [h["iteration"] for h in history]
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=80)
+    fig, ax = plt.subplots(figsize=(6, 4.2), dpi=80)
+    window = max(1, min(10, len(history) // 5))  # a few episodes per iteration: smooth
     for key, label in (("turn1_accuracy", "turn 1 accuracy"),
                        ("turn2_accuracy", "turn 2 accuracy"), ("hint_uptake", "hint uptake")):
-        ax.plot(its, [h[key] for h in history], marker=".", label=label)
+        values = np.array([h[key] for h in history], dtype=float)
+        line, = ax.plot(its, values, ".", alpha=0.35 if window > 1 else 1.0)
+        if window > 1:
+            smooth = np.convolve(values, np.ones(window) / window, mode="valid")
+            ax.plot(its[window - 1:], smooth, color=line.get_color(),
+                    label=f"{label} (mean of {window})")
+        else:
+            line.set_label(label)
     ax2 = ax.twinx()
     ax2.plot(its, [h["critic_loss"] for h in history], color="gray", alpha=0.6,
              label="critic loss (right)")
-    ax.set(xlabel="iteration", ylabel="accuracy / share", title=f"guidance on {cfg.task}")
+    ax.set(xlabel=f"iteration (guidance on {cfg.task})", ylabel="accuracy / share")
     ax.grid(alpha=0.3)
-    fig.legend(loc="upper left", fontsize=8)
+    handles = ax.get_legend_handles_labels()
+    more = ax2.get_legend_handles_labels()
+    ax.legend(handles[0] + more[0], handles[1] + more[1], loc="lower center",
+              bbox_to_anchor=(0.5, 1.0), ncol=2, fontsize=7)
     common.save_figure(fig, path)
 
 
