@@ -696,7 +696,8 @@ def open_trainer(cfg: Config, rank: int, world: int
         dist.barrier()  # rank 0 has created the run
     buf: ReplayBuffer | None = ReplayBuffer.open(run_dir / "buffer",
                                                  mode="r+" if rank == 0 else "r")
-    opts = {r: torch.optim.AdamW(role_parameters(model, r), lr=cfg.lr, weight_decay=0.0)
+    opts = {r: torch.optim.AdamW(role_parameters(model, r), lr=cfg.lr, weight_decay=0.0,
+                                 fused=True)
             for r in ROLES}
     budget = None if cfg.memory_budget == "none" else (
         auto_budget() if cfg.memory_budget == "auto" else int(cfg.memory_budget))

@@ -651,7 +651,7 @@ def main(argv: list[str] | None = None) -> None:
     buf, ckpt = open_run(cfg, model, tok, model_dir)
     run_dir = Path(cfg.run_dir)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, fused=True)  # one kernel
     budget = memory_budget(cfg)
     amb = AdaptiveMicroBatch(model, budget_bytes=budget, grow_after=10,
                              max_tokens=cfg.micro_batch_tokens, tokens_key="real")
