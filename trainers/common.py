@@ -9,6 +9,7 @@ import ast
 import dataclasses
 import inspect
 import json
+import logging
 import os
 import random
 import textwrap
@@ -26,6 +27,18 @@ def field_docs(cls: type) -> dict[str, str]:
     return {a.target.id: b.value.value for a, b in zip(body, body[1:], strict=False)
             if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr)
             and isinstance(b.value, ast.Constant)}
+
+
+def start(cls: type[C], argv: list[str] | None, *, module: str, doc: str,
+          resumable: set[str], check: Any) -> C:
+    """A trainer's ``main`` preamble: the config from the command line (:func:`parse_config`,
+    ``python -m <module>``, the first paragraph of ``doc`` as description), ``check(cfg)``
+    (raises ValueError naming a setting), warnings-level logging. Returns the config."""
+    cfg = parse_config(cls, argv, prog=f"python -m {module}", description=doc.split("\n\n")[0],
+                       resumable=resumable)
+    check(cfg)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    return cfg
 
 
 def parse_config(cls: type[C], argv: list[str] | None, *, prog: str, description: str,

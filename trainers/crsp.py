@@ -57,12 +57,12 @@ from rlbuffers.stream.sources import IndexSource
 from rlbuffers.stream.stages import BlockShuffle, Stage
 from rlbuffers.stream.token_store import TokenStore
 from trainers.common import (
-    parse_config,
     pyplot,
     restore_metrics,
     rng_states,
     save_figure,
     set_rng_states,
+    start,
 )
 from trainers.crsp_config import RESUMABLE, Config, check_config
 from trainers.crsp_rewards import (
@@ -732,10 +732,8 @@ def open_trainer(cfg: Config, rank: int, world: int
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg = parse_config(Config, argv, prog="python -m trainers.crsp",
-                       description=__doc__.split("\n\n")[0], resumable=RESUMABLE)
-    check_config(cfg)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    cfg = start(Config, argv, module="trainers.crsp", doc=__doc__, resumable=RESUMABLE,
+                check=check_config)
     torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
     rank, world = 0, int(os.environ.get("WORLD_SIZE", "1"))  # WORLD_SIZE: set by torchrun
     if world > 1:

@@ -59,12 +59,12 @@ from rlbuffers.stream.prefix_packing import pack_shared_prefix, shared_prefix_ma
 from rlbuffers.stream.token_store import TokenStore, build_token_store
 from rlbuffers.stream.tokenize import TextTokenizer
 from trainers.common import (
-    parse_config,
     pyplot,
     restore_metrics,
     rng_states,
     save_figure,
     set_rng_states,
+    start,
     write_atomic,
 )
 from trainers.generation import generate, memory_budget
@@ -641,10 +641,8 @@ class BackgroundSave:
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg = parse_config(Config, argv, prog="python -m trainers.grpo",
-                       description=__doc__.split("\n\n")[0], resumable=RESUMABLE)
-    check_config(cfg)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    cfg = start(Config, argv, module="trainers.grpo", doc=__doc__, resumable=RESUMABLE,
+                check=check_config)
     torch.set_num_threads(cfg.train_threads or os.cpu_count() or 1)
     monitor = MemoryMonitor()
     model, tok, model_dir = make_policy(cfg)

@@ -41,7 +41,6 @@ import copy
 import dataclasses
 import importlib.util
 import json
-import logging
 import os
 import sys
 import time
@@ -709,10 +708,8 @@ def build(cfg: Config) -> Run:
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg = common.parse_config(Config, argv, prog="python -m trainers.guidance",
-                       description=__doc__.split("\n\n")[0], resumable=RESUMABLE)
-    check_config(cfg)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    cfg = common.start(Config, argv, module="trainers.guidance", doc=__doc__, resumable=RESUMABLE,
+                       check=check_config)
     torch.set_num_threads(cfg.train_threads or os.cpu_count() or 1)
     run = build(cfg)
     held_out = task_problems(cfg.task, cfg.eval_size, cfg.seed + 1_000_003, cfg.task_config) \
