@@ -75,6 +75,31 @@ def test_reader_whose_commit_was_reclaimed_is_told_to_refresh(tmp_path, fields):
     w.close()
 
 
+def test_commit_reclaimed_between_the_check_and_the_read_is_told_to_refresh(
+        tmp_path, fields, monkeypatch):
+    """The writer may delete a chunk version after the reader checked it is there and before
+    zarr opens it (zarr then raises ArrayNotFoundError, an OSError): the reader still says
+    SnapshotReclaimedError, and refresh() reads the new commit."""
+    from rlbuffers.storage.zarr_tier import ZarrTier
+
+    path = tmp_path / "b"
+    w = _writer(path, fields, keep=1)
+    w.extend(make_batch(0, 12))
+    w.save()
+    ro = ReplayBuffer.open(path, mode="r")
+    w.extend(make_batch(12, 12))
+    w.save()
+    real = ZarrTier._check_present
+    monkeypatch.setattr(ZarrTier, "_check_present", lambda *a: None)  # the check passed
+    with pytest.raises(SnapshotReclaimedError, match="call refresh"):
+        ro[:]
+    monkeypatch.setattr(ZarrTier, "_check_present", real)
+    ro.refresh()
+    assert_rows_are(ro[:], np.arange(12, 24))
+    ro.close()
+    w.close()
+
+
 @pytest.mark.parametrize("damage", ["delete", "truncate"])
 def test_missing_or_truncated_chunk_is_corrupt_not_zeros(tmp_path, fields, capsys, damage):
     path = tmp_path / "b"

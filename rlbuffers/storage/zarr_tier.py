@@ -369,6 +369,9 @@ class ZarrTier:
         self._check_present(name, c, path, size)
         try:
             data = self._array(array_path(name, generation))[a:b]
+        except FileNotFoundError as e:  # zarr's ArrayNotFoundError too: removed after the check
+            self._check_kept()
+            raise CorruptChunkError(name, c, f"missing: {path} ({type(e).__name__})") from e
         except OSError:
             raise
         except DECODE_ERRORS as e:
