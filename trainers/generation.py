@@ -146,6 +146,7 @@ def _generate_call(model: Any, tok: Any, prompts: list[np.ndarray], copies: int,
     for i, p in enumerate(prompts):  # left padding
         ids[i, width - len(p):] = torch.from_numpy(p.astype(np.int64))
         att[i, width - len(p):] = 1
+    ids, att = ids.to(model.device), att.to(model.device)  # the model's device (CPU or GPU)
     extra: dict[str, Any] = {}
     if copies > 1 and width > 1:
         pos = (att.cumsum(-1) - 1).clamp(min=0)  # as generate() makes them from the mask
@@ -160,7 +161,7 @@ def _generate_call(model: Any, tok: Any, prompts: list[np.ndarray], copies: int,
     gen = model.generate(input_ids=ids, attention_mask=att, max_new_tokens=max_new,
                          do_sample=False, pad_token_id=tok.pad_token_id,
                          eos_token_id=tok.eos_token_id, use_cache=True, **extra)
-    return gen[:, width:].numpy()
+    return gen[:, width:].cpu().numpy()
 
 
 def inverse_cdf_sample(scores: torch.Tensor) -> torch.Tensor:

@@ -18,8 +18,9 @@ for both: TRL's default ``bf16=True`` (autocast around every forward, generation
 against ours with ``--train-dtype bfloat16`` (autocast in the reference and update forwards, LM
 head in fp32) and ``--generate-dtype bfloat16`` (a bf16 copy of the weights while decoding).
 Master weights, gradients and AdamW state stay fp32 in both. ``--only NAME,...`` runs some rows
-and keeps each row's text in ``~/.cache/rlbuffers/bench-grpo-rows``; the section is written when
-every row has a text.
+and keeps each row's text in ``~/.cache/rlbuffers/bench-grpo-rows``; a row not run on this machine
+keeps the text it has in ``docs/benchmarks.md`` (``row_text``), so the section is rewritten with
+the new rows and the old ones as they were.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -179,7 +181,23 @@ def bench_row(name: str, runs: int, steps: int) -> str:
         text += (f"\n\nPeak minus the {floor:,.0f} MiB floor of fp32 weights + gradients + "
                  f"AdamW state: ours {o['peak_rss_mib'] - floor:,.0f} MiB, TRL "
                  f"{t['peak_rss_mib'] - floor:,.0f} MiB.")
-    return text
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, cwd=Path(__file__).parent).stdout.strip()
+    return text + (f"\n\nMeasured at {head}." if head else "")
+
+
+def row_text(name: str, section: str) -> str | None:
+    """The text of row ``name``: this machine's cached run, else its subsection (from its
+    ``### `` title to the next) in ``section`` (the current section ``grpo``), else None."""
+    cached = ROWS_DIR / f"{name}.md"
+    if cached.exists():
+        return cached.read_text()
+    title = f"### {TITLES[name]}\n"
+    start = section.find(title)
+    if start < 0:
+        return None
+    end = section.find("\n### ", start + len(title))
+    return section[start:len(section) if end < 0 else end].strip()
 
 
 def main() -> None:
@@ -200,7 +218,10 @@ def main() -> None:
         text = bench_row(name, a.runs, a.steps)
         print(text, flush=True)
         (ROWS_DIR / f"{name}.md").write_text(text)
-    if all((ROWS_DIR / f"{n}.md").exists() for n in ROWS):
+    from tools.bench.report import BENCH_MD
+    old = BENCH_MD.read_text().split("<!-- bench:grpo -->")[-1].split("<!-- /bench:grpo -->")[0]
+    texts = [row_text(n, old) for n in ROWS]
+    if all(texts):
         body = ["Per step: generate P x G completions, score, reference log-probs, update. "
                 "Peak RSS is the whole process (imports and model loading included), sampled "
                 "every 50 ms by the parent, the same way for both trainers. Ours also writes "
@@ -209,7 +230,7 @@ def main() -> None:
                 "rollout buffer; TRL saves nothing (`save_strategy=\"no\"`)."]
         write_section("grpo", "\n\n".join(
             ["## GRPO trainer vs TRL GRPOTrainer (SmolLM2-135M-Instruct, CPU)", *body]
-            + [(ROWS_DIR / f"{n}.md").read_text() for n in ROWS]))
+            + texts))
 
 
 if __name__ == "__main__":
