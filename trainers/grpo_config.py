@@ -95,8 +95,8 @@ class Config:
     """Mixed precision of the reference and update forward passes: 'float32', or 'bfloat16'
     (the decoder runs under ``torch.autocast``; master weights, gradients, AdamW state, the LM
     head and the log-softmax stay float32, so log-probs and ratios keep fp32 accuracy). About
-    1.7x faster forward + backward on a CPU with bf16 dot-product instructions (AVX512-BF16,
-    no AMX); TRL's GRPOConfig defaults to bf16 autocast too."""
+    1.7x faster forward + backward on the Intel Xeon of the benchmarks (bf16 matrix units);
+    TRL's GRPOConfig defaults to bf16 autocast too."""
     train_threads: int = 0
     """torch threads for log-probs and the update (0: all CPUs)."""
     buffer_groups: int = 512
