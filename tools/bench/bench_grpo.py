@@ -218,8 +218,8 @@ def main() -> None:
         text = bench_row(name, a.runs, a.steps)
         print(text, flush=True)
         (ROWS_DIR / f"{name}.md").write_text(text)
-    from tools.bench.report import BENCH_MD
-    old = BENCH_MD.read_text().split("<!-- bench:grpo -->")[-1].split("<!-- /bench:grpo -->")[0]
+    from tools.bench.report import read_section
+    old = read_section("grpo")
     texts = [row_text(n, old) for n in ROWS]
     if all(texts):
         body = ["Per step: generate P x G completions, score, reference log-probs, update. "

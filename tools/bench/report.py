@@ -98,6 +98,14 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(out)
 
 
+def read_section(name: str, path: Path = BENCH_MD) -> str:
+    """The body of section ``name`` of ``docs/benchmarks.md`` ("" when it has none)."""
+    text = path.read_text() if path.exists() else ""
+    found = re.search(rf"<!-- bench:{re.escape(name)} -->(.*?)<!-- /bench:{re.escape(name)} -->",
+                      text, re.S)
+    return found.group(1) if found else ""
+
+
 def write_section(name: str, body: str, path: Path = BENCH_MD) -> None:
     """Replace (or append) the section ``name`` of ``docs/benchmarks.md`` with ``body``."""
     text = path.read_text() if path.exists() else _HEADER
