@@ -20,6 +20,7 @@ require("reasoning_gym", "transformers", "peft", "tokenizers")
 
 from rlbuffers import ReplayBuffer  # noqa: E402
 from rlbuffers.memory import AdaptiveMicroBatch  # noqa: E402
+from rlbuffers.memory.prefix_attention import NAME as PREFIX_ATTENTION  # noqa: E402
 from tests.tiny_lm import make_tiny_lm_dir  # noqa: E402
 from trainers import generation, grpo  # noqa: E402
 
@@ -150,6 +151,8 @@ def test_packed_logprobs_equal_per_sequence_full_logits(tiny_model):
     lp[batch["index"][batch["mask"]]] = grpo.packed_logprobs(tiny_model, batch, cfg).detach()
     want = torch.cat(naive_logprobs(tiny_model, prompts, comps)).detach()
     torch.testing.assert_close(lp, want, rtol=1e-5, atol=1e-5)
+    # ... through the prefix-aware attention (the model's sdpa switched to it, group by group)
+    assert tiny_model.config._attn_implementation == PREFIX_ATTENTION
 
 
 def test_bfloat16_train_dtype_is_mixed_precision_close_to_fp32(tiny_model):

@@ -167,12 +167,14 @@ def _generate_call(model: Any, tok: Any, prompts: list[np.ndarray], copies: int,
 def inverse_cdf_sample(scores: torch.Tensor) -> torch.Tensor:
     """One token per row drawn from ``softmax(scores)`` (``scores``: ``[B, V]`` logits after
     temperature / top-p, ``-inf`` for excluded tokens; returns int64 ``[B]``), by inversion of
-    the cumulative distribution in float64 (Devroye 1986, "Non-Uniform Random Variate
-    Generation", Ch. III, Sec. 2): one uniform per row and a binary search. A token of
+    the cumulative distribution (Devroye 1986, "Non-Uniform Random Variate Generation",
+    Ch. III, Sec. 2): one uniform per row and a binary search. Probabilities in float32, their
+    running sum in float64 (1.7 ms per step for 32 x 49,152 on an AMD EPYC, 2 threads,
+    against 2.9 ms with the softmax in float64; the CDFs differ by < 4e-6). A token of
     probability 0 has an empty interval and is never drawn. ``torch.multinomial`` draws an
     exponential per vocabulary entry instead: 14.7 ms per decoding step for 16 x 49,152 on
     this CPU against 2.5 ms, 18% of generation."""
-    cdf = torch.softmax(scores.double(), dim=-1).cumsum_(-1)
+    cdf = torch.softmax(scores.float(), dim=-1).double().cumsum_(-1)
     u = torch.rand((len(scores), 1), dtype=torch.float64, device=scores.device) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True)[:, 0].clamp_(max=scores.shape[-1] - 1)
 
@@ -195,7 +197,7 @@ def sampling_processors(temperature: float, top_p: float) -> Any:
             out = torch.full_like(scores, -float("inf"))
             return out.scatter_(1, token[:, None], 0.0)
 
-    warpers = [TemperatureLogitsWarper(temperature)]
+    warpers = [TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []
     if top_p < 1.0:
         warpers.append(TopPLogitsWarper(top_p))
     return LogitsProcessorList([*warpers, Draw()])

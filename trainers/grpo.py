@@ -52,6 +52,7 @@ from rlbuffers import FieldSpec, ReplayBuffer
 from rlbuffers.checkpoint import Checkpoints, create_run, load_state
 from rlbuffers.memory import AdaptiveMicroBatch, MemoryMonitor, token_logprobs
 from rlbuffers.memory.activations import profile_activations
+from rlbuffers.memory.prefix_attention import enable_prefix_attention, plan_prefix_attention
 from rlbuffers.memory.process import trim_heap
 from rlbuffers.memory.reference import reference_bytes_saved
 from rlbuffers.samplers import GroupSampler
@@ -215,14 +216,18 @@ def packed_logprobs(model: Any, micro: dict[str, torch.Tensor], cfg: Config) -> 
     decoder, weight, bias = lm_parts(model)
     width = int(micro["real"].any(0).nonzero().max()) + 1  # trailing padding: not computed
     micro = {k: v[:, :width] for k, v in micro.items()}
-    allowed = shared_prefix_mask(micro["block"], micro["parent"])
-    if decoder.config._attn_implementation == "eager":
-        allowed = torch.zeros(allowed.shape).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+    if enable_prefix_attention(decoder):  # only the allowed query-key blocks are computed
+        attend: dict[str, Any] = {"prefix_plan": plan_prefix_attention(
+            micro["block"], micro["parent"], micro["real"], micro["input_ids"].device)}
+    else:  # eager attention: the dense additive mask
+        allowed = shared_prefix_mask(micro["block"], micro["parent"])
+        attend = {"attention_mask": torch.zeros(allowed.shape).masked_fill_(
+            ~allowed, torch.finfo(torch.float32).min)}
     dtype = getattr(torch, getattr(cfg, "train_dtype", "float32"))
     with torch.autocast(micro["input_ids"].device.type, dtype=dtype,
                         enabled=dtype != torch.float32):
         hidden = decoder(input_ids=micro["input_ids"], position_ids=micro["position_ids"],
-                         attention_mask=allowed, use_cache=False).last_hidden_state
+                         use_cache=False, **attend).last_hidden_state
     hidden = hidden.float()  # the LM head and log-softmax in fp32 (mixed precision)
     mask = micro["mask"]
     rows = mask.nonzero()[:, 0]

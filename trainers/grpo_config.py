@@ -64,10 +64,11 @@ class Config:
     """LoRA alpha."""
     format_reward: float = 0.1
     """Added to the reward when the answer is written inside <answer></answer>."""
-    pack_tokens: int = 512
-    """Tokens per packed row of the update (>= max prompt + completion tokens). Attention
-    costs O(row^2) memory per row: short rows keep it small."""
-    micro_batch_tokens: int = 512
+    pack_tokens: int = 2048
+    """Tokens per packed row of the update (>= max prompt + completion tokens). A group split
+    over rows repeats its prompt in each; attention computes only the blocks a token sees
+    (rlbuffers.memory.prefix_attention), so long rows cost no quadratic waste."""
+    micro_batch_tokens: int = 2048
     """Tokens per micro-batch of the update (whole packed rows; at least one row); halved by
     AdaptiveMicroBatch on out-of-memory or over the memory budget."""
     chunk_tokens: int = 512
