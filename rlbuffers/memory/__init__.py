@@ -43,6 +43,9 @@ _LAZY = {
     "LayerActivations": "rlbuffers.memory.activations",
     "profile_activations": "rlbuffers.memory.activations",
     "select_checkpoint_layers": "rlbuffers.memory.activations",
+    "enable_prefix_attention": "rlbuffers.memory.prefix_attention",
+    "plan_prefix_attention": "rlbuffers.memory.prefix_attention",
+    "PrefixPlan": "rlbuffers.memory.prefix_attention",
 }
 
 
