@@ -9,7 +9,9 @@ Here each group of a row costs two calls: the prompt's causal self-attention, an
 completions batched (padded to the longest) against ``[prompt keys, own keys]`` with a
 lower-right causal mask: ``P * P / 2 + n * C * (P + C)`` pairs for a prompt of ``P`` tokens and
 ``n`` completions of at most ``C``. Outputs and gradients equal the dense mask's (the same
-softmax over the same keys; only the summation order differs).
+softmax over the same keys; only the summation order differs). The split (prefix
+self-attention, then suffix queries against the concatenated prefix and suffix keys) is the
+Shared-Prefix Forward of Liu et al. 2025, "Prefix Grouper" (arXiv 2506.05433, Sec. 3).
 
 Use: :func:`enable_prefix_attention` on a Hugging Face model whose attention is ``"sdpa"``,
 then pass ``prefix_plan=plan_prefix_attention(block, parent, real)`` to its forward (no
