@@ -219,10 +219,12 @@ def packed_logprobs(model: Any, micro: dict[str, torch.Tensor], cfg: Config) -> 
     if enable_prefix_attention(decoder):  # only the allowed query-key blocks are computed
         attend: dict[str, Any] = {"prefix_plan": plan_prefix_attention(
             micro["block"], micro["parent"], micro["real"], micro["input_ids"].device)}
-    else:  # eager attention: the dense additive mask
+    else:  # another attention implementation: the dense mask (additive for eager)
         allowed = shared_prefix_mask(micro["block"], micro["parent"])
-        attend = {"attention_mask": torch.zeros(allowed.shape).masked_fill_(
-            ~allowed, torch.finfo(torch.float32).min)}
+        if decoder.config._attn_implementation == "eager":
+            allowed = torch.zeros(allowed.shape).masked_fill_(
+                ~allowed, torch.finfo(torch.float32).min)
+        attend = {"attention_mask": allowed}
     dtype = getattr(torch, getattr(cfg, "train_dtype", "float32"))
     with torch.autocast(micro["input_ids"].device.type, dtype=dtype,
                         enabled=dtype != torch.float32):
