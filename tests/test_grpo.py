@@ -90,16 +90,19 @@ def make_groups(seed=0, n_groups=3, g=3, vocab=50):
     return group_prompts, groups
 
 
-@pytest.mark.parametrize("layout", ["one_per_prompt", "groups"])
+@pytest.mark.parametrize("layout", ["one_per_prompt", "groups", "groups_token_micro_batches"])
 @pytest.mark.parametrize("norm", ["sequence", "token", "constant"])
 def test_update_gradient_equals_naive_padded_grpo_loss(tiny_model, norm, layout):
     """Packed (groups sharing their prompt once per row, some split across rows) against a
-    naive loss over each prompt + completion alone with full logits: same gradients."""
+    naive loss over each prompt + completion alone with full logits: same gradients. The
+    last layout is the trainer's: rows of up to 12 tokens of groups (a longer group alone in a
+    row of up to 16) and micro-batches of whole rows up to 12 tokens."""
     cfg = grpo.Config(pack_tokens=16, max_prompt_tokens=8, max_completion_tokens=8, beta=0.1,
                       epsilon=0.1, epsilon_high=0.3, loss_norm=norm, chunk_tokens=3,
                       max_grad_norm=0.0)
-    if layout == "groups":
-        group_prompts, groups = make_groups()
+    short = layout == "groups_token_micro_batches"
+    if layout.startswith("groups"):
+        group_prompts, groups = make_groups(seed=2, n_groups=5, g=2) if short else make_groups()
         prompts = [p for p, grp in zip(group_prompts, groups, strict=True) for _ in grp]
         comps = [c for grp in groups for c in grp]
     else:
@@ -113,9 +116,14 @@ def test_update_gradient_equals_naive_padded_grpo_loss(tiny_model, norm, layout)
     ref = [g.normal(-4, 0.3, k).astype(np.float32) for k in lens]
     per_token = {"advantage": [np.full(k, a, np.float32) for k, a in zip(lens, adv, strict=True)],
                  "weight": grpo.token_weights(lens, cfg), "old": old, "ref": ref}
-    batch = grpo.packed_batch(group_prompts, groups, cfg, 0, per_token)
+    batch = grpo.packed_batch(group_prompts, groups, cfg, 0, per_token,
+                              row_tokens=12 if short else None)
     assert len(batch["input_ids"]) < len(seqs)  # really packed
-    if layout == "groups":  # a prompt is computed once per row, not once per completion
+    if short:  # some rows over 12 tokens (a long group alone), one with several groups
+        real = batch["real"].sum(1)
+        starts = (batch["position_ids"] == 0) & batch["real"]
+        assert (real > 12).any() and (starts.sum(1)[real <= 12] > 1).any()
+    if layout.startswith("groups"):  # a prompt is computed once per row, not per completion
         assert batch["real"].sum() < sum(len(x) for x in seqs)
         assert len(batch["input_ids"]) > 1 and sum(map(len, groups)) > len(groups)
 
@@ -135,7 +143,8 @@ def test_update_gradient_equals_naive_padded_grpo_loss(tiny_model, norm, layout)
 
     opt = torch.optim.SGD(tiny_model.parameters(), lr=0.0)  # step is a no-op: grads kept
     opt.zero_grad = lambda set_to_none=True: None
-    amb = AdaptiveMicroBatch(tiny_model, max_micro_batch=1)  # one packed row per micro-batch
+    amb = AdaptiveMicroBatch(tiny_model, max_tokens=12, tokens_key="real") if short else \
+        AdaptiveMicroBatch(tiny_model, max_micro_batch=1)  # one packed row per micro-batch
     out = grpo.update(tiny_model, opt, amb, batch, cfg, n_tok, record_behaviour=False)
     assert 0 < out["clip_fraction"] < 1
     for n, p in tiny_model.named_parameters():
@@ -357,7 +366,7 @@ def test_activation_bytes_scale_with_the_micro_batch(tiny_dir, dtype):
     """The estimate from profiles at 8 and 16 tokens, extrapolated to the 64-token micro-batch,
     equals the bytes profiled at 32 and 64 (saved activations are linear in tokens)."""
     cfg = grpo.Config(model=str(tiny_dir), gradient_checkpointing="off", micro_batch_tokens=64,
-                      train_dtype=dtype)
+                      pack_tokens=64, train_dtype=dtype)
     model, _, _ = grpo.make_policy(cfg)
     small = grpo.activation_bytes(model, cfg, tokens=16)
     full = grpo.activation_bytes(model, cfg, tokens=64)
@@ -415,7 +424,14 @@ def test_merged_lora_generates_as_the_adapters_and_leaves_the_weights_untouched(
             merged_logits = model(input_ids=ids).logits
         with model.disable_adapter():
             base_logits = model(input_ids=ids).logits
+        q = model.base_model.model.model.layers[0].self_attn.q_proj
+        want_q = (q.base_layer.weight + q.get_delta_weight("default")).to(torch.bfloat16)
+        with generation.merged_lora(model, torch.bfloat16), \
+                generation.weights_as(model, torch.bfloat16):  # merged straight into bf16
+            assert torch.equal(q.base_layer.weight, want_q)
+            bf16_logits = model(input_ids=ids).logits.float()
     torch.testing.assert_close(merged_logits, lora_logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(bf16_logits, lora_logits, rtol=0.05, atol=0.05)
     assert not torch.allclose(base_logits, lora_logits, atol=1e-3)
     got = generation.generate(model, tok, prompts, cfg, n_per_prompt=2, greedy=True)
     want = generation._generate(model, tok, prompts, cfg, 2, True, None)  # LoRA layers on

@@ -147,8 +147,9 @@ def make_policy(cfg: Config) -> tuple[Any, Any, Path]:
 
 
 def activation_bytes(model: Any, cfg: Config, tokens: int = 128) -> int:
-    """Bytes autograd saves for backward over one update micro-batch (``--micro-batch-tokens``)
-    without activation checkpointing: ``profile_activations`` of the decoder on ``tokens / 2``
+    """Bytes autograd saves for backward over the largest update micro-batch (``--micro-batch-
+    tokens``, or one row of ``--pack-tokens`` holding a long group) without activation
+    checkpointing: ``profile_activations`` of the decoder on ``tokens / 2``
     and ``tokens`` tokens under ``--train-dtype`` autocast, extrapolated linearly to the
     micro-batch (the saved bytes are a fixed part, e.g. autocast's bf16 weight copies, plus a
     part per token; attention under SDPA saves no ``[T, T]`` scores)."""
@@ -168,12 +169,13 @@ def activation_bytes(model: Any, cfg: Config, tokens: int = 128) -> int:
         return profile_activations(list(decoder.layers), forward,
                                    exclude=model.parameters()).total_bytes
 
-    n = max(2, min(tokens, cfg.micro_batch_tokens))
+    most = max(cfg.micro_batch_tokens, cfg.pack_tokens)  # a long group's row stands alone
+    n = max(2, min(tokens, most))
     small, large = saved(n // 2), saved(n)
     model.train(was_training)
     trim_heap()
     per_token = (large - small) / (n - n // 2)
-    return int(large + per_token * (cfg.micro_batch_tokens - n))
+    return int(large + per_token * (most - n))
 
 
 def wants_checkpointing(model: Any, cfg: Config) -> bool:
@@ -187,7 +189,7 @@ def wants_checkpointing(model: Any, cfg: Config) -> bool:
         return False
     need = activation_bytes(model, cfg)
     log.info("activations of a %d-token micro-batch: %.0f MiB, budget %.0f MiB: "
-             "checkpointing %s", cfg.micro_batch_tokens, need / MIB, budget / MIB,
+             "checkpointing %s", max(cfg.micro_batch_tokens, cfg.pack_tokens), need / MIB, budget / MIB,
              "on" if need > budget else "off")
     return need > budget
 
@@ -199,12 +201,16 @@ def lm_parts(model: Any) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
 
 
 def packed_batch(prompts: list[np.ndarray], completions: list[list[np.ndarray]], cfg: Config,
-                 pad_id: int, per_token: dict[str, list[np.ndarray]]) -> dict[str, torch.Tensor]:
-    """Groups (a prompt and its completions) packed into rows of ``cfg.pack_tokens`` with the
-    prompt once per row (``pack_shared_prefix``: ``input_ids``, ``position_ids``, ``block``,
-    ``parent``, ``source``, ``mask``, ``index``, ``real`` and ``per_token``, tensors
-    ``[R, T]``)."""
-    b = pack_shared_prefix(prompts, completions, cfg.pack_tokens, pad_id, per_token)
+                 pad_id: int, per_token: dict[str, list[np.ndarray]],
+                 row_tokens: int | None = None) -> dict[str, torch.Tensor]:
+    """Groups (a prompt and its completions) packed with the prompt once per row
+    (``pack_shared_prefix``: ``input_ids``, ``position_ids``, ``block``, ``parent``,
+    ``source``, ``mask``, ``index``, ``real`` and ``per_token``, tensors ``[R, T]``, ``T =
+    cfg.pack_tokens``): groups share a row up to ``row_tokens`` tokens (None: ``T``); a longer
+    group has a row of its own, split (prompt copied) only beyond ``T``."""
+    row_tokens = min(row_tokens or cfg.pack_tokens, cfg.pack_tokens)
+    b = pack_shared_prefix(prompts, completions, cfg.pack_tokens, pad_id, per_token,
+                           row_tokens=row_tokens)
     return {k: torch.from_numpy(v) for k, v in b.items()}
 
 
@@ -267,10 +273,16 @@ def reference_logprobs(model: Any, batch: dict[str, torch.Tensor], cfg: Config,
                 ref.get_submodule(owner).register_buffer(attr, own[name], persistent=False)
         ctx = nullcontext()
     ref.eval()
+    real = batch["real"].sum(1).tolist()
     with ctx:
-        for r in range(len(batch["mask"])):  # one packed row (<= --pack-tokens) at a time
-            micro = {k: v[r:r + 1] for k, v in batch.items()}
+        start = 0
+        while start < len(real):  # rows together up to --pack-tokens (no activations kept)
+            end, total = start + 1, real[start]
+            while end < len(real) and total + real[end] <= cfg.pack_tokens:
+                total, end = total + real[end], end + 1
+            micro = {k: v[start:end] for k, v in batch.items()}
             out[micro["index"][micro["mask"]]] = packed_logprobs(ref, micro, cfg)
+            start = end
     return out
 
 
@@ -512,7 +524,8 @@ def train_step(cfg: Config, model: Any, tok: Any, opt: torch.optim.Optimizer,
     per_token = {"advantage": [np.full(n, a, np.float32) for n, a in zip(comp_lens, adv,
                                                                             strict=True)],
                  "weight": weights}
-    batch = packed_batch(prompts, groups, cfg, tok.pad_token_id, per_token)
+    batch = packed_batch(prompts, groups, cfg, tok.pad_token_id, per_token,
+                         row_tokens=cfg.micro_batch_tokens)
     n_tok = sum(comp_lens)
     cuts = np.cumsum([0] + comp_lens)
     ref_flat = torch.zeros(n_tok)
@@ -598,7 +611,8 @@ def reuse_iteration(cfg: Config, model: Any, opt: torch.optim.Optimizer,
                  "weight": token_weights(comp_lens, cfg), "old": flat("behaviour_logprobs")}
     if cfg.beta:
         per_token["ref"] = flat("ref_logprobs")
-    batch = packed_batch(prompts, groups, cfg, tok.pad_token_id, per_token)
+    batch = packed_batch(prompts, groups, cfg, tok.pad_token_id, per_token,
+                         row_tokens=cfg.micro_batch_tokens)
     out = update(model, opt, amb, batch, cfg, sum(comp_lens), record_behaviour=False)
     out.pop("behaviour")
     return out

@@ -65,12 +65,14 @@ class Config:
     format_reward: float = 0.1
     """Added to the reward when the answer is written inside <answer></answer>."""
     pack_tokens: int = 2048
-    """Tokens per packed row of the update (>= max prompt + completion tokens). A group split
-    over rows repeats its prompt in each; attention computes only the blocks a token sees
+    """Most tokens per packed row of the update (>= max prompt + completion tokens). A group
+    split over rows repeats its prompt in each; attention computes only the blocks a token sees
     (rlbuffers.memory.prefix_attention), so long rows cost no quadratic waste."""
-    micro_batch_tokens: int = 2048
-    """Tokens per micro-batch of the update (whole packed rows; at least one row); halved by
-    AdaptiveMicroBatch on out-of-memory or over the memory budget."""
+    micro_batch_tokens: int = 512
+    """Tokens per micro-batch of the update, which bounds the activations alive at once:
+    groups share a packed row up to this many tokens, and a micro-batch is whole rows (at least
+    one: a group longer than this keeps its prompt once in a row of its own, up to
+    --pack-tokens). Halved by AdaptiveMicroBatch on out-of-memory or over the memory budget."""
     chunk_tokens: int = 512
     """Tokens per chunk of the LM head in token_logprobs."""
     memory_budget: str = "auto"

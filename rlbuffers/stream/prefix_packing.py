@@ -25,7 +25,11 @@ Layout of a row (``T = max_tokens``)::
   tokens share one hidden state).
 
 A group whose prompt and completions exceed ``max_tokens`` is split into several items, each
-with its own copy of the prompt. Items are placed by best-fit decreasing (:func:`pack_bfd`).
+with its own copy of the prompt. Items are placed by best-fit decreasing (:func:`pack_bfd`)
+into rows of ``row_tokens`` (default ``max_tokens``); an item longer than ``row_tokens`` gets a
+row of its own. So short groups can be kept in short rows (a bound on the tokens, hence the
+activations, of one row) while a long group still keeps its prompt once in a row of up to
+``max_tokens``.
 """
 
 from __future__ import annotations
@@ -39,8 +43,8 @@ from rlbuffers.stream.packing import pack_bfd
 
 def pack_shared_prefix(prompts: Sequence[np.ndarray], completions: Sequence[Sequence[np.ndarray]],
                        max_tokens: int, pad_id: int,
-                       per_token: Mapping[str, Sequence[np.ndarray]] | None = None
-                       ) -> dict[str, np.ndarray]:
+                       per_token: Mapping[str, Sequence[np.ndarray]] | None = None,
+                       row_tokens: int | None = None) -> dict[str, np.ndarray]:
     """Pack groups (a prompt and its completions) into rows of ``max_tokens`` tokens.
 
     Args:
@@ -50,6 +54,10 @@ def pack_shared_prefix(prompts: Sequence[np.ndarray], completions: Sequence[Sequ
         pad_id: token id of padding positions.
         per_token: ``name -> arrays [C_gi]``, one per completion in the flat order of
             ``completions`` (group by group), scattered to the completion's token positions.
+        row_tokens: items (a group, or the part of a group that fits ``max_tokens``) are
+            combined in a row while their tokens add up to at most this (int, 1 to
+            ``max_tokens``; None: ``max_tokens``); an item longer than it has a row of its own
+            (a group is never split to meet ``row_tokens``, only ``max_tokens``).
 
     Returns:
         ``{name: array[R, T]}``: ``input_ids`` (int64), ``position_ids`` (int64), ``block``
@@ -61,10 +69,15 @@ def pack_shared_prefix(prompts: Sequence[np.ndarray], completions: Sequence[Sequ
 
     Raises:
         ValueError: ``prompts`` and ``completions`` of different lengths, an empty prompt or
-            completion, a ``per_token`` array of the wrong length, or a prompt plus completion
-            longer than ``max_tokens`` (each naming the group and completion).
+            completion, a ``per_token`` array of the wrong length, a prompt plus completion
+            longer than ``max_tokens`` (each naming the group and completion), or
+            ``row_tokens`` outside ``[1, max_tokens]``.
     """
     per_token = dict(per_token or {})
+    row_tokens = max_tokens if row_tokens is None else row_tokens
+    if not 1 <= row_tokens <= max_tokens:
+        raise ValueError(f"row_tokens: expected 1 <= row_tokens <= max_tokens={max_tokens}, "
+                         f"got {row_tokens}")
     if len(prompts) != len(completions):
         raise ValueError(f"completions: expected one list per prompt ({len(prompts)}), "
                          f"got {len(completions)}")
@@ -78,7 +91,7 @@ def pack_shared_prefix(prompts: Sequence[np.ndarray], completions: Sequence[Sequ
                 raise ValueError(f"per_token[{name!r}][{k}]: expected {n} values, got {len(a)}")
     flat = [c for comps in completions for c in comps]
     starts = np.concatenate([[0], np.cumsum(flat_len)]).astype(np.int64)
-    bins = pack_bfd(lengths, max_tokens) if items else []
+    bins = _rows(lengths, row_tokens)
     r, t = len(bins), max_tokens
     out = {"input_ids": np.full((r, t), pad_id, np.int64),
            "position_ids": np.zeros((r, t), np.int64),
@@ -98,6 +111,15 @@ def pack_shared_prefix(prompts: Sequence[np.ndarray], completions: Sequence[Sequ
         out["block"][row, col:] = out["parent"][row, col:] = block + np.arange(t - col)
     out["mask"] = out["source"] >= 0
     return out
+
+
+def _rows(lengths: list[int], row_tokens: int) -> list[list[int]]:
+    """Items longer than ``row_tokens`` one per row (longest first), then the others packed by
+    best-fit decreasing into rows of ``row_tokens``."""
+    long = sorted((i for i, n in enumerate(lengths) if n > row_tokens), key=lambda i: -lengths[i])
+    short = [i for i, n in enumerate(lengths) if n <= row_tokens]
+    bins = pack_bfd([lengths[i] for i in short], row_tokens) if short else []
+    return [[i] for i in long] + [[short[j] for j in b] for b in bins]
 
 
 def _items(prompts: Sequence[np.ndarray], completions: Sequence[Sequence[np.ndarray]],

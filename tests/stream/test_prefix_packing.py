@@ -18,16 +18,21 @@ groups_st = st.lists(st.tuples(token_arrays, st.lists(token_arrays, min_size=1, 
 
 
 @settings(max_examples=150, deadline=None)
-@given(groups=groups_st, slack=st.integers(0, 12))
-def test_rows_read_back_as_prompt_plus_completion(groups, slack):
+@given(groups=groups_st, slack=st.integers(0, 12), cut=st.integers(0, 30))
+def test_rows_read_back_as_prompt_plus_completion(groups, slack, cut):
     prompts = [p for p, _ in groups]
     completions = [cs for _, cs in groups]
     max_tokens = max(len(p) + len(c) for p, cs in groups for c in cs) + slack
     flat = [(g, c) for g, (_, cs) in enumerate(groups) for c in cs]
     values = [np.arange(len(c), dtype=np.float32) + 100 * k for k, (_, c) in enumerate(flat)]
-    b = pack_shared_prefix(prompts, completions, max_tokens, pad_id=0, per_token={"v": values})
+    row_tokens = max(1, max_tokens - cut)
+    b = pack_shared_prefix(prompts, completions, max_tokens, pad_id=0, per_token={"v": values},
+                           row_tokens=row_tokens)
     mask = shared_prefix_mask(b["block"], b["parent"])[:, 0]
     assert b["input_ids"].shape[1] == max_tokens
+    # A row over row_tokens holds one item: one prompt (position 0 once) and its completions.
+    for r in np.flatnonzero(b["real"].sum(1) > row_tokens):
+        assert (b["real"][r] & (b["position_ids"][r] == 0)).sum() == 1
     assert b["mask"].sum() == sum(len(c) for _, c in flat)
     np.testing.assert_array_equal(np.sort(b["index"][b["mask"]]), np.arange(b["mask"].sum()))
     starts = np.cumsum([0] + [len(c) for _, c in flat])
@@ -71,6 +76,18 @@ def test_a_group_longer_than_a_row_is_split_with_its_prompt_copied():
         np.testing.assert_array_equal(row[:3], p)
 
 
+def test_row_tokens_keeps_short_groups_apart_and_long_groups_whole():
+    short = [(np.array([1, 2]), [np.array([3]), np.array([4])]) for _ in range(3)]  # 4 tokens
+    long = (np.array([5, 6, 7]), [np.array([8, 9, 10]), np.array([11, 12, 13])])  # 9 tokens
+    groups = [*short, long]
+    b = pack_shared_prefix([p for p, _ in groups], [c for _, c in groups], 12, 0, row_tokens=8)
+    # The long group keeps its prompt once in a row of its own; short ones pair up within 8.
+    assert sorted(b["real"].sum(1).tolist()) == [4, 8, 9]
+    assert b["real"].sum() - b["mask"].sum() == 3 * 2 + 3  # each prompt written once
+    assert len(pack_shared_prefix([p for p, _ in groups], [c for _, c in groups], 12, 0)
+               ["input_ids"]) == 2  # without row_tokens: rows of up to 12 (9 + 0, 4 + 4 + 4)
+
+
 def test_shared_prefix_mask_numpy_and_torch_agree():
     torch = pytest.importorskip("torch")
     b = pack_shared_prefix([np.array([1, 2]), np.array([3])],
@@ -97,3 +114,10 @@ def test_shared_prefix_mask_numpy_and_torch_agree():
 def test_bad_input_is_named(prompts, completions, max_tokens, per_token, match):
     with pytest.raises(ValueError, match=match):
         pack_shared_prefix(prompts, completions, max_tokens, 0, per_token)
+
+
+@pytest.mark.parametrize("row_tokens", [0, 9])
+def test_bad_row_tokens_is_named(row_tokens):
+    with pytest.raises(ValueError, match=rf"row_tokens: expected 1 <= row_tokens <= "
+                                         rf"max_tokens=8, got {row_tokens}"):
+        pack_shared_prefix([np.array([1])], [[np.array([2])]], 8, 0, row_tokens=row_tokens)
