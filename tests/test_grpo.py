@@ -323,6 +323,50 @@ def test_generation_batch_is_capped_and_fits_the_budget(tiny_model):
     assert generation.generation_batch(cfg, tiny_model, 100, 20) == 5
 
 
+def _left_padded(prompts, pad):
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    att = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):], att[i, width - len(p):] = torch.from_numpy(p), 1
+    return ids, att
+
+
+@pytest.mark.parametrize("compact_at", [0.0, 0.3, 1.0])
+def test_decode_dropping_finished_sequences_equals_generate(tiny_model, compact_at):
+    """Greedy decoding that removes finished sequences from the batch and the KV cache gives
+    generate()'s tokens (EOS kept, padding after it), while the model sees fewer rows as
+    sequences end; compact_at=1.0 never drops (the generate layout)."""
+    g = np.random.default_rng(4)
+    prompts = [g.integers(3, 50, n) for n in (3, 7, 5, 2, 6, 4)]
+    ids, att = _left_padded(prompts, pad=0)
+    free = generation.decode(tiny_model, ids, att, None, 12, eos=-1, pad=0)
+    # An end token that the sequences produce at different steps (some never).
+    firsts = {}
+    for row in free.tolist():
+        for t, tok in enumerate(row):
+            firsts.setdefault(tok, set()).add(t)
+    eos = max(firsts, key=lambda k: (len(firsts[k]), -k))
+    rows_seen = []
+    hook = tiny_model.model.register_forward_pre_hook(
+        lambda m, a, kw: rows_seen.append(len(kw["input_ids"])), with_kwargs=True)
+    try:
+        got = generation.decode(tiny_model, ids, att, None, 12, eos=eos, pad=0,
+                                compact_at=compact_at)
+    finally:
+        hook.remove()
+    with torch.no_grad():
+        want = tiny_model.generate(input_ids=ids, attention_mask=att, max_new_tokens=12,
+                                   do_sample=False, eos_token_id=eos, pad_token_id=0)
+    torch.testing.assert_close(got, want[:, ids.shape[1]:], rtol=0, atol=0)
+    ended = [(row == eos).any() for row in got]
+    assert any(ended) and not all(ended)  # some sequences end early, some run to the limit
+    if compact_at < 1.0:
+        assert rows_seen[-1] < len(prompts) and rows_seen == sorted(rows_seen, reverse=True)
+    else:
+        assert set(rows_seen) == {len(prompts)}
+
+
 @pytest.mark.parametrize("greedy", [True, False])
 def test_prefix_shared_generation_equals_one_sequence_per_prompt_copy(tiny_dir, greedy):
     """A group's prompt run once with its KV cache repeated gives the same completions as G

@@ -1,7 +1,7 @@
-"""Sampling completions from a causal LM on CPU or GPU: batched ``generate`` with the KV cache
+"""Sampling completions from a causal LM on CPU or GPU: batched decoding with the KV cache
 under a memory budget (halved on out-of-memory), each prompt's cache computed once and shared by
-its group of samples (prefix sharing), tokens drawn by inverting the CDF. Used by the LLM
-trainers."""
+its group of samples (prefix sharing), finished sequences dropped from the batch, tokens drawn
+by inverting the CDF. Used by the LLM trainers."""
 
 from __future__ import annotations
 
@@ -148,21 +148,75 @@ def _generate_call(model: Any, tok: Any, prompts: list[np.ndarray], copies: int,
         ids[i, width - len(p):] = torch.from_numpy(p.astype(np.int64))
         att[i, width - len(p):] = 1
     ids, att = ids.to(model.device), att.to(model.device)  # the model's device (CPU or GPU)
-    extra: dict[str, Any] = {}
+    cache = None
     if copies > 1 and width > 1:
         pos = (att.cumsum(-1) - 1).clamp(min=0)  # as generate() makes them from the mask
         cache = model(input_ids=ids[:, :-1], attention_mask=att[:, :-1],
                       position_ids=pos[:, :-1], use_cache=True, logits_to_keep=1)
         cache = getattr(cache, _cache_kwarg())  # the output's name for it, without warning
         cache.batch_repeat_interleave(copies)
-        extra[_cache_kwarg()] = cache
     ids, att = ids.repeat_interleave(copies, 0), att.repeat_interleave(copies, 0)
-    if not greedy:  # sampling = greedy decoding after a processor that draws the token
-        extra["logits_processor"] = sampling_processors(cfg.temperature, cfg.top_p)
-    gen = model.generate(input_ids=ids, attention_mask=att, max_new_tokens=max_new,
-                         do_sample=False, pad_token_id=tok.pad_token_id,
-                         eos_token_id=tok.eos_token_id, use_cache=True, **extra)
-    return gen[:, width:].cpu().numpy()
+    draw = None if greedy else sampling_processors(cfg.temperature, cfg.top_p)
+    return decode(model, ids, att, cache, max_new, tok.eos_token_id, tok.pad_token_id,
+                  draw).cpu().numpy()
+
+
+@torch.no_grad()
+def decode(model: Any, ids: torch.Tensor, att: torch.Tensor, cache: Any, max_new: int,
+           eos: int, pad: int, draw: Any = None, compact_at: float = 0.125) -> torch.Tensor:
+    """Decoding with the KV cache that drops finished sequences from the batch.
+
+    ``generate`` keeps every sequence in the batch until the last one ends, so a step costs
+    the same with 32 sequences alive as with 1 (GRPO completions of up to 256 tokens end at
+    ~190 on average); here, once the finished sequences still in the batch reach
+    ``compact_at`` of it, they are removed from the inputs and the cache
+    (``batch_select_indices``), whose growth per step is then for the live ones only.
+
+    Args:
+        ids, att: int64 ``[B, W]`` left-padded prompts and their attention mask (1 = token).
+        cache: the KV cache of ``ids[:, :-1]`` (e.g. a prompt's, repeated for its group), or
+            None to compute the prompts' cache here.
+        max_new: most new tokens per sequence.
+        eos, pad: end-of-sequence and padding token ids.
+        draw: ``transformers`` logits processors choosing the token (see
+            :func:`sampling_processors`), or None for greedy (argmax) decoding.
+        compact_at: fraction of the batch that finished sequences may occupy before they are
+            dropped (0: at every step where one ended).
+
+    Returns:
+        int64 ``[B, S]`` new tokens, ``S <= max_new`` (the steps run: decoding stops when
+        every sequence has produced ``eos``), ``pad`` after a sequence's ``eos``: the same
+        tokens as ``generate(..., do_sample=False, logits_processor=draw)`` under greedy
+        decoding (the sampling stream differs once a sequence is dropped: fewer rows draw).
+    """
+    name = _cache_kwarg()
+    out = torch.full((len(ids), max_new), pad, dtype=torch.long, device=ids.device)
+    live = torch.arange(len(ids), device=ids.device)  # the batch rows' sequence numbers
+    ended = torch.zeros(len(ids), dtype=torch.bool, device=ids.device)  # per batch row
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    if cache is None:
+        inputs = {"input_ids": ids, "position_ids": pos}
+    else:
+        inputs = {"input_ids": ids[:, -1:], "position_ids": pos[:, -1:], name: cache}
+    steps = 0
+    for t in range(max_new):
+        res = model(**inputs, attention_mask=att, use_cache=True, logits_to_keep=1)
+        cache, scores = getattr(res, name), res.logits[:, -1].float()
+        token = scores.argmax(-1) if draw is None else draw(None, scores).argmax(-1)
+        token = token.masked_fill(ended, pad)
+        out[live, t] = token
+        steps = t + 1
+        ended |= token == eos
+        if bool(ended.all()):
+            break
+        if bool(ended.any()) and int(ended.sum()) >= compact_at * len(ended):
+            keep = (~ended).nonzero()[:, 0]
+            cache.batch_select_indices(keep)
+            live, ended, token, att = live[keep], ended[keep], token[keep], att[keep]
+        att = torch.cat([att, att.new_ones((len(att), 1))], -1)
+        inputs = {"input_ids": token[:, None], "position_ids": att.sum(-1, keepdim=True) - 1,
+                  name: cache}
+    return out[:, :steps]
 
 
 def inverse_cdf_sample(scores: torch.Tensor) -> torch.Tensor:
