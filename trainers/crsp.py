@@ -76,8 +76,9 @@ from trainers.crsp_rewards import (
     solvability,
 )
 from trainers.generation import generate
-from trainers.grpo import accumulate_gradients, packed_batch, reference_logprobs
+from trainers.grpo import accumulate_gradients
 from trainers.math_tasks import SYSTEM, extract_answer, numeric_match, task_problems
+from trainers.packed_logprobs import packed_batch, reference_logprobs
 
 log = logging.getLogger("trainers.crsp")
 ROLE_ID = {r: i for i, r in enumerate(ROLES)}
@@ -417,7 +418,7 @@ def plan_micro_batch_tokens(model: Any, cfg: Config, pad_id: int, budget_bytes: 
     Raises:
         MemoryBudgetError: not even one row fits the budget.
     """
-    from trainers.grpo import packed_logprobs
+    from trainers.packed_logprobs import packed_logprobs
 
     half = cfg.pack_tokens // 2
     activate(model, ROLES[0])

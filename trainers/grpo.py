@@ -15,8 +15,9 @@ What rlbuffers does here:
   log-probs (the paper's mu inner iterations);
 - prompts are tokenized once into a memory-mapped token store and read in a seeded,
   resumable order;
-- completions are packed (best-fit decreasing, ``position_ids`` restarting per sequence, no
-  padding inside a row) into rows of ``--pack-tokens``; per-token log-probs come from the
+- groups are packed (best-fit decreasing, the prompt once per row, no padding inside a row)
+  into rows of up to ``--micro-batch-tokens`` (a longer group alone in a row of up to
+  ``--pack-tokens``); per-token log-probs come from the
   chunked ``token_logprobs`` (never the ``[B, T, V]`` logits); ``AdaptiveMicroBatch`` runs
   the rows as micro-batches under ``--memory-budget`` with gradient accumulation;
 - the reference policy is the same weights with LoRA adapters disabled (``--lora-rank``), or,
@@ -50,13 +51,11 @@ from tqdm.auto import tqdm
 
 from rlbuffers import FieldSpec, ReplayBuffer
 from rlbuffers.checkpoint import Checkpoints, create_run, load_state
-from rlbuffers.memory import AdaptiveMicroBatch, MemoryMonitor, token_logprobs
+from rlbuffers.memory import AdaptiveMicroBatch, MemoryMonitor
 from rlbuffers.memory.activations import profile_activations
-from rlbuffers.memory.prefix_attention import enable_prefix_attention, plan_prefix_attention
 from rlbuffers.memory.process import trim_heap
 from rlbuffers.memory.reference import reference_bytes_saved
 from rlbuffers.samplers import GroupSampler
-from rlbuffers.stream.prefix_packing import pack_shared_prefix, shared_prefix_mask
 from rlbuffers.stream.token_store import TokenStore, build_token_store
 from rlbuffers.stream.tokenize import TextTokenizer
 from trainers.common import (
@@ -79,6 +78,7 @@ from trainers.math_tasks import (
     task_problems,
     wilson,
 )
+from trainers.packed_logprobs import lm_parts, packed_batch, packed_logprobs, reference_logprobs
 
 MIB = 2**20
 log = logging.getLogger("trainers.grpo")
@@ -189,101 +189,9 @@ def wants_checkpointing(model: Any, cfg: Config) -> bool:
         return False
     need = activation_bytes(model, cfg)
     log.info("activations of a %d-token micro-batch: %.0f MiB, budget %.0f MiB: "
-             "checkpointing %s", max(cfg.micro_batch_tokens, cfg.pack_tokens), need / MIB, budget / MIB,
-             "on" if need > budget else "off")
+             "checkpointing %s", max(cfg.micro_batch_tokens, cfg.pack_tokens), need / MIB,
+             budget / MIB, "on" if need > budget else "off")
     return need > budget
-
-
-def lm_parts(model: Any) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
-    """(decoder, LM head weight [V, H], bias [V] or None) of a causal LM or a peft model."""
-    head = model.get_output_embeddings()
-    return model.get_decoder(), head.weight, head.bias
-
-
-def packed_batch(prompts: list[np.ndarray], completions: list[list[np.ndarray]], cfg: Config,
-                 pad_id: int, per_token: dict[str, list[np.ndarray]],
-                 row_tokens: int | None = None) -> dict[str, torch.Tensor]:
-    """Groups (a prompt and its completions) packed with the prompt once per row
-    (``pack_shared_prefix``: ``input_ids``, ``position_ids``, ``block``, ``parent``,
-    ``source``, ``mask``, ``index``, ``real`` and ``per_token``, tensors ``[R, T]``, ``T =
-    cfg.pack_tokens``): groups share a row up to ``row_tokens`` tokens (None: ``T``); a longer
-    group has a row of its own, split (prompt copied) only beyond ``T``."""
-    row_tokens = min(row_tokens or cfg.pack_tokens, cfg.pack_tokens)
-    b = pack_shared_prefix(prompts, completions, cfg.pack_tokens, pad_id, per_token,
-                           row_tokens=row_tokens)
-    return {k: torch.from_numpy(v) for k, v in b.items()}
-
-
-def packed_logprobs(model: Any, micro: dict[str, torch.Tensor], cfg: Config) -> torch.Tensor:
-    """Log-probs (float32[n]) of the completion tokens of packed rows (``micro['mask']``, in
-    row-major order), from the decoder's hidden states (each completion attends to its prompt
-    and itself; under bf16/fp16 autocast with ``cfg.train_dtype``) through the chunked LM
-    head in fp32 (no ``[B, T, V]``)."""
-    decoder, weight, bias = lm_parts(model)
-    width = int(micro["real"].any(0).nonzero().max()) + 1  # trailing padding: not computed
-    micro = {k: v[:, :width] for k, v in micro.items()}
-    if enable_prefix_attention(decoder):  # only the allowed query-key blocks are computed
-        attend: dict[str, Any] = {"prefix_plan": plan_prefix_attention(
-            micro["block"], micro["parent"], micro["real"], micro["input_ids"].device)}
-    else:  # another attention implementation: the dense mask (additive for eager)
-        allowed = shared_prefix_mask(micro["block"], micro["parent"])
-        if decoder.config._attn_implementation == "eager":
-            allowed = torch.zeros(allowed.shape).masked_fill_(
-                ~allowed, torch.finfo(torch.float32).min)
-        attend = {"attention_mask": allowed}
-    dtype = getattr(torch, getattr(cfg, "train_dtype", "float32"))
-    with torch.autocast(micro["input_ids"].device.type, dtype=dtype,
-                        enabled=dtype != torch.float32):
-        hidden = decoder(input_ids=micro["input_ids"], position_ids=micro["position_ids"],
-                         use_cache=False, **attend).last_hidden_state
-    hidden = hidden.float()  # the LM head and log-softmax in fp32 (mixed precision)
-    mask = micro["mask"]
-    rows = mask.nonzero()[:, 0]
-    return token_logprobs(hidden[rows, micro["source"][mask]][None], weight,
-                          micro["input_ids"][mask][None], chunk_tokens=cfg.chunk_tokens,
-                          lm_head_bias=bias, temperature=cfg.temperature)[0]
-
-
-@torch.no_grad()
-def reference_logprobs(model: Any, batch: dict[str, torch.Tensor], cfg: Config,
-                       run_dir: Path | None, n_tokens: int = 0) -> torch.Tensor:
-    """Per completion token log-probs of the reference policy (flat, float32[n], at the
-    batch's ``index``; ``n`` is ``n_tokens`` or the number of completion tokens): the same
-    weights with adapters disabled (LoRA), or the initial weights memory-mapped from
-    ``run_dir/reference.pt`` for the duration of the call (full fine-tuning)."""
-    n = n_tokens or int(batch["mask"].sum())
-    out = torch.zeros(n)
-    if cfg.lora_rank:
-        ctx, ref = model.disable_adapter(), model
-    else:
-        from contextlib import nullcontext
-
-        from transformers import AutoModelForCausalLM
-
-        with torch.device("meta"):
-            ref = AutoModelForCausalLM.from_config(model.config)
-        state = torch.load(Path(run_dir or ".") / "reference.pt", mmap=True,
-                           weights_only=True)
-        ref.load_state_dict(state, assign=True)
-        ref.tie_weights()
-        own = dict(model.named_buffers())  # non-persistent buffers (rotary inv_freq): shared
-        for name, buffer in list(ref.named_buffers()):
-            if buffer.is_meta:
-                owner, _, attr = name.rpartition(".")
-                ref.get_submodule(owner).register_buffer(attr, own[name], persistent=False)
-        ctx = nullcontext()
-    ref.eval()
-    real = batch["real"].sum(1).tolist()
-    with ctx:
-        start = 0
-        while start < len(real):  # rows together up to --pack-tokens (no activations kept)
-            end, total = start + 1, real[start]
-            while end < len(real) and total + real[end] <= cfg.pack_tokens:
-                total, end = total + real[end], end + 1
-            micro = {k: v[start:end] for k, v in batch.items()}
-            out[micro["index"][micro["mask"]]] = packed_logprobs(ref, micro, cfg)
-            start = end
-    return out
 
 
 # ------------------------------------------------------------------------------------------
