@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from rlbuffers.memory import token_logprobs
+from rlbuffers.memory.micro_batch import split_tokens
 from rlbuffers.memory.prefix_attention import enable_prefix_attention, plan_prefix_attention
 from rlbuffers.stream.prefix_packing import pack_shared_prefix, shared_prefix_mask
 from trainers.grpo_config import Config
@@ -99,13 +100,8 @@ def reference_logprobs(model: Any, batch: dict[str, torch.Tensor], cfg: Config,
         ctx = nullcontext()
     ref.eval()
     real = batch["real"].sum(1).tolist()
-    with ctx:
-        start = 0
-        while start < len(real):  # rows together up to --pack-tokens (no activations kept)
-            end, total = start + 1, real[start]
-            while end < len(real) and total + real[end] <= cfg.pack_tokens:
-                total, end = total + real[end], end + 1
-            micro = {k: v[start:end] for k, v in batch.items()}
+    with ctx:  # rows together up to --pack-tokens (no activations kept)
+        for rows in split_tokens(real, cfg.pack_tokens):
+            micro = {k: v[rows] for k, v in batch.items()}
             out[micro["index"][micro["mask"]]] = packed_logprobs(ref, micro, cfg)
-            start = end
     return out

@@ -76,9 +76,9 @@ def _split_count(n: int, size: int) -> list[slice]:
     return [slice(i, min(n, i + size)) for i in range(0, n, size)]
 
 
-def _split_tokens(tokens: list[int], max_tokens: int) -> list[slice]:
-    """Consecutive items whose tokens add up to at most ``max_tokens`` (an item larger than
-    that stands alone)."""
+def split_tokens(tokens: list[int], max_tokens: int) -> list[slice]:
+    """Slices of consecutive items whose tokens (``tokens[i]`` per item) add up to at most
+    ``max_tokens``; an item larger than that stands alone. Covers every item, in order."""
     out, start, total = [], 0, 0
     for i, t in enumerate(tokens):
         if i > start and total + t > max_tokens:
@@ -148,7 +148,7 @@ class AdaptiveMicroBatch:
 
     def _slices(self, n: int, tokens: list[int] | None) -> list[slice]:
         if tokens is not None and self.max_tokens is not None:
-            return _split_tokens(tokens, self.max_tokens)
+            return split_tokens(tokens, self.max_tokens)
         if self.micro_batch is None:
             self.micro_batch = n if self.max_micro_batch is None else \
                 min(n, self.max_micro_batch)
