@@ -59,6 +59,7 @@ def worker(rank, world, init_file, tiny_dir, out_path):
         out = run_roles(model, tok, cfg, sharded=True)
         if rank == 0:
             np.savez(out_path, **out)
+        dist.barrier()  # both ranks done with every collective before either tears down
     finally:
         dist.destroy_process_group()
 

@@ -769,6 +769,9 @@ def main(argv: list[str] | None = None) -> None:
                 bar.set_postfix({f"{r[:4]}": f"{row[f'{r}_reward']:.2f}" for r in ROLES})
                 bar.update(1)
         bar.close()
+        if world > 1:  # no rank tears its process group down while a peer still runs a step
+            import torch.distributed as dist
+            dist.barrier()
     except KeyboardInterrupt:
         last = buf.metadata.get("trainer_step", 0) if buf is not None else "?"
         sys.exit(f"interrupted; step {last} is the last complete one: continue with --resume "
