@@ -51,6 +51,7 @@ def worker(rank, world, init_file, tiny_dir, out_path):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world)
+    finished = False
     try:
         cfg = small_config(tiny_dir)
         model, tok, _ = crsp.make_model(cfg)
@@ -59,9 +60,9 @@ def worker(rank, world, init_file, tiny_dir, out_path):
         out = run_roles(model, tok, cfg, sharded=True)
         if rank == 0:
             np.savez(out_path, **out)
-        dist.barrier()  # both ranks done with every collective before either tears down
+        finished = True
     finally:
-        dist.destroy_process_group()
+        crsp_fsdp.close_distributed(finished)
 
 
 def test_two_cpu_ranks_equal_one(tmp_path):

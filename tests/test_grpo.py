@@ -166,8 +166,8 @@ def test_packed_logprobs_equal_per_sequence_full_logits(tiny_model):
 
 def test_bfloat16_train_dtype_is_mixed_precision_close_to_fp32(tiny_model):
     """--train-dtype bfloat16: log-probs and gradients close to fp32 (the decoder under
-    autocast, the LM head in fp32), gradients and weights stay float32, and the trailing
-    padding of a packed row changes nothing."""
+    autocast, the LM head's matmuls in bf16 with fp32 softmax), gradients and weights stay
+    float32, and the trailing padding of a packed row changes nothing."""
     cfg = grpo.Config(pack_tokens=40, max_prompt_tokens=8, max_completion_tokens=8,
                       chunk_tokens=4)
     prompts, comps = make_rollouts(seed=6, n=5)

@@ -88,7 +88,58 @@ def test_bfloat16_inputs_follow_naive_in_fp32():
     torch.testing.assert_close(gw.float(), rgw.float(), atol=2e-2, rtol=2e-2)
 
 
+@settings(max_examples=25, deadline=None)
+@given(b=st.integers(1, 3), t=st.integers(1, 9), v=st.integers(2, 300),
+       chunk=st.integers(1, 12), bias=st.booleans(), entropy=st.booleans(),
+       temperature=st.sampled_from([1.0, 0.7]), seed=st.integers(0, 2**16))
+def test_bf16_matmuls_follow_naive_fp32(b, t, v, chunk, bias, entropy, temperature, seed):
+    """``matmul_dtype=bfloat16``: values and gradients within bf16 rounding of the fp32
+    naive computation (the matmul inputs rounded to 8 mantissa bits)."""
+    hidden, weight, bias_t, targets = leaves(b, t, 32, v, bias=bias, seed=seed)
+    targets[0, 0] = -100
+    ts = (hidden, weight, bias_t)
+
+    def ours():
+        return token_logprobs(hidden, weight, targets, chunk_tokens=chunk, lm_head_bias=bias_t,
+                              temperature=temperature, with_entropy=entropy,
+                              matmul_dtype=torch.bfloat16)
+
+    def ref():
+        lp, ent = naive(hidden, weight, targets, bias_t, temperature)
+        return (lp, ent) if entropy else lp
+
+    (vals, gs), (rvals, rgs) = grads(ours, ts, seed), grads(ref, ts, seed)
+    for got, want in zip(vals, rvals, strict=True):
+        torch.testing.assert_close(got, want, atol=5e-2, rtol=2e-2)
+    for got, want in zip(gs, rgs, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert float((got - want).norm()) <= 2e-2 * float(want.norm()) + 1e-6
+    assert vals[0].dtype == torch.float32 and vals[0][0, 0] == 0.0
+
+
+def test_bf16_matmuls_keep_target_and_max_logits_exact():
+    """A peaked distribution: log p(y) of the argmax target is ~ -sum of the other terms,
+    and with the target's and the maximum's logits recomputed in fp32 it is within ~1e-3
+    nats of fp32, where rounding the logits to bf16 alone is off by ~0.03-0.1 nats."""
+    g = torch.Generator().manual_seed(7)
+    v, h = 500, 64
+    weight = torch.randn(v, h, generator=g) / h**0.5
+    hidden = torch.randn(3, 40, h, generator=g)
+    targets = torch.randint(0, v, (3, 40), generator=g)
+    hidden = hidden + 12.0 * weight[targets]  # logit of the target ~ 12 x |w|^2 above others
+    want = naive(hidden, weight, targets)[0]
+    got = token_logprobs(hidden, weight, targets, matmul_dtype=torch.bfloat16)
+    rounded = naive(hidden.bfloat16(), weight.bfloat16(), targets)[0]
+    err, err_rounded = float((got - want).abs().max()), float((rounded - want).abs().max())
+    assert err_rounded > 1e-2  # what the correction removes
+    assert err < 1e-3 and err < err_rounded / 10, (err, err_rounded)
+    exact = token_logprobs(hidden, weight, targets, matmul_dtype=torch.float32)
+    assert torch.equal(exact, token_logprobs(hidden, weight, targets))
+
+
 @pytest.mark.parametrize("kwargs, match", [
+    ({"matmul_dtype": torch.int8}, "matmul_dtype: expected a floating torch.dtype or None"),
+    ({"matmul_dtype": "bf16"}, "matmul_dtype: expected a floating torch.dtype or None"),
     ({"chunk_tokens": 0}, "chunk_tokens: expected an int >= 1, got 0"),
     ({"temperature": 0.0}, "temperature: expected > 0"),
     ({"lm_head_bias": torch.zeros(3)}, r"lm_head_bias: expected shape \(11,\), got \(3,\)"),

@@ -750,6 +750,7 @@ def main(argv: list[str] | None = None) -> None:
     in_main = threading.current_thread() is threading.main_thread()
     old_handler = signal.signal(signal.SIGUSR1, lambda *_: summary_asked.set()) if in_main \
         else None
+    finished = False
     try:
         bar = tqdm(total=cfg.steps, initial=t.state["step"], desc="CRSP steps", unit="step",
                    disable=rank != 0)
@@ -769,9 +770,7 @@ def main(argv: list[str] | None = None) -> None:
                 bar.set_postfix({f"{r[:4]}": f"{row[f'{r}_reward']:.2f}" for r in ROLES})
                 bar.update(1)
         bar.close()
-        if world > 1:  # no rank tears its process group down while a peer still runs a step
-            import torch.distributed as dist
-            dist.barrier()
+        finished = True
     except KeyboardInterrupt:
         last = buf.metadata.get("trainer_step", 0) if buf is not None else "?"
         sys.exit(f"interrupted; step {last} is the last complete one: continue with --resume "
@@ -782,8 +781,8 @@ def main(argv: list[str] | None = None) -> None:
         if in_main:
             signal.signal(signal.SIGUSR1, old_handler)
         if world > 1:
-            import torch.distributed as dist
-            dist.destroy_process_group()
+            from trainers.crsp_fsdp import close_distributed
+            close_distributed(finished)
 
 
 if __name__ == "__main__":

@@ -64,6 +64,17 @@ def init_distributed() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def close_distributed(finished: bool) -> None:
+    """Tear the process group down; a run that ``finished`` first meets its peers at a
+    barrier, so no rank destroys its group while another still runs a collective (gloo aborts
+    a rank whose peer left mid-teardown). After an error, no barrier: a peer may be gone."""
+    import torch.distributed as dist
+
+    if finished:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 @contextmanager
 def unsharded_for_rollout(units: list[Any], rank: int) -> Iterator[None]:
     """For the block, rank 0 holds the full base weights and its forwards run no collective

@@ -44,7 +44,9 @@ def packed_logprobs(model: Any, micro: dict[str, torch.Tensor], cfg: Config) -> 
     """Log-probs (float32[n]) of the completion tokens of packed rows (``micro['mask']``, in
     row-major order), from the decoder's hidden states (each completion attends to its prompt
     and itself; under bf16/fp16 autocast with ``cfg.train_dtype``) through the chunked LM
-    head in fp32 (no ``[B, T, V]``)."""
+    head (no ``[B, T, V]``): its matmuls in ``cfg.train_dtype`` too, as autocast runs every
+    other linear layer, with fp32 logits, softmax and the target's and maximum's logits
+    (``token_logprobs(matmul_dtype=)``)."""
     decoder, weight, bias = lm_parts(model)
     width = int(micro["real"].any(0).nonzero().max()) + 1  # trailing padding: not computed
     micro = {k: v[:, :width] for k, v in micro.items()}
@@ -67,7 +69,8 @@ def packed_logprobs(model: Any, micro: dict[str, torch.Tensor], cfg: Config) -> 
     rows = mask.nonzero()[:, 0]
     return token_logprobs(hidden[rows, micro["source"][mask]][None], weight,
                           micro["input_ids"][mask][None], chunk_tokens=cfg.chunk_tokens,
-                          lm_head_bias=bias, temperature=cfg.temperature)[0]
+                          lm_head_bias=bias, temperature=cfg.temperature,
+                          matmul_dtype=None if dtype == torch.float32 else dtype)[0]
 
 
 @torch.no_grad()
