@@ -367,6 +367,51 @@ def test_decode_dropping_finished_sequences_equals_generate(tiny_model, compact_
         assert set(rows_seen) == {len(prompts)}
 
 
+def test_preallocated_cache_layer_equals_dynamic_layer():
+    """preallocate(): a DynamicCache's layers become views of buffers with room; through
+    updates past the room (the buffer doubles), batch selection, repeat and crop, keys and
+    values equal a plain DynamicLayer's, and updates write in place (no new buffer while
+    there is room)."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    g = torch.Generator().manual_seed(0)
+
+    def kv(b, n):
+        return torch.randn(b, 2, n, 4, generator=g), torch.randn(b, 2, n, 4, generator=g)
+
+    ref, cache = DynamicLayer(), DynamicCache()
+    k, v = kv(3, 5)
+    ref.update(k, v)
+    cache.update(k, v, 0)
+    generation.preallocate(cache, tokens=3)
+    layer = cache.layers[0]
+    assert type(layer) is not DynamicLayer and layer._k.shape[2] == 8
+    buf = layer._k
+    for step, op in enumerate(["add", "add", "add", "select", "add", "add", "repeat", "add",
+                               "crop", "add"]):
+        if op == "add":
+            k, v = kv(len(ref.keys), 1 + step % 2)
+            ref.update(k, v)
+            got = layer.update(k, v)
+            assert got[0] is layer.keys and got[1] is layer.values
+        elif op == "select":
+            idx = torch.tensor([2, 0])
+            ref.batch_select_indices(idx)
+            layer.batch_select_indices(idx)
+        elif op == "repeat":
+            ref.batch_repeat_interleave(2)
+            layer.batch_repeat_interleave(2)
+        else:
+            ref.crop(-2)
+            layer.crop(-2)
+        torch.testing.assert_close(layer.keys, ref.keys, rtol=0, atol=0)
+        torch.testing.assert_close(layer.values, ref.values, rtol=0, atol=0)
+        assert layer.get_seq_length() == ref.get_seq_length()
+        if step == 1:  # 5 + 1 + 2 tokens: still the first buffer, written in place
+            assert layer._k is buf and layer.keys.data_ptr() == buf.data_ptr()
+    assert layer._k.shape[2] >= 16  # grew past 8 by doubling
+
+
 @pytest.mark.parametrize("greedy", [True, False])
 def test_prefix_shared_generation_equals_one_sequence_per_prompt_copy(tiny_dir, greedy):
     """A group's prompt run once with its KV cache repeated gives the same completions as G

@@ -202,6 +202,8 @@ def decode(model: Any, ids: torch.Tensor, att: torch.Tensor, cache: Any, max_new
     for t in range(max_new):
         res = model(**inputs, attention_mask=att, use_cache=True, logits_to_keep=1)
         cache, scores = getattr(res, name), res.logits[:, -1].float()
+        if t == 0:  # room for every token still to come: no torch.cat of the cache per step
+            preallocate(cache, max_new - 1)
         token = scores.argmax(-1) if draw is None else draw(None, scores).argmax(-1)
         token = token.masked_fill(ended, pad)
         out[live, t] = token
@@ -217,6 +219,92 @@ def decode(model: Any, ids: torch.Tensor, att: torch.Tensor, cache: Any, max_new
         inputs = {"input_ids": token[:, None], "position_ids": att.sum(-1, keepdim=True) - 1,
                   name: cache}
     return out[:, :steps]
+
+
+def preallocate(cache: Any, tokens: int) -> None:
+    """Give each plain ``DynamicLayer`` of a ``transformers`` KV cache (``cache.layers``)
+    room for ``tokens`` more tokens: its keys and values become views of buffers ``[B,
+    heads, length + tokens, head_dim]`` that later steps write into, instead of the
+    ``torch.cat`` of the whole cache per layer and step that ``DynamicLayer.update`` does (a
+    step of 16 sequences with 150-token prompts spent 35% of its time in that copy on CPU).
+    Caches without ``layers`` (transformers < 4.56) or other layer types are left as they are."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None) or []
+    for i, layer in enumerate(layers):
+        if type(layer) is DynamicLayer and layer.is_initialized and layer.keys.dim() == 4:
+            layers[i] = _PreallocatedLayer(layer.keys, layer.values, tokens)
+
+
+def _preallocated_layer_class() -> Any:
+    from transformers.cache_utils import DynamicLayer
+
+    class PreallocatedLayer(DynamicLayer):
+        """A ``DynamicLayer`` whose ``keys`` / ``values`` are views of the first ``n`` tokens
+        of buffers with spare room (``_k``, ``_v``: ``[B, heads, capacity, head_dim]``); a
+        buffer out of room is doubled (as a list grows)."""
+
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, tokens: int) -> None:
+            super().__init__()
+            self.lazy_initialization(keys, values)
+            self._n = 0
+            self._k, self._v = self._room(keys, keys.shape[2] + tokens), \
+                self._room(values, values.shape[2] + tokens)
+            self.update(keys, values)
+
+        @staticmethod
+        def _room(t: torch.Tensor, capacity: int) -> torch.Tensor:
+            return t.new_empty((t.shape[0], t.shape[1], capacity, t.shape[3]))
+
+        def _adopt(self, k: torch.Tensor, v: torch.Tensor) -> None:
+            """Buffers of the current capacity holding ``k`` / ``v`` (``[B', h, n, d]``)."""
+            cap = max(self._k.shape[2], k.shape[2])
+            self._k, self._v, self._n = self._room(k, cap), self._room(v, cap), k.shape[2]
+            self._k[:, :, :self._n] = k
+            self._v[:, :, :self._n] = v
+            self.keys, self.values = self._k[:, :, :self._n], self._v[:, :, :self._n]
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            n = self._n + key_states.shape[2]
+            if n > self._k.shape[2]:
+                old_k, old_v = self.keys, self.values
+                self._k = self._room(old_k, max(n, 2 * self._k.shape[2]))
+                self._v = self._room(old_v, self._k.shape[2])
+                self._k[:, :, :self._n] = old_k
+                self._v[:, :, :self._n] = old_v
+            self._k[:, :, self._n:n] = key_states
+            self._v[:, :, self._n:n] = value_states
+            self._n = n
+            self.keys, self.values = self._k[:, :, :n], self._v[:, :, :n]
+            return self.keys, self.values
+
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            self._adopt(self.keys[indices], self.values[indices])
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            self._adopt(self.keys.repeat_interleave(repeats, 0),
+                        self.values.repeat_interleave(repeats, 0))
+
+        def crop(self, tokens_to_remove: int) -> None:
+            super().crop(tokens_to_remove)  # checks the argument, slices keys / values
+            self._n = self.keys.shape[2]
+
+        def reset(self) -> None:
+            super().reset()
+            self._n = 0
+
+    return PreallocatedLayer
+
+
+def _PreallocatedLayer(keys: torch.Tensor, values: torch.Tensor, tokens: int) -> Any:
+    global _LAYER_CLASS
+    if _LAYER_CLASS is None:  # transformers imported only when a cache is made
+        _LAYER_CLASS = _preallocated_layer_class()
+    return _LAYER_CLASS(keys, values, tokens)
+
+
+_LAYER_CLASS: Any = None
 
 
 def inverse_cdf_sample(scores: torch.Tensor) -> torch.Tensor:
