@@ -13,6 +13,18 @@ from rlbuffers.memory.process import set_mmap_threshold
 # allocations).
 set_mmap_threshold(1 << 20)
 
+
+@pytest.fixture(autouse=True)
+def _malloc_defaults():
+    """A trainer run in-process calls ``reuse_heap`` (1 GiB thresholds): restore the 1 MiB
+    mmap threshold and glibc's 128 KiB trim threshold for the next test."""
+    yield
+    import ctypes
+    import sys
+
+    if set_mmap_threshold(1 << 20) and sys.platform.startswith("linux"):
+        ctypes.CDLL("libc.so.6").mallopt(-1, 128 * 1024)  # M_TRIM_THRESHOLD
+
 FIELD_KINDS = {
     "frame": FieldSpec((4, 6, 6), "uint8"),
     "obs": FieldSpec((3,), "float32"),

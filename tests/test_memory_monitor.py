@@ -22,7 +22,7 @@ from rlbuffers.memory import (
     rss_bytes,
     tensor_summary,
 )
-from rlbuffers.memory.process import reset_peak_rss, trim_heap
+from rlbuffers.memory.process import reset_peak_rss, reuse_heap, trim_heap
 
 MIB = 2**20
 LOGGER = "rlbuffers.memory.monitor"
@@ -52,6 +52,46 @@ def test_trim_heap_returns_freed_heap_blocks_held_below_a_live_one():
     assert trim_heap() is True
     assert before - rss_bytes() > 300 * MIB
     assert all(p.sum() == 90_000 for p in pins)
+
+
+REUSE = """
+import numpy as np
+from rlbuffers.memory.process import reuse_heap, rss_bytes, trim_heap
+MIB = 2**20
+assert reuse_heap({arg}) is {ret}
+pin = np.ones(1000)
+block = np.ones(12 * MIB)  # 96 MiB: above glibc's largest dynamic mmap threshold (32 MiB)
+before_free = rss_bytes()
+del block
+kept = rss_bytes()
+again = np.ones(12 * MIB)  # the same pages, already resident: RSS does not grow
+reused = rss_bytes()
+del again
+trim_heap()
+print(before_free, kept, reused, rss_bytes())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
+def test_reuse_heap_keeps_large_freed_blocks_until_trim():
+    """reuse_heap(): a freed 96 MiB block stays resident and is reused by the next one of its
+    size; trim_heap() then returns it. Without it, glibc unmaps the block on free. Fresh
+    interpreters: conftest's allocator settings must not leak in."""
+    import subprocess
+
+    def run(arg, ret):
+        out = subprocess.run([sys.executable, "-c", REUSE.format(arg=arg, ret=ret)],
+                             capture_output=True, text=True, check=True).stdout
+        return [int(x) / MIB for x in out.split()]
+
+    before_free, kept, reused, trimmed = run("", True)
+    assert kept > before_free - 8 and reused < kept + 8  # kept, then reused in place
+    assert trimmed < kept - 80  # trim_heap gave it back
+    before_free, kept, _, _ = run("1 << 20", True)  # 1 MiB: the block is mmapped again
+    assert kept < before_free - 80
+    with pytest.raises(ValueError, match=r"max_block_bytes: expected an int in \[1, "
+                                         r"2\*\*31 - 1\], got 4294967296"):
+        reuse_heap(2**32)
 
 
 def test_peak_rss_keeps_a_freed_allocation_until_reset():

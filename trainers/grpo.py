@@ -53,7 +53,7 @@ from rlbuffers import FieldSpec, ReplayBuffer
 from rlbuffers.checkpoint import Checkpoints, create_run, load_state
 from rlbuffers.memory import AdaptiveMicroBatch, MemoryMonitor
 from rlbuffers.memory.activations import profile_activations
-from rlbuffers.memory.process import trim_heap
+from rlbuffers.memory.process import reuse_heap, trim_heap
 from rlbuffers.memory.reference import reference_bytes_saved
 from rlbuffers.samplers import GroupSampler
 from rlbuffers.stream.token_store import TokenStore, build_token_store
@@ -573,6 +573,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = start(Config, argv, module="trainers.grpo", doc=__doc__, resumable=RESUMABLE,
                 check=check_config)
     torch.set_num_threads(cfg.train_threads or os.cpu_count() or 1)
+    reuse_heap()  # large blocks reused within a phase (no page faults), trimmed between phases
     monitor = MemoryMonitor()
     model, tok, model_dir = make_policy(cfg)
     buf, ckpt = open_run(cfg, model, tok, model_dir)

@@ -81,6 +81,41 @@ def set_mmap_threshold(nbytes: int = 1 << 20) -> bool:
         return False
 
 
+def reuse_heap(max_block_bytes: int = 1 << 30) -> bool:
+    """Make glibc serve blocks of up to ``max_block_bytes`` bytes from its heap and keep the
+    memory freed there (``mallopt``: ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD`` both set
+    to ``max_block_bytes``), for loops that allocate and free the same large blocks over and
+    over; pair it with :func:`trim_heap` between phases so RSS falls back after each.
+
+    glibc's default serves blocks above its dynamic threshold (at most 32 MiB) with a fresh
+    ``mmap`` each time, whose every page faults in on first touch: the chunked LM head's
+    ``[512, 49,152]`` fp32 logits (100 MB) and its ``[49,152, 576]`` weight-gradient buffers
+    are such blocks, in every micro-batch. Measured (SmolLM2-135M, a 4 x 4 x 64-token GRPO
+    update in bf16 on 2 AMD EPYC cores, fresh processes): ~0.8x the update time at the same
+    peak RSS (3.67 vs 3.68 GB); the same settings as ``MALLOC_MMAP_THRESHOLD_`` /
+    ``MALLOC_TRIM_THRESHOLD_`` at start gave 5.8 s against 7.9 s.
+
+    Returns:
+        True when both were set; False off Linux/glibc (nothing changed).
+
+    Raises:
+        ValueError: ``max_block_bytes`` not in [1, 2**31 - 1] (``mallopt`` takes a C int).
+    """
+    if isinstance(max_block_bytes, bool) or not 1 <= max_block_bytes <= 2**31 - 1:
+        raise ValueError(f"max_block_bytes: expected an int in [1, 2**31 - 1], "
+                         f"got {max_block_bytes!r}")
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        trim = libc.mallopt(-1, int(max_block_bytes))  # -1: M_TRIM_THRESHOLD
+        return bool(trim and libc.mallopt(-3, int(max_block_bytes)))  # -3: M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False
+
+
 def trim_heap() -> bool:
     """Give the free memory of glibc's heaps back to the OS now (``malloc_trim(0)``, which also
     releases free pages inside the heap, not only at its top).
