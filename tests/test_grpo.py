@@ -556,3 +556,19 @@ def test_sampling_processors_draw_from_the_tempered_nucleus(temperature, top_p):
     assert ((freq - want).abs() <= 5 * se + 1e-12).all()
     if top_p < 1:
         assert (want == 0).sum() > 2  # the nucleus really excluded tokens
+
+
+@pytest.mark.parametrize("module", ["grpo", "crsp", "guidance", "erl"])
+def test_help_lists_every_flag(module, capsys):
+    """``--help`` of each trainer prints every config field's flag with its docstring (a
+    docstring holding '%', e.g. "~25% of the update", once broke argparse's formatting)."""
+    import importlib
+
+    mod = importlib.import_module(f"trainers.{module}")
+    with pytest.raises(SystemExit) as exit_info:
+        mod.main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    flags = [f.name.replace("_", "-") for f in dataclasses.fields(mod.Config)]
+    missing = [f for f in flags if f"--{f}" not in out]
+    assert flags and not missing

@@ -52,7 +52,8 @@ def parse_config(cls: type[C], argv: list[str] | None, *, prog: str, description
         kind = argparse.BooleanOptionalAction if isinstance(f.default, bool) else None
         typ = None if kind else (str if f.default is None else type(f.default))
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, action=kind,
-                            help=f"{docs.get(f.name, '')} (default: {f.default})",
+                            help=f"{docs.get(f.name, '')} (default: {f.default})"
+                            .replace("%", "%%"),  # argparse formats help with %
                             type=typ, default=argparse.SUPPRESS)
     given = vars(parser.parse_args(argv))
     run_dir = Path(given.get("run_dir", getattr(cls, "run_dir", "")))

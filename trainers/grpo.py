@@ -573,7 +573,8 @@ def main(argv: list[str] | None = None) -> None:
     cfg = start(Config, argv, module="trainers.grpo", doc=__doc__, resumable=RESUMABLE,
                 check=check_config)
     torch.set_num_threads(cfg.train_threads or os.cpu_count() or 1)
-    reuse_heap()  # large blocks reused within a phase (no page faults), trimmed between phases
+    if cfg.reuse_heap:  # large blocks reused within a phase (no page faults), trimmed after
+        reuse_heap()
     monitor = MemoryMonitor()
     model, tok, model_dir = make_policy(cfg)
     buf, ckpt = open_run(cfg, model, tok, model_dir)
