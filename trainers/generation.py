@@ -5,6 +5,7 @@ by inverting the CDF. Used by the LLM trainers."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -233,9 +234,10 @@ def preallocate(cache: Any, tokens: int) -> None:
     layers = getattr(cache, "layers", None) or []
     for i, layer in enumerate(layers):
         if type(layer) is DynamicLayer and layer.is_initialized and layer.keys.dim() == 4:
-            layers[i] = _PreallocatedLayer(layer.keys, layer.values, tokens)
+            layers[i] = _preallocated_layer_class()(layer.keys, layer.values, tokens)
 
 
+@functools.cache
 def _preallocated_layer_class() -> Any:
     from transformers.cache_utils import DynamicLayer
 
@@ -247,64 +249,47 @@ def _preallocated_layer_class() -> Any:
         def __init__(self, keys: torch.Tensor, values: torch.Tensor, tokens: int) -> None:
             super().__init__()
             self.lazy_initialization(keys, values)
-            self._n = 0
-            self._k, self._v = self._room(keys, keys.shape[2] + tokens), \
-                self._room(values, values.shape[2] + tokens)
-            self.update(keys, values)
+            n = keys.shape[2]
+            self._k, self._v = self._room(keys, n + tokens), self._room(values, n + tokens)
+            self._k[:, :, :n], self._v[:, :, :n] = keys, values
+            self._view(n)
 
         @staticmethod
         def _room(t: torch.Tensor, capacity: int) -> torch.Tensor:
             return t.new_empty((t.shape[0], t.shape[1], capacity, t.shape[3]))
 
-        def _adopt(self, k: torch.Tensor, v: torch.Tensor) -> None:
-            """Buffers of the current capacity holding ``k`` / ``v`` (``[B', h, n, d]``)."""
-            cap = max(self._k.shape[2], k.shape[2])
-            self._k, self._v, self._n = self._room(k, cap), self._room(v, cap), k.shape[2]
-            self._k[:, :, :self._n] = k
-            self._v[:, :, :self._n] = v
-            self.keys, self.values = self._k[:, :, :self._n], self._v[:, :, :self._n]
+        def _view(self, n: int) -> None:
+            self.keys, self.values = self._k[:, :, :n], self._v[:, :, :n]
 
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                    **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-            n = self._n + key_states.shape[2]
+            start = self.keys.shape[2]
+            n = start + key_states.shape[2]
             if n > self._k.shape[2]:
-                old_k, old_v = self.keys, self.values
-                self._k = self._room(old_k, max(n, 2 * self._k.shape[2]))
-                self._v = self._room(old_v, self._k.shape[2])
-                self._k[:, :, :self._n] = old_k
-                self._v[:, :, :self._n] = old_v
-            self._k[:, :, self._n:n] = key_states
-            self._v[:, :, self._n:n] = value_states
-            self._n = n
-            self.keys, self.values = self._k[:, :, :n], self._v[:, :, :n]
+                cap = max(n, 2 * self._k.shape[2])
+                k, v = self._room(self._k, cap), self._room(self._v, cap)
+                k[:, :, :start], v[:, :, :start] = self.keys, self.values
+                self._k, self._v = k, v
+            self._k[:, :, start:n] = key_states
+            self._v[:, :, start:n] = value_states
+            self._view(n)
             return self.keys, self.values
 
         def batch_select_indices(self, indices: torch.Tensor) -> None:
-            self._adopt(self.keys[indices], self.values[indices])
+            n = self.keys.shape[2]
+            self._k, self._v = self._k[indices], self._v[indices]  # one copy, same room
+            self._view(n)
 
         def batch_repeat_interleave(self, repeats: int) -> None:
-            self._adopt(self.keys.repeat_interleave(repeats, 0),
-                        self.values.repeat_interleave(repeats, 0))
+            n = self.keys.shape[2]
+            self._k = self._k.repeat_interleave(repeats, 0)
+            self._v = self._v.repeat_interleave(repeats, 0)
+            self._view(n)
 
-        def crop(self, tokens_to_remove: int) -> None:
-            super().crop(tokens_to_remove)  # checks the argument, slices keys / values
-            self._n = self.keys.shape[2]
-
-        def reset(self) -> None:
-            super().reset()
-            self._n = 0
+        def reset(self) -> None:  # keep the room: length 0 (crop: the base class's slicing)
+            self._view(0)
 
     return PreallocatedLayer
-
-
-def _PreallocatedLayer(keys: torch.Tensor, values: torch.Tensor, tokens: int) -> Any:
-    global _LAYER_CLASS
-    if _LAYER_CLASS is None:  # transformers imported only when a cache is made
-        _LAYER_CLASS = _preallocated_layer_class()
-    return _LAYER_CLASS(keys, values, tokens)
-
-
-_LAYER_CLASS: Any = None
 
 
 def inverse_cdf_sample(scores: torch.Tensor) -> torch.Tensor:
