@@ -137,6 +137,29 @@ def test_bf16_matmuls_keep_target_and_max_logits_exact():
     assert torch.equal(exact, token_logprobs(hidden, weight, targets))
 
 
+@pytest.mark.parametrize("matmul_dtype", [None, torch.bfloat16])
+def test_caller_autocast_changes_nothing(matmul_dtype):
+    """Called (forward and backward) inside the caller's bf16 autocast region (e.g. one
+    region around a whole micro-batch loop): values and gradients are bitwise those of a
+    call without autocast (the head chooses its own matmul dtype; an
+    ambient autocast once broke the fp32 recomputation with a dtype error)."""
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(2, 30, 32, generator=g)
+    weight = torch.randn(200, 32, generator=g)
+    targets = torch.randint(0, 200, (2, 30), generator=g)
+    results = []
+    for ambient in (False, True):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=ambient):
+            lp, ent = token_logprobs(h, w, targets, chunk_tokens=16, with_entropy=True,
+                                     matmul_dtype=matmul_dtype)
+            (lp.sum() + 0.5 * ent.sum()).backward()
+        results.append((lp, ent, h.grad, w.grad))
+    for plain, ambient in zip(*results, strict=True):
+        assert plain.dtype == ambient.dtype == torch.float32
+        assert torch.equal(plain, ambient)
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"matmul_dtype": torch.int8}, "matmul_dtype: expected a floating torch.dtype or None"),
     ({"matmul_dtype": "bf16"}, "matmul_dtype: expected a floating torch.dtype or None"),

@@ -14,6 +14,10 @@ is ``onehot(y) - softmax(z)`` and that of the entropy ``H = -sum p log p`` is
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -82,10 +86,22 @@ def _logsumexp_(z: Tensor) -> Tensor:
     return z.sub_(m).exp_().sum(-1).log_().add_(m.squeeze(1))
 
 
+def _without_autocast(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn(ctx, x, ...)`` run with autocast off on ``x``'s device: the matmul dtype here is
+    chosen by ``matmul_dtype`` and the fp32 recomputation must stay fp32, whatever autocast
+    region the caller (or the backward pass) runs in."""
+    @functools.wraps(fn)
+    def run(ctx: Any, x: Tensor, *args: Any) -> Any:
+        with torch.autocast(x.device.type, enabled=False):
+            return fn(ctx, x, *args)
+    return run
+
+
 class _ChunkedTokenLogprobs(torch.autograd.Function):
     """Autograd function: forward and backward one chunk of tokens at a time."""
 
     @staticmethod
+    @_without_autocast
     def forward(ctx, hidden, weight, bias, targets, temperature, chunk_tokens, with_entropy,
                 low):
         n = hidden.shape[0]
@@ -117,6 +133,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         return logp, entropy
 
     @staticmethod
+    @_without_autocast
     def backward(ctx, grad_logp, grad_entropy):
         hidden, weight, bias, targets, lse, entropy, low, top = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
@@ -202,7 +219,8 @@ def token_logprobs(hidden: Tensor, lm_head_weight: Tensor, target_ids: Tensor, *
             ~3e-2 for plain bf16 logits). Softmax and gradients with respect to the logits
             stay fp32; the gradients with respect to ``hidden`` and the weight are computed
             by matmuls in ``matmul_dtype`` (as autocast does for every other linear layer).
-            None: the weight's dtype, with fp32 logits.
+            None: the weight's dtype, with fp32 logits. An autocast region around the call
+            changes nothing (autocast is off inside, forward and backward).
 
     Returns:
         ``logprobs: float32[B, T]``, and ``entropy: float32[B, T]`` (nats) when
