@@ -21,6 +21,7 @@ absent or resumable.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -148,7 +149,7 @@ class Checkpoints:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         for name, obj in (torch_files or {}).items():
-            _write_file(tmp / name, lambda f, obj=obj: _torch_save_without_zip_crc(obj, f))
+            _write_file(tmp / name, functools.partial(_torch_save_without_zip_crc, obj))
         for name, write in (writers or {}).items():
             write(tmp / name)
             fsync_path(tmp / name)

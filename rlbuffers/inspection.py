@@ -52,7 +52,7 @@ class _Stats:
         self.n = tot
         self.lo, self.hi = min(self.lo, float(x.min())), max(self.hi, float(x.max()))
 
-    def report(self) -> dict[str, float] | None:
+    def report(self) -> dict[str, float | None] | None:
         if not self.n and not (self.nan or self.inf):
             return None
         if not self.n:
@@ -180,7 +180,7 @@ def _fields_report(tier: ZarrTier, m: Manifest, skip: set[tuple[str, int]]) -> d
             "ratio": round(raw / stored, 3) if stored else None,
             "chunks": len(chunks),
             "chunk_transitions": m.layout.stored_chunk_rows[name],
-            "nan": stats.nan if counted else None,
-            "inf": stats.inf if counted else None,
+            "nan": stats.nan if stats is not None and counted else None,
+            "inf": stats.inf if stats is not None and counted else None,
         }
     return out

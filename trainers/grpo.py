@@ -408,7 +408,9 @@ def train_step(cfg: Config, model: Any, tok: Any, opt: torch.optim.Optimizer,
     """Generate, score, reference, update (mu iterations), add to the buffer; returns the
     step's metrics row (the caller checkpoints and commits). ``wait_save()`` is called before
     the weights or the buffer change: the previous step's checkpoint may still be writing."""
-    step, row, times, peaks = trainer["step"] + 1, {}, {}, {}
+    step, row = trainer["step"] + 1, {}
+    times: dict[str, float] = {}
+    peaks: dict[str, int] = {}
     indices = next_prompts(store, cfg, trainer["data"])
     prompts = [np.asarray(store[i], np.int64) for i in indices]
 
