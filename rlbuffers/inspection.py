@@ -170,7 +170,7 @@ def _fields_report(tier: ZarrTier, m: Manifest, skip: set[tuple[str, int]]) -> d
             raw = 0
         if not spec.ragged:
             raw = m.ring.size * spec.item_bytes
-        counted = stats is not None and _scanned(spec)
+        counted = stats if stats is not None and _scanned(spec) else None
         out[name] = {
             "shape": list(spec.shape),
             "dtype": str(spec.dtype),
@@ -180,7 +180,7 @@ def _fields_report(tier: ZarrTier, m: Manifest, skip: set[tuple[str, int]]) -> d
             "ratio": round(raw / stored, 3) if stored else None,
             "chunks": len(chunks),
             "chunk_transitions": m.layout.stored_chunk_rows[name],
-            "nan": stats.nan if stats is not None and counted else None,
-            "inf": stats.inf if stats is not None and counted else None,
+            "nan": counted.nan if counted is not None else None,
+            "inf": counted.inf if counted is not None else None,
         }
     return out
