@@ -14,8 +14,73 @@ from tests.faults import FaultInjector, SimulatedCrash
 def test_prune_keeps_newest_committed_checkpoints(tmp_path):
     for name in ("gen-1", "gen-2", "gen-3", "gen-4", "gen-5.tmp"):
         (tmp_path / name).mkdir()
-    Checkpoints(tmp_path, prefix="gen", keep=2).prune(committed=3)
+    Checkpoints(tmp_path, prefix="gen", keep=2, recycle=False).prune(committed=3)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gen-2", "gen-3"]
+    for name in ("gen-1", "gen-4", "gen.spare"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "gen-1" / "a.pt").write_bytes(b"1")
+    (tmp_path / "gen-2" / "a.pt").write_bytes(b"2")  # the newest dropped: the spare
+    Checkpoints(tmp_path, prefix="gen", keep=1).prune(committed=3)  # recycle: a new spare
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gen-3", "gen.spare"]
+    assert (tmp_path / "gen.spare" / "a.pt").read_bytes() == b"2"
+
+
+def _opt_state(n: int, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"state": {0: {"exp_avg": torch.randn(n, generator=g), "step": torch.tensor(seed)}},
+            "param_groups": [{"lr": 0.1, "params": [0]}]}
+
+
+def test_write_overwrites_the_spare_in_place_with_the_same_bytes(tmp_path):
+    """The dropped checkpoint's files are rewritten in place (same inode: its cached pages are
+    reused), shorter or longer than before, byte for byte what a fresh write gives; files
+    the new checkpoint does not have are gone."""
+    ckpts = Checkpoints(tmp_path / "ckpt", keep=1)
+    fresh = Checkpoints(tmp_path / "fresh", recycle=False)
+    for step, n in ((1, 50_000), (2, 100), (3, 70_000)):
+        extra = {"w.bin": lambda p, k=step: p.write_bytes(bytes([k]) * (1000 * k))}
+        if ckpts.spare.is_dir():
+            (ckpts.spare / "stale.bin").write_bytes(b"old")
+            inode = (ckpts.spare / "opt.pt").stat().st_ino
+        path = ckpts.write(step, {"opt.pt": _opt_state(n, step)}, writers=extra,
+                           state={"step": step} if step != 2 else None)
+        want = fresh.write(step, {"opt.pt": _opt_state(n, step)}, writers=extra,
+                           state={"step": step} if step != 2 else None)
+        ckpts.prune(step)
+        assert sorted(p.name for p in path.iterdir()) == sorted(p.name for p in want.iterdir())
+        for f in want.iterdir():
+            assert (path / f.name).read_bytes() == f.read_bytes(), f.name
+        assert ckpts.latest(step) == path
+        if step > 2:  # step 1's files, dropped by the prune of step 2, were overwritten
+            assert (path / "opt.pt").stat().st_ino == inode
+    assert ckpts.steps() == [3] and ckpts.spare.is_dir()
+
+
+def test_a_crash_while_overwriting_the_spare_leaves_the_committed_checkpoint(tmp_path):
+    """Killed at each filesystem operation of a write that recycles the spare: the committed
+    checkpoint still verifies and loads, and the next write and prune work."""
+    def setup(root):
+        ckpts = Checkpoints(root, keep=1)
+        for step in (1, 2):
+            ckpts.write(step, {"opt.pt": _opt_state(1000, step)}, state={"step": step})
+            ckpts.prune(step)
+        return ckpts
+
+    counter = FaultInjector()
+    ckpts = setup(tmp_path / "count")
+    with counter.installed():
+        ckpts.write(3, {"opt.pt": _opt_state(1000, 3)}, state={"step": 3})
+    assert counter.count > 5
+    for k in range(1, counter.count + 1):
+        ckpts = setup(tmp_path / f"run{k}")
+        with pytest.raises(SimulatedCrash), FaultInjector(at=k).installed():
+            ckpts.write(3, {"opt.pt": _opt_state(1000, 3)}, state={"step": 3})
+        ckpts.prune(2)  # the buffer's commit still names step 2
+        got = torch.load(ckpts.latest(2) / "opt.pt", weights_only=True)
+        assert torch.equal(got["state"][0]["exp_avg"], _opt_state(1000, 2)["state"][0]["exp_avg"])
+        ckpts.write(3, {"opt.pt": _opt_state(1000, 3)}, state={"step": 3})
+        ckpts.prune(3)
+        assert load_state(ckpts.latest(3)) == {"step": 3} and ckpts.steps() == [3]
 
 
 def test_write_checkpoint_replaces_a_stale_directory_atomically(tmp_path):
