@@ -11,16 +11,17 @@ other, so the protocol orders them:
 3. :meth:`Checkpoints.prune` drops checkpoints newer than the commit (a crash came between 1
    and 2) and all but the ``keep`` newest committed ones; the newest dropped one becomes the
    *spare* (``<root>/<prefix>.spare``, no longer a checkpoint), whose files the next
-   :meth:`Checkpoints.write` overwrites in place.
+   :meth:`Checkpoints.write` overwrites.
 
-Why a spare: a file written afresh takes new page-cache pages, and on a VM whose freed memory
-goes back to the host (virtio-balloon free page reporting, e.g. Firecracker), each new page
-costs a host fault: 1.5 GiB written afresh took 3.2-4.6 s of kernel time here (AMD EPYC
+Page-cache pages: a file written afresh takes new page-cache pages, and on a VM whose freed
+memory goes back to the host (virtio-balloon free page reporting, e.g. Firecracker), each new
+page costs a host fault: 1.5 GiB written afresh took 3.2-4.6 s of kernel time here (AMD EPYC
 VM, 2 cores), the same bytes written over the cached pages of an existing file 0.4 s, and
-written after deleting such a file (its pages freed and taken again at once) 0.7-1.2 s. The
-``torch_files`` are rewritten in place; ``writers`` (e.g. safetensors, which truncates) write
-over the spare's file of the same name. The price is one more checkpoint's bytes on disk
-(``recycle=False`` turns it off).
+written after deleting such a file (its pages freed and taken again at once) 0.7-1.2 s. So the
+``torch_files`` (the optimizer state: the bulk) bypass the page cache
+(:mod:`rlbuffers.direct_io`, ``O_DIRECT``), and ``writers`` (e.g. safetensors, which opens the
+file itself) write over the spare's file of the same name, whose pages are cached. The price
+of the spare is one more checkpoint's bytes on disk (``recycle=False`` turns it off).
 
 On resume, the buffer's last commit names the step; :meth:`Checkpoints.latest` returns the
 directory of that step: the last complete (checkpoint, buffer commit) pair, after checking
@@ -32,7 +33,6 @@ absent or resumable.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlbuffers.direct_io import DirectWriter
 from rlbuffers.errors import CorruptCheckpointError
 from rlbuffers.storage.location import fsync_path
 
@@ -101,15 +102,18 @@ def _torch_save_without_zip_crc(obj: Any, f: Any) -> None:
         config.save.compute_crc32 = old
 
 
-def _write_file(path: Path, write: Callable[[Any], None], in_place: bool = False) -> None:
-    """``write(f)`` into ``path`` and fsync it; ``in_place``: an existing file is overwritten
-    without truncating it first (its cached pages are reused) and cut to the new length
-    after."""
-    with open(path, "r+b" if in_place and path.is_file() else "wb") as f:
+def _write_file(path: Path, write: Callable[[Any], None]) -> None:
+    with open(path, "wb") as f:
         write(f)
-        f.truncate()
         f.flush()
         os.fsync(f.fileno())
+
+
+def _write_direct(path: Path, obj: Any) -> int:
+    """``torch.save`` of ``obj`` to ``path`` bypassing the page cache; returns its crc32c."""
+    with DirectWriter(path) as f:
+        _torch_save_without_zip_crc(obj, f)
+    return f.crc32c
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -160,8 +164,10 @@ class Checkpoints:
         with ``torch.save``, each of ``writers`` (file name -> ``write(path)``, e.g. a
         safetensors save), and ``state`` (plain JSON data) as ``state.json``; the crc32c of
         each in ``checksums.json``; every file and the directory fsynced, then renamed over
-        any older ``<prefix>-<step>``. A spare left by :meth:`prune` becomes the temporary
-        directory: its files are overwritten in place and the ones not written again removed.
+        any older ``<prefix>-<step>``. The ``torch_files`` bypass the page cache
+        (:class:`rlbuffers.direct_io.DirectWriter`, their crc32c taken as they are written). A
+        spare left by :meth:`prune` becomes the temporary directory: ``writers`` write over its
+        files, and the ones not written again are removed.
 
         Raises:
             ValueError: ``step`` is negative. OSError: the write failed (no checkpoint
@@ -181,16 +187,15 @@ class Checkpoints:
                     shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
         else:
             tmp.mkdir(parents=True)
-        for name, obj in (torch_files or {}).items():
-            _write_file(tmp / name, functools.partial(_torch_save_without_zip_crc, obj),
-                        in_place=True)
+        sums = {name: _write_direct(tmp / name, obj) for name, obj in (torch_files or {}).items()}
         for name, write in (writers or {}).items():
             write(tmp / name)
             fsync_path(tmp / name)
         if state is not None:
             _write_file(tmp / STATE_JSON, lambda f: f.write(json.dumps(state).encode()))
-        sums = {p.name: file_crc32c(p) for p in sorted(tmp.iterdir())
-                if p.is_file() and p.name != CHECKSUMS_JSON}
+        sums.update({p.name: file_crc32c(p) for p in sorted(tmp.iterdir())
+                     if p.is_file() and p.name not in sums and p.name != CHECKSUMS_JSON})
+        sums = dict(sorted(sums.items()))
         _write_file(tmp / CHECKSUMS_JSON, lambda f: f.write(json.dumps(sums).encode()))
         fsync_path(tmp)
         shutil.rmtree(final, ignore_errors=True)

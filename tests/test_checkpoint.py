@@ -31,17 +31,18 @@ def _opt_state(n: int, seed: int) -> dict:
             "param_groups": [{"lr": 0.1, "params": [0]}]}
 
 
-def test_write_overwrites_the_spare_in_place_with_the_same_bytes(tmp_path):
-    """The dropped checkpoint's files are rewritten in place (same inode: its cached pages are
-    reused), shorter or longer than before, byte for byte what a fresh write gives; files
-    the new checkpoint does not have are gone."""
+def test_write_reuses_the_spare_and_writes_the_same_bytes(tmp_path):
+    """The dropped checkpoint's directory is reused: its files written over (a writer's file
+    keeps its inode: the same cached pages), shorter or longer than before, byte for byte
+    what a fresh write gives (torch files bypass the page cache, crc32c taken on the way);
+    files the new checkpoint does not have are gone."""
     ckpts = Checkpoints(tmp_path / "ckpt", keep=1)
     fresh = Checkpoints(tmp_path / "fresh", recycle=False)
     for step, n in ((1, 50_000), (2, 100), (3, 70_000)):
         extra = {"w.bin": lambda p, k=step: p.write_bytes(bytes([k]) * (1000 * k))}
         if ckpts.spare.is_dir():
             (ckpts.spare / "stale.bin").write_bytes(b"old")
-            inode = (ckpts.spare / "opt.pt").stat().st_ino
+            inode = (ckpts.spare / "w.bin").stat().st_ino
         path = ckpts.write(step, {"opt.pt": _opt_state(n, step)}, writers=extra,
                            state={"step": step} if step != 2 else None)
         want = fresh.write(step, {"opt.pt": _opt_state(n, step)}, writers=extra,
@@ -52,7 +53,7 @@ def test_write_overwrites_the_spare_in_place_with_the_same_bytes(tmp_path):
             assert (path / f.name).read_bytes() == f.read_bytes(), f.name
         assert ckpts.latest(step) == path
         if step > 2:  # step 1's files, dropped by the prune of step 2, were overwritten
-            assert (path / "opt.pt").stat().st_ino == inode
+            assert (path / "w.bin").stat().st_ino == inode
     assert ckpts.steps() == [3] and ckpts.spare.is_dir()
 
 
