@@ -160,6 +160,40 @@ def test_caller_autocast_changes_nothing(matmul_dtype):
         assert torch.equal(plain, ambient)
 
 
+@pytest.mark.parametrize("matmul_dtype", [None, torch.bfloat16])
+@pytest.mark.parametrize("tied", [False, True])
+def test_accumulated_weight_grad_equals_autograd(matmul_dtype, tied, monkeypatch):
+    """accumulate_weight_grad: two backward passes (a gradient-accumulation loop) leave in
+    .grad what autograd's returned gradients leave, with .grad None or holding values at
+    the start, and with the weight also used as a (sparse-gradient) input embedding; the
+    vocabulary is split in blocks of 5 rows here (the weight gradient computed per block)."""
+    import rlbuffers.memory.logprobs as lp_mod
+    monkeypatch.setattr(lp_mod, "_VOCAB_BLOCK", 5)
+    results = []
+    for accumulate in (False, True):
+        hidden, weight, _, targets = leaves(2, 6, 8, 23, bias=False, seed=4)
+        ids = torch.randint(0, 23, (2, 6), generator=torch.Generator().manual_seed(9))
+        weight.grad = torch.full_like(weight, 0.5) if tied else None  # both starts
+        for k in range(2):  # two micro-batches into one .grad
+            h = hidden * (k + 1)
+            if tied:  # the same weight as input embedding, its rows' gradient sparse
+                h = h + torch.nn.functional.embedding(ids, weight, sparse=accumulate)
+            out = token_logprobs(h, weight, targets, chunk_tokens=5, matmul_dtype=matmul_dtype,
+                                 accumulate_weight_grad=accumulate)
+            (out * torch.linspace(-1, 1, 12).reshape(2, 6)).sum().backward()
+        assert weight.grad.dtype == torch.float32 and weight.grad.layout == torch.strided
+        results.append((weight.grad.clone(), hidden.grad.clone()))
+    (w0, h0), (w1, h1) = results
+    torch.testing.assert_close(w1, w0, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(h1, h0, atol=1e-5, rtol=1e-4)
+
+
+def test_accumulate_weight_grad_needs_a_leaf():
+    hidden, weight, _, targets = leaves(1, 4, 8, 11, bias=False, seed=0)
+    with pytest.raises(ValueError, match="lm_head_weight: accumulate_weight_grad needs a leaf"):
+        token_logprobs(hidden, weight * 2, targets, accumulate_weight_grad=True)
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"matmul_dtype": torch.int8}, "matmul_dtype: expected a floating torch.dtype or None"),
     ({"matmul_dtype": "bf16"}, "matmul_dtype: expected a floating torch.dtype or None"),

@@ -60,17 +60,30 @@ def packed_logprobs(model: Any, micro: dict[str, torch.Tensor], cfg: Config) -> 
                 ~allowed, torch.finfo(torch.float32).min)
         attend = {"attention_mask": allowed}
     dtype = getattr(torch, getattr(cfg, "train_dtype", "float32"))
-    with torch.autocast(micro["input_ids"].device.type, dtype=dtype,
-                        enabled=dtype != torch.float32):
-        hidden = decoder(input_ids=micro["input_ids"], position_ids=micro["position_ids"],
-                         use_cache=False, **attend).last_hidden_state
+    # The head's weight gradient goes straight into .grad (no [V, H] buffer per micro-batch);
+    # a tied input embedding then sends only its looked-up rows (a sparse gradient) instead of
+    # a dense [V, H] one: the head's backward, which runs first, has made .grad dense.
+    accumulate = weight.requires_grad and weight.is_leaf and torch.is_grad_enabled()
+    embed = decoder.get_input_embeddings()
+    sparse = getattr(embed, "sparse", None)
+    if accumulate and sparse is not None and embed.weight is weight:
+        embed.sparse = True
+    try:
+        with torch.autocast(micro["input_ids"].device.type, dtype=dtype,
+                            enabled=dtype != torch.float32):
+            hidden = decoder(input_ids=micro["input_ids"], position_ids=micro["position_ids"],
+                             use_cache=False, **attend).last_hidden_state
+    finally:
+        if sparse is not None:
+            embed.sparse = sparse
     hidden = hidden.float()  # the LM head and log-softmax in fp32 (mixed precision)
     mask = micro["mask"]
     rows = mask.nonzero()[:, 0]
     return token_logprobs(hidden[rows, micro["source"][mask]][None], weight,
                           micro["input_ids"][mask][None], chunk_tokens=cfg.chunk_tokens,
                           lm_head_bias=bias, temperature=cfg.temperature,
-                          matmul_dtype=None if dtype == torch.float32 else dtype)[0]
+                          matmul_dtype=None if dtype == torch.float32 else dtype,
+                          accumulate_weight_grad=accumulate)[0]
 
 
 @torch.no_grad()

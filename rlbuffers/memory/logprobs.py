@@ -103,7 +103,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
     @staticmethod
     @_without_autocast
     def forward(ctx, hidden, weight, bias, targets, temperature, chunk_tokens, with_entropy,
-                low):
+                low, accumulate):
         n = hidden.shape[0]
         logp = torch.zeros(n, dtype=torch.float32, device=hidden.device)
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
@@ -130,6 +130,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy, low, top)
         ctx.temperature = temperature
         ctx.chunk_tokens = chunk_tokens
+        ctx.accumulate_into = weight if accumulate else None  # the leaf whose .grad grows
         return logp, entropy
 
     @staticmethod
@@ -138,8 +139,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         hidden, weight, bias, targets, lse, entropy, low, top = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
-            if need_w else None
+        grad_w = _weight_grad_target(weight, ctx.accumulate_into) if need_w else None
         grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) \
             if need_b and bias is not None else None
         g_lp = grad_logp.float().masked_fill(targets == IGNORE_INDEX, 0.0)
@@ -161,16 +161,44 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             if grad_h is not None:
                 grad_h[sl] = (gz.to(mm.dtype) @ mm).to(hidden.dtype)
             if grad_w is not None:
-                if low is None:
-                    grad_w.addmm_(gz.t(), h.float())
-                else:
-                    grad_w.add_(gz.t() @ h.to(low.dtype))
+                _add_weight_grad_(grad_w, gz, h.float() if low is None else h.to(low.dtype))
             if grad_b is not None:
                 grad_b.add_(gz.sum(0))
             del g, gz  # as in forward: one chunk alive at a time
-        grad_w = None if grad_w is None else grad_w.to(weight.dtype)
+        if ctx.accumulate_into is not None or grad_w is None:
+            grad_w = None  # accumulated in place (or not needed)
+        else:
+            grad_w = grad_w.to(weight.dtype)
         grad_b = None if grad_b is None else grad_b.to(bias.dtype)
-        return grad_h, grad_w, grad_b, None, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None, None
+
+
+def _weight_grad_target(weight: Tensor, leaf: Tensor | None) -> Tensor:
+    """Where the weight gradient is summed: the ``leaf``'s ``.grad`` (created as zeros when
+    None) with ``accumulate_weight_grad``, else a new fp32 ``[V, H]``."""
+    if leaf is None:
+        return torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+    if leaf.grad is None:
+        leaf.grad = torch.zeros_like(leaf)
+    return leaf.grad
+
+
+#: Vocabulary rows of the weight gradient computed per matmul: a [V, H] product in the
+#: matmul dtype is never materialised (57 MB in bf16 for SmolLM2) beside the fp32 gradient.
+_VOCAB_BLOCK = 8192
+
+
+def _add_weight_grad_(grad_w: Tensor, gz: Tensor, h: Tensor) -> None:
+    """``grad_w += gz.T @ h`` (``grad_w: [V, H]``, ``gz: [c, V]``, ``h: [c, H]``, the same
+    dtype as ``gz``), ``_VOCAB_BLOCK`` rows at a time: in place when the dtypes agree, else
+    through a ``[_VOCAB_BLOCK, H]`` product."""
+    same = grad_w.dtype == gz.dtype
+    for v0 in range(0, grad_w.shape[0], _VOCAB_BLOCK):
+        block, g = grad_w[v0:v0 + _VOCAB_BLOCK], gz[:, v0:v0 + _VOCAB_BLOCK].t()
+        if same:
+            block.addmm_(g, h)
+        else:
+            block.add_(g @ h)
 
 
 def _grad_wrt_logits(logp: Tensor, g_lp: Tensor, g_ent: Tensor | None, ent: Tensor | None,
@@ -191,7 +219,8 @@ def _grad_wrt_logits(logp: Tensor, g_lp: Tensor, g_ent: Tensor | None, ent: Tens
 def token_logprobs(hidden: Tensor, lm_head_weight: Tensor, target_ids: Tensor, *,
                    chunk_tokens: int = 1024, lm_head_bias: Tensor | None = None,
                    temperature: float = 1.0, with_entropy: bool = False,
-                   matmul_dtype: torch.dtype | None = None) -> Tensor | tuple[Tensor, Tensor]:
+                   matmul_dtype: torch.dtype | None = None,
+                   accumulate_weight_grad: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """Log-probabilities of ``target_ids`` under ``softmax((hidden @ W.T + b) / temperature)``.
 
     Equal (to fp32 rounding, values and gradients) to
@@ -221,6 +250,14 @@ def token_logprobs(hidden: Tensor, lm_head_weight: Tensor, target_ids: Tensor, *
             by matmuls in ``matmul_dtype`` (as autocast does for every other linear layer).
             None: the weight's dtype, with fp32 logits. An autocast region around the call
             changes nothing (autocast is off inside, forward and backward).
+        accumulate_weight_grad: the backward pass adds the weight's gradient straight into
+            ``lm_head_weight.grad`` (a leaf: a parameter; created as zeros when None) and
+            hands autograd no gradient for it, so no ``[V, H]`` fp32 gradient buffer is
+            allocated per call (113 MB for SmolLM2; one per micro-batch in a gradient
+            accumulation loop, plus autograd's sum with a tied input embedding's). For
+            loops that call ``backward()`` and step on ``.grad``: hooks on the weight,
+            ``torch.autograd.grad`` and gradient-reducing wrappers (DDP, FSDP) do not see
+            this contribution.
 
     Returns:
         ``logprobs: float32[B, T]``, and ``entropy: float32[B, T]`` (nats) when
@@ -229,14 +266,17 @@ def token_logprobs(hidden: Tensor, lm_head_weight: Tensor, target_ids: Tensor, *
 
     Raises:
         ValueError: ``chunk_tokens`` < 1, ``temperature`` <= 0, shapes that do not match
-            (the message names the argument, the expected and the actual shape), or ids out
-            of range.
+            (the message names the argument, the expected and the actual shape), ids out
+            of range, or ``accumulate_weight_grad`` with a weight that is not a leaf.
     """
     _check_inputs(hidden, lm_head_weight, target_ids, lm_head_bias, chunk_tokens, temperature)
     if matmul_dtype is not None and not (isinstance(matmul_dtype, torch.dtype)
                                          and matmul_dtype.is_floating_point):
         raise ValueError(f"matmul_dtype: expected a floating torch.dtype or None, "
                          f"got {matmul_dtype!r}")
+    if accumulate_weight_grad and not lm_head_weight.is_leaf:
+        raise ValueError("lm_head_weight: accumulate_weight_grad needs a leaf tensor (a "
+                         "parameter, whose .grad it adds to), got the output of an operation")
     lead = hidden.shape[:-1]
     flat_h = hidden.reshape(-1, hidden.shape[-1])
     low = None
@@ -244,7 +284,7 @@ def token_logprobs(hidden: Tensor, lm_head_weight: Tensor, target_ids: Tensor, *
         low = lm_head_weight.detach().to(matmul_dtype)
     logp, entropy = _ChunkedTokenLogprobs.apply(
         flat_h, lm_head_weight, lm_head_bias, target_ids.reshape(-1).long(), float(temperature),
-        int(chunk_tokens), bool(with_entropy), low)
+        int(chunk_tokens), bool(with_entropy), low, bool(accumulate_weight_grad))
     if with_entropy:
         return logp.reshape(lead), entropy.reshape(lead)
     return logp.reshape(lead)
