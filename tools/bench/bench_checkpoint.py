@@ -1,9 +1,13 @@
-"""Checkpoint writes: new files every step against overwriting the spare (``recycle``).
+"""Checkpoint writes through the page cache, with ``O_DIRECT``, and over the spare.
 
 Writes a trainer-sized checkpoint (``--torch-gib`` of tensors through ``torch.save``, as an
 AdamW state, and ``--safetensors-gib`` through safetensors, as the weights) with
 ``rlbuffers.checkpoint.Checkpoints`` every step for ``--steps`` steps (``keep=1``: from the
-third write on, the spare of the recycling mode exists), with ``--gap`` seconds between writes
+third write on, the spare of the recycling mode exists), three ways: everything to new files
+through the page cache (the ``torch.save`` passed as a writer, as before ``O_DIRECT``), the
+``torch.save`` file with ``O_DIRECT`` (``torch_files``) and the safetensors file new, and
+the default (``O_DIRECT``, the safetensors file written over the spare's); ``--gap`` seconds
+between writes
 (the training step: long enough for freed memory to be handed back to a VM's host, ~2 s
 here). Each mode runs in a fresh subprocess, modes alternating, ``--runs`` times; the table
 gives the median over runs of each run's median write (steps 3..N): wall seconds and the
@@ -25,14 +29,17 @@ from pathlib import Path
 
 from tools.bench import report
 
-MODES = {"new files (recycle=False)": False, "overwrite the spare (recycle=True)": True}
+MODES = {"page cache, new files": ("cache", False),
+         "O_DIRECT torch.save, new safetensors file": ("direct", False),
+         "O_DIRECT torch.save, safetensors over the spare (default)": ("direct", True)}
 
 
-def child(recycle: bool, args: argparse.Namespace, root: Path) -> None:
+def child(mode: tuple[str, bool], args: argparse.Namespace, root: Path) -> None:
     import torch
     from safetensors.torch import save_file
 
     from rlbuffers.checkpoint import Checkpoints
+    how, recycle = mode
 
     per = 1 << 26  # 256 MiB fp32 tensors
     opt = {"state": {i: {"exp_avg": torch.rand(per // 4)}
@@ -42,8 +49,11 @@ def child(recycle: bool, args: argparse.Namespace, root: Path) -> None:
     rows = []
     for step in range(1, args.steps + 1):
         r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-        ckpts.write(step, {"optimizer.pt": opt}, state={"step": step},
-                    writers={"weights.safetensors": lambda p: save_file(weights, str(p))})
+        writers = {"weights.safetensors": lambda p: save_file(weights, str(p))}
+        if how == "cache":
+            writers["optimizer.pt"] = lambda p: torch.save(opt, p)
+        ckpts.write(step, {"optimizer.pt": opt} if how == "direct" else {},
+                    state={"step": step}, writers=writers)
         ckpts.prune(step)
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         rows.append({"wall": time.perf_counter() - t0, "sys": r1.ru_stime - r0.ru_stime})
@@ -77,12 +87,12 @@ def main() -> None:
             print(mode, got[mode][-1], flush=True)
     med = {m: {k: statistics.median(r[k] for r in runs) for k in ("wall", "sys")}
            for m, runs in got.items()}
-    base = med["new files (recycle=False)"]
+    base = med["page cache, new files"]
     table = report.table(
-        ["mode", "write + prune, s", "kernel time, s", "wall vs new files"],
+        ["mode", "write + prune, s", "kernel time, s", "wall vs page cache"],
         [[m, f"{v['wall']:.2f}", f"{v['sys']:.2f}", f"{v['wall'] / base['wall']:.2f}x"]
          for m, v in med.items()])
-    body = (f"## Checkpoint writes: new files or the spare overwritten "
+    body = (f"## Checkpoint writes: page cache, O_DIRECT, the spare overwritten "
             f"(`tools/bench/bench_checkpoint.py`)\n\n{report.stamp()}\n\n"
             f"A checkpoint of {args.torch_gib:g} GiB through `torch.save` and "
             f"{args.safetensors_gib:g} GiB of safetensors written every step by "
