@@ -490,6 +490,79 @@ def test_bfloat16_generation_decodes_with_bf16_weights_and_restores_fp32(tiny_di
         grpo.check_config(grpo.Config(generate_dtype="int8"))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_linears_equal_the_plain_products_and_restore_the_layers(tiny_dir, dtype,
+                                                                        monkeypatch):
+    """Inside ``packed_linears`` every linear layer (the LM head too) runs oneDNN's product on
+    a reordered weight copy: the logits equal the plain layers' up to rounding; with gradients
+    enabled the layers run as before (same gradients); afterwards no layer keeps the override
+    and every parameter is the same tensor with the same bits."""
+    from trainers.lm import load_causal_lm
+    model, tok = load_causal_lm(tiny_dir)
+    assert generation._packing_available()  # the CPU build of torch ships oneDNN
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    before = {n: (p, p.detach().clone()) for n, p in model.named_parameters()}
+    calls = []
+    real = generation._packed_forward
+    monkeypatch.setattr(generation, "_packed_forward",
+                        lambda m, *a: calls.append(m) or real(m, *a))
+    ids = torch.from_numpy(np.random.default_rng(3).integers(3, len(tok), (2, 9)))
+    with generation.weights_as(model, dtype):
+        with torch.no_grad():
+            plain = model(input_ids=ids).logits.float()
+        with generation.packed_linears(model, rows=2):
+            assert all("forward" in m.__dict__ for m in linears)
+            with torch.no_grad():
+                packed = model(input_ids=ids).logits.float()
+            assert len(calls) == len(linears)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(packed, plain, rtol=tol, atol=tol)
+    assert all("forward" not in m.__dict__ for m in linears)
+    for n, p in model.named_parameters():
+        assert p is before[n][0] and p.dtype == torch.float32 and torch.equal(p, before[n][1]), n
+
+    def grads():
+        model.zero_grad(set_to_none=True)
+        model(input_ids=ids).logits.square().mean().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    want = grads()
+    with generation.packed_linears(model, rows=2):
+        got = grads()  # gradients enabled: the plain forward
+    assert got.keys() == want.keys()
+    for n in want:
+        assert torch.equal(got[n], want[n]), n
+
+
+def test_packed_generation_decodes_the_same_tokens_and_falls_back_when_refused(
+        tiny_dir, monkeypatch, caplog):
+    """Greedy decoding with packed weights gives the plain decoding's tokens; where oneDNN
+    refuses the reordering, a warning is logged and the layers stay plain."""
+    from trainers.lm import load_causal_lm
+    model, tok = load_causal_lm(tiny_dir)
+    cfg = grpo.Config(max_completion_tokens=8, memory_budget="none")
+    prompts = [np.random.default_rng(s).integers(3, len(tok), 5 + s) for s in range(3)]
+    packed = generation.generate(model, tok, prompts, cfg, n_per_prompt=2, greedy=True)
+    plain = generation.generate(model, tok, prompts,
+                                dataclasses.replace(cfg, packed_weights=False),
+                                n_per_prompt=2, greedy=True)
+    for (a, ta), (b, tb) in zip(packed, plain, strict=True):
+        np.testing.assert_array_equal(a, b)
+        assert ta == tb
+
+    def refuse(weight, rows):
+        raise RuntimeError("no oneDNN kernel for this CPU")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
+    with caplog.at_level("WARNING", logger="trainers.generation"), \
+            generation.packed_linears(model, rows=4):
+        assert not any("forward" in m.__dict__ for m in model.modules())
+    assert "oneDNN weight reordering unavailable" in caplog.text
+    refused = generation.generate(model, tok, prompts, cfg, n_per_prompt=2, greedy=True)
+    for (a, _), (b, _) in zip(refused, plain, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_merged_lora_generates_as_the_adapters_and_leaves_the_weights_untouched(tiny_dir):
     """Decoding with W + scale * B @ A swapped in gives the LoRA policy's tokens; afterwards
     every base weight is the same tensor with the same bits, and the adapters are active."""

@@ -55,8 +55,61 @@ def generate(model: Any, tok: Any, prompts: list[np.ndarray], cfg: Config, *, n_
     is computed once and copied to its ``n_per_prompt`` sequences (prefix sharing)."""
     model.eval()
     dtype = getattr(torch, getattr(cfg, "generate_dtype", "float32"))
-    with merged_lora(model, dtype), weights_as(model, dtype):
+    rows = generation_batch(cfg, model, len(prompts) * n_per_prompt, max(map(len, prompts)))
+    with merged_lora(model, dtype), weights_as(model, dtype), \
+            packed_linears(model, rows, enabled=getattr(cfg, "packed_weights", True)):
         return _generate(model, tok, prompts, cfg, n_per_prompt, greedy, max_new)
+
+
+def _packing_available() -> bool:
+    return torch.backends.mkldnn.is_available() and all(
+        hasattr(torch.ops.mkldnn, op) for op in ("_reorder_linear_weight", "_linear_pointwise"))
+
+
+@contextmanager
+def packed_linears(model: Any, rows: int, enabled: bool = True) -> Iterator[None]:
+    """For the ``with`` block, every ``torch.nn.Linear`` of a CPU ``model`` (float32 or
+    bfloat16) computes its product with a copy of its weight reordered for oneDNN's matmul
+    (``torch.ops.mkldnn._reorder_linear_weight``, blocked for ``rows`` input rows: the decoding
+    batch), instead of MKL's GEMM on the plain ``[out, in]`` weight, which on small batches
+    reads the weights at a fraction of the memory bandwidth. The 30 layers' linears of
+    SmolLM2-135M for 16 rows: 37-48 ms per decoding step against 77-86 ms in float32, 19
+    against 30 ms in bfloat16 (AMD EPYC, 2 threads); a 600-row prefill 640 against 840 ms.
+    The results equal the plain product up to float rounding (a different summation order).
+
+    Only under ``torch.no_grad``: with gradients enabled a layer runs its own ``forward``.
+    Extra memory: the reordered copies (the linear weights' bytes) while the block runs.
+    Off CPU, without oneDNN, with ``enabled`` False, or when the reordering fails: nothing
+    changes. The weights are read when the block starts: they must not change inside it."""
+    if not enabled or model.device.type != "cpu" or not _packing_available():
+        yield
+        return
+    patched = []
+    try:
+        for module in model.modules():
+            weight = getattr(module, "weight", None)
+            if type(module) is not torch.nn.Linear or weight is None \
+                    or weight.dtype not in (torch.float32, torch.bfloat16):
+                continue
+            try:
+                packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), max(1, rows))
+            except RuntimeError as e:  # this CPU / build refuses it: plain products
+                log.warning("oneDNN weight reordering unavailable (%s): plain linears", e)
+                break
+            bias = None if module.bias is None else module.bias.detach()
+            module.forward = functools.partial(_packed_forward, module, packed, bias)
+            patched.append(module)
+        yield
+    finally:
+        for module in patched:
+            del module.forward  # the class's forward again
+
+
+def _packed_forward(module: torch.nn.Linear, packed: torch.Tensor, bias: torch.Tensor | None,
+                    x: torch.Tensor) -> torch.Tensor:
+    if torch.is_grad_enabled() or x.dtype != module.weight.dtype:
+        return torch.nn.functional.linear(x, module.weight, module.bias)
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
 
 
 @contextmanager
