@@ -116,8 +116,8 @@ def reference_logprobs(model: Any, batch: dict[str, torch.Tensor], cfg: Config,
         ctx = nullcontext()
     ref.eval()
     real = batch["real"].sum(1).tolist()
-    with ctx:  # rows together up to --pack-tokens (no activations kept)
-        for rows in split_tokens(real, cfg.pack_tokens):
+    with ctx:  # no activations kept: rows together up to twice --pack-tokens
+        for rows in split_tokens(real, 2 * cfg.pack_tokens):
             micro = {k: v[rows] for k, v in batch.items()}
             out[micro["index"][micro["mask"]]] = packed_logprobs(ref, micro, cfg)
     return out
