@@ -9,9 +9,9 @@ other, so the protocol orders them:
 2. ``buf.save(metadata={..., "<key>": N})`` commits the buffer naming step ``N``: **this
    commit makes step N real**;
 3. :meth:`Checkpoints.prune` drops checkpoints newer than the commit (a crash came between 1
-   and 2) and all but the ``keep`` newest committed ones; the newest dropped one becomes the
-   *spare* (``<root>/<prefix>.spare``, no longer a checkpoint), whose files the next
-   :meth:`Checkpoints.write` overwrites.
+   and 2) and all but the ``keep`` newest committed ones (with ``recycle=True`` the newest
+   dropped one becomes the *spare*, ``<root>/<prefix>.spare``, no longer a checkpoint, whose
+   files the next :meth:`Checkpoints.write` overwrites).
 
 Page-cache pages: a file written afresh takes new page-cache pages, and on a VM whose freed
 memory goes back to the host (virtio-balloon free page reporting, e.g. Firecracker), each new
@@ -19,9 +19,11 @@ page costs a host fault: 1.5 GiB written afresh took 3.2-4.6 s of kernel time he
 VM, 2 cores), the same bytes written over the cached pages of an existing file 0.4 s, and
 written after deleting such a file (its pages freed and taken again at once) 0.7-1.2 s. So the
 ``torch_files`` (the optimizer state: the bulk) bypass the page cache
-(:mod:`rlbuffers.direct_io`, ``O_DIRECT``), and ``writers`` (e.g. safetensors, which opens the
-file itself) write over the spare's file of the same name, whose pages are cached. The price
-of the spare is one more checkpoint's bytes on disk (``recycle=False`` turns it off).
+(:mod:`rlbuffers.direct_io`, ``O_DIRECT``). With ``recycle=True``, ``writers`` (e.g.
+safetensors, which opens the file itself) write over the spare's file of the same name, whose
+pages are cached, at the price of one more checkpoint's bytes on disk; it is off by default:
+once the torch files bypassed the page cache it measured no gain (0.62 s per write + prune
+against 0.41 s, ``tools/bench/bench_checkpoint.py``).
 
 On resume, the buffer's last commit names the step; :meth:`Checkpoints.latest` returns the
 directory of that step: the last complete (checkpoint, buffer commit) pair, after checking
@@ -140,7 +142,7 @@ class Checkpoints:
     root: Path
     prefix: str = "step"
     keep: int = 2
-    recycle: bool = True
+    recycle: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.keep, int) or self.keep < 1:

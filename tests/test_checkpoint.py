@@ -20,7 +20,7 @@ def test_prune_keeps_newest_committed_checkpoints(tmp_path):
         (tmp_path / name).mkdir()
     (tmp_path / "gen-1" / "a.pt").write_bytes(b"1")
     (tmp_path / "gen-2" / "a.pt").write_bytes(b"2")  # the newest dropped: the spare
-    Checkpoints(tmp_path, prefix="gen", keep=1).prune(committed=3)  # recycle: a new spare
+    Checkpoints(tmp_path, prefix="gen", keep=1, recycle=True).prune(committed=3)  # a spare
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gen-3", "gen.spare"]
     assert (tmp_path / "gen.spare" / "a.pt").read_bytes() == b"2"
 
@@ -36,8 +36,8 @@ def test_write_reuses_the_spare_and_writes_the_same_bytes(tmp_path):
     keeps its inode: the same cached pages), shorter or longer than before, byte for byte
     what a fresh write gives (torch files bypass the page cache, crc32c taken on the way);
     files the new checkpoint does not have are gone."""
-    ckpts = Checkpoints(tmp_path / "ckpt", keep=1)
-    fresh = Checkpoints(tmp_path / "fresh", recycle=False)
+    ckpts = Checkpoints(tmp_path / "ckpt", keep=1, recycle=True)
+    fresh = Checkpoints(tmp_path / "fresh")
     for step, n in ((1, 50_000), (2, 100), (3, 70_000)):
         extra = {"w.bin": lambda p, k=step: p.write_bytes(bytes([k]) * (1000 * k))}
         if ckpts.spare.is_dir():
@@ -61,7 +61,7 @@ def test_a_crash_while_overwriting_the_spare_leaves_the_committed_checkpoint(tmp
     """Killed at each filesystem operation of a write that recycles the spare: the committed
     checkpoint still verifies and loads, and the next write and prune work."""
     def setup(root):
-        ckpts = Checkpoints(root, keep=1)
+        ckpts = Checkpoints(root, keep=1, recycle=True)
         for step in (1, 2):
             ckpts.write(step, {"opt.pt": _opt_state(1000, step)}, state={"step": step})
             ckpts.prune(step)

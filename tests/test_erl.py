@@ -109,8 +109,8 @@ def test_sigkill_during_generation_3_resumes_from_generation_2(tmp_path):
     assert info["size"] == info["total_added"] == 4 * STEPS_PER_GEN
     for name, col in rows.items():
         np.testing.assert_array_equal(col, ref_rows[name], err_msg=name)
-    # gen-2, dropped by the prune of generation 4, is the spare the next write overwrites
-    assert sorted(p.name for p in (run / "ckpt").iterdir()) == ["gen-3", "gen-4", "gen.spare"]
+    # keep=2: gen-1 and gen-2 pruned (no spare by default)
+    assert sorted(p.name for p in (run / "ckpt").iterdir()) == ["gen-3", "gen-4"]
     state = torch.load(run / "ckpt" / "gen-4" / "state.pt", weights_only=True)
     assert state["trainer"]["generation"] == 4
     assert [h["fitness"] for h in state["history"]] == [m["fitness"] for m in want]

@@ -5,8 +5,9 @@ AdamW state, and ``--safetensors-gib`` through safetensors, as the weights) with
 ``rlbuffers.checkpoint.Checkpoints`` every step for ``--steps`` steps (``keep=1``: from the
 third write on, the spare of the recycling mode exists), three ways: everything to new files
 through the page cache (the ``torch.save`` passed as a writer, as before ``O_DIRECT``), the
-``torch.save`` file with ``O_DIRECT`` (``torch_files``) and the safetensors file new, and
-the default (``O_DIRECT``, the safetensors file written over the spare's); ``--gap`` seconds
+``torch.save`` file with ``O_DIRECT`` (``torch_files``) and the safetensors file new (the
+default), and ``recycle=True`` (``O_DIRECT``, the safetensors file written over the spare's);
+``--gap`` seconds
 between writes
 (the training step: long enough for freed memory to be handed back to a VM's host, ~2 s
 here). Each mode runs in a fresh subprocess, modes alternating, ``--runs`` times; the table
@@ -30,8 +31,8 @@ from pathlib import Path
 from tools.bench import report
 
 MODES = {"page cache, new files": ("cache", False),
-         "O_DIRECT torch.save, new safetensors file": ("direct", False),
-         "O_DIRECT torch.save, safetensors over the spare (default)": ("direct", True)}
+         "O_DIRECT torch.save, new safetensors file (default)": ("direct", False),
+         "O_DIRECT torch.save, safetensors over the spare (recycle=True)": ("direct", True)}
 
 
 def child(mode: tuple[str, bool], args: argparse.Namespace, root: Path) -> None:
