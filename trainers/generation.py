@@ -55,9 +55,7 @@ def generate(model: Any, tok: Any, prompts: list[np.ndarray], cfg: Config, *, n_
     is computed once and copied to its ``n_per_prompt`` sequences (prefix sharing)."""
     model.eval()
     dtype = getattr(torch, getattr(cfg, "generate_dtype", "float32"))
-    rows = generation_batch(cfg, model, len(prompts) * n_per_prompt, max(map(len, prompts)))
-    with merged_lora(model, dtype), weights_as(model, dtype), \
-            packed_linears(model, rows, enabled=getattr(cfg, "packed_weights", True)):
+    with merged_lora(model, dtype), weights_as(model, dtype):
         return _generate(model, tok, prompts, cfg, n_per_prompt, greedy, max_new)
 
 
@@ -87,12 +85,12 @@ def packed_linears(model: Any, rows: int, enabled: bool = True) -> Iterator[None
     patched = []
     try:
         for module in model.modules():
-            weight = getattr(module, "weight", None)
-            if type(module) is not torch.nn.Linear or weight is None \
-                    or weight.dtype not in (torch.float32, torch.bfloat16):
+            if type(module) is not torch.nn.Linear \
+                    or module.weight.dtype not in (torch.float32, torch.bfloat16):
                 continue
             try:
-                packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), max(1, rows))
+                packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(),
+                                                                 max(1, rows))
             except RuntimeError as e:  # this CPU / build refuses it: plain products
                 log.warning("oneDNN weight reordering unavailable (%s): plain linears", e)
                 break
@@ -163,31 +161,32 @@ def _generate(model: Any, tok: Any, prompts: list[np.ndarray], cfg: Config, n_pe
               greedy: bool, max_new: int | None) -> list[tuple[np.ndarray, bool]]:
     max_new = max_new or cfg.max_completion_tokens
     size = generation_batch(cfg, model, len(prompts) * n_per_prompt, max(map(len, prompts)))
-    out: list[tuple[np.ndarray, bool]] = []
-    eos = tok.eos_token_id
-    done = 0  # sequences finished, in prompt order
-    while done < len(prompts) * n_per_prompt:
-        if size >= n_per_prompt:  # whole groups: prompts done // n .. , each copied n times
-            first = done // n_per_prompt
-            part, copies = prompts[first:first + size // n_per_prompt], n_per_prompt
-        else:  # fewer sequences than a group per call: no sharing
-            part, copies = [prompts[done // n_per_prompt]] * min(
-                size, n_per_prompt - done % n_per_prompt), 1
-        try:
-            rows = _generate_call(model, tok, part, copies, cfg, greedy, max_new)
-        except Exception as e:
-            if not is_out_of_memory(e) or size == 1:
-                raise
-            free_memory()
-            log.warning("out of memory generating %d sequences: batch %d -> %d",
-                        len(part) * copies, size, size // 2)
-            size //= 2
-            continue
-        for row in rows:
-            ends = np.flatnonzero(row == eos)
-            out.append((row[:ends[0] + 1], False) if len(ends) else (row, True))
-        done += len(rows)
-    return out
+    with packed_linears(model, size, enabled=getattr(cfg, "packed_weights", True)):
+        out: list[tuple[np.ndarray, bool]] = []
+        eos = tok.eos_token_id
+        done = 0  # sequences finished, in prompt order
+        while done < len(prompts) * n_per_prompt:
+            if size >= n_per_prompt:  # whole groups: prompts done // n .. , each copied n times
+                first = done // n_per_prompt
+                part, copies = prompts[first:first + size // n_per_prompt], n_per_prompt
+            else:  # fewer sequences than a group per call: no sharing
+                part, copies = [prompts[done // n_per_prompt]] * min(
+                    size, n_per_prompt - done % n_per_prompt), 1
+            try:
+                rows = _generate_call(model, tok, part, copies, cfg, greedy, max_new)
+            except Exception as e:
+                if not is_out_of_memory(e) or size == 1:
+                    raise
+                free_memory()
+                log.warning("out of memory generating %d sequences: batch %d -> %d",
+                            len(part) * copies, size, size // 2)
+                size //= 2
+                continue
+            for row in rows:
+                ends = np.flatnonzero(row == eos)
+                out.append((row[:ends[0] + 1], False) if len(ends) else (row, True))
+            done += len(rows)
+        return out
 
 
 def _generate_call(model: Any, tok: Any, prompts: list[np.ndarray], copies: int, cfg: Config,

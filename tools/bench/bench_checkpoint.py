@@ -7,13 +7,11 @@ third write on, the spare of the recycling mode exists), three ways: everything 
 through the page cache (the ``torch.save`` passed as a writer, as before ``O_DIRECT``), the
 ``torch.save`` file with ``O_DIRECT`` (``torch_files``) and the safetensors file new (the
 default), and ``recycle=True`` (``O_DIRECT``, the safetensors file written over the spare's);
-``--gap`` seconds
-between writes
-(the training step: long enough for freed memory to be handed back to a VM's host, ~2 s
-here). Each mode runs in a fresh subprocess, modes alternating, ``--runs`` times; the table
-gives the median over runs of each run's median write (steps 3..N): wall seconds and the
-process's kernel (sys) seconds, which is where a page touched afresh is paid for. Writes
-section ``checkpoint`` of ``docs/benchmarks.md``.
+``--gap`` seconds between writes (the training step: long enough for freed memory to be
+handed back to a VM's host, ~2 s here). Each mode runs in a fresh subprocess, modes
+alternating, ``--runs`` times; the table gives the median over runs of each run's median
+write (steps 3..N): wall seconds and the process's kernel (sys) seconds, which is where a
+page touched afresh is paid for. Writes section ``checkpoint`` of ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
