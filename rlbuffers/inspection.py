@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from rlbuffers.deprecation import UNSET, renamed_keyword
 from rlbuffers.errors import CorruptChunkError, SnapshotReclaimedError
 from rlbuffers.samplers import PRIORITY
 from rlbuffers.storage.location import Location
@@ -88,12 +89,13 @@ def inspect_path(
     *,
     verify: bool = False,
     storage_options: dict[str, Any] | None = None,
-    generation: int | None = None,
+    commit: int | None = None,
+    generation: int | None = UNSET,
 ) -> dict[str, Any]:
     """Describe the buffer committed at ``path``.
 
     Returns:
-        a JSON-serialisable dict with ``path``, ``format_version``, ``generation``,
+        a JSON-serialisable dict with ``path``, ``format_version``, ``commit``,
         ``committed_at`` (ISO 8601, UTC), ``capacity``, ``size``, ``total_added``, ``episodes``,
         ``chunk_transitions``, ``fields`` (name -> ``shape``, ``dtype``, ``codec``,
         ``stored_bytes``, ``raw_bytes``, ``ratio``, ``chunks``, ``chunk_transitions``, and
@@ -106,24 +108,26 @@ def inspect_path(
 
     Args:
         path: a buffer directory or URL; ``storage_options`` as for ``ReplayBuffer.open``.
-        generation: a kept older commit instead of the last (the report is of one commit:
+        commit: a kept older commit instead of the last (the report is of one commit:
             if a writer reclaims it meanwhile, the report restarts on the latest commit, at
-            most ``READ_ATTEMPTS`` times, unless ``generation`` was given).
+            most ``READ_ATTEMPTS`` times, unless ``commit`` was given).
+        generation: deprecated spelling of ``commit``.
 
     Raises:
         NotABufferError / FormatVersionError: as for ``ReplayBuffer.open``. CorruptChunkError:
         a chunk read for statistics is corrupt (with ``verify``, corrupt chunks are listed
         instead and skipped).
     """
+    commit = renamed_keyword("generation", generation, "commit", commit)
     loc = Location(path, storage_options)
     attempts = 0
     while True:
         try:
-            return _report(ZarrTier.open(loc, generation), verify)
+            return _report(ZarrTier.open(loc, commit), verify)
         except SnapshotReclaimedError:
-            # a writer saved keep_generations times while we read: read the latest commit
+            # a writer saved keep_commits times while we read: read the latest commit
             attempts += 1
-            if generation is not None or attempts >= READ_ATTEMPTS:
+            if commit is not None or attempts >= READ_ATTEMPTS:
                 raise
 
 
@@ -132,7 +136,7 @@ def _report(tier: ZarrTier, verify: bool) -> dict[str, Any]:
     report: dict[str, Any] = {
         "path": str(tier.loc),
         "format_version": m.format_version,
-        "generation": m.generation,
+        "commit": m.commit,
         "committed_at": dt.datetime.fromtimestamp(m.committed_at, dt.timezone.utc).isoformat(),
         "capacity": m.capacity,
         "size": m.ring.size,

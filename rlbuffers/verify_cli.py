@@ -44,7 +44,7 @@ def _verify(args: argparse.Namespace) -> int:
         from rlbuffers.storage.zarr_tier import ZarrTier
 
         tier = ZarrTier.open(Location(args.path, options))
-        report = {"generation": tier.manifest.generation, "repaired": [],
+        report = {"commit": tier.manifest.commit, "repaired": [],
                   "unrepairable": [{"field": f, "chunk": c, "reason": r, "why": "not asked"}
                                    for f, c, r in tier.verify()]}
     if args.json:
@@ -56,5 +56,5 @@ def _verify(args: argparse.Namespace) -> int:
             print(f"damaged   field {r['field']!r} chunk {r['chunk']}: {r['reason']}"
                   + (f"; not repaired: {r['why']}" if args.repair else ""))
         if not report["unrepairable"]:
-            print(f"generation {report['generation']}: every chunk OK")
+            print(f"commit {report['commit']}: every chunk OK")
     return 1 if report["unrepairable"] else 0

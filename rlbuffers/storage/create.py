@@ -1,5 +1,5 @@
 """Making a new, empty buffer on storage: check the arguments, plan the chunks, write the
-persistent tier and commit generation 0."""
+persistent tier and commit 0."""
 
 from __future__ import annotations
 
@@ -47,14 +47,14 @@ def create_tier(
     sampler_state: dict[str, Any],
     seed: int | None,
     overwrite: bool,
-    keep_generations: int,
+    keep_commits: int,
 ) -> ZarrTier:
-    """Create an empty buffer at ``loc`` and commit it as generation 0 (arguments as for
+    """Create an empty buffer at ``loc`` and commit it as commit 0 (arguments as for
     ``ReplayBuffer.create``; ``internal``: the internal columns and their specs). On local
     disk this is atomic: the buffer appears whole or not at all.
 
     Raises:
-        ValueError: a bad capacity, chunk size, codec or keep_generations.
+        ValueError: a bad capacity, chunk size, codec or keep_commits.
         BufferExistsError: ``loc`` is not empty and ``overwrite`` is False.
     """
     capacity = positive_int("capacity", capacity)
@@ -62,7 +62,7 @@ def create_tier(
         row = max(spec.estimate_bytes() for spec in fields.values())
         chunk_transitions = max(1, min(capacity, AUTO_CHUNK_BYTES // max(row, 1)))
     base = positive_int("chunk_transitions", chunk_transitions)
-    keep = positive_int("keep_generations", keep_generations)
+    keep = positive_int("keep_commits", keep_commits)
     codecs = {n: check_codec(codec if isinstance(codec, str) else codec.get(n, DEFAULT_CODEC), n)
               for n in fields}
     if loc.exists() and loc.listdir():
@@ -75,9 +75,9 @@ def create_tier(
         buffer_id=uuid.uuid4().hex,
         layout=ChunkLayout(capacity, base, plan_stored_chunk_rows(specs, base, capacity)),
         fields=dict(fields), codecs=codecs, internal=internal, ring=RingState(capacity),
-        generation=0, committed_at=time.time(), sampler=sampler_state,
+        commit=0, committed_at=time.time(), sampler=sampler_state,
         rng=dict(np.random.Generator(np.random.PCG64(seed)).bit_generator.state),
-        keep_generations=keep,
+        keep_commits=keep,
     )
     if not loc.local:  # object stores have no directory rename: creation is not atomic there
         return ZarrTier.create(loc, manifest)

@@ -18,16 +18,16 @@ class PersistentTier(Protocol):
     """A committed, compressed store of a buffer's columns.
 
     Construction (classmethods of the implementation): ``create(loc, manifest)`` makes an empty
-    store and commits ``manifest`` as generation 0; ``open(loc)`` opens the last commit.
+    store and commits ``manifest`` as commit 0; ``open(loc)`` opens the last commit.
     """
 
     loc: Location
     #: the commit this tier reads (updated by :meth:`commit`).
     manifest: Manifest
 
-    def stage_chunks(self, generation: int, name: str, c: int, data: Any) -> int:
+    def stage_chunks(self, commit: int, name: str, c: int, data: Any) -> int:
         """Write stored chunks ``c, c+1, ...`` of column ``name`` for the uncommitted
-        ``generation``, invisible to readers until :meth:`commit`.
+        ``commit``, invisible to readers until :meth:`commit`.
 
         Args:
             data: their rows, ``[n, *shape]`` (fixed) or a list of n arrays ``[len_i, *row]``
@@ -42,7 +42,7 @@ class PersistentTier(Protocol):
         ...
 
     def commit(self, manifest: Manifest) -> None:
-        """Make the staged chunks of ``manifest.generation`` durable and commit ``manifest``
+        """Make the staged chunks of ``manifest.commit`` durable and commit ``manifest``
         atomically: afterwards every reader that opens sees exactly this commit.
 
         Raises:
@@ -50,8 +50,8 @@ class PersistentTier(Protocol):
         """
         ...
 
-    def apply(self, generation: int) -> int:
-        """Finish the committed ``generation`` (idempotent; also after a crash mid-way) and drop
+    def apply(self, commit: int) -> int:
+        """Finish the committed ``commit`` (idempotent; also after a crash mid-way) and drop
         anything staged by uncommitted saves. Returns the number of chunk files it moved."""
         ...
 

@@ -88,21 +88,21 @@ class WritableStorage:
 
     def _attach(self, wdir: Path) -> WorkingTier:
         m, tier = self.tier.manifest, self.tier
-        tier.apply(m.generation)  # drops uncommitted chunks and commits no longer kept
+        tier.apply(m.commit)  # drops uncommitted chunks and commits no longer kept
         args = (wdir, m.specs, m.capacity, self.layout.base_chunk_rows)
         everything = set(range(self.layout.n_base_chunks))
         try:
             working = WorkingTier(*args, create=False, buffer_id=m.buffer_id)
             state = working.state
-            same = working.trusted(m.buffer_id) and state.get("generation") in (
-                m.generation, m.generation - 1)
+            same = working.trusted(m.buffer_id) and state.get("commit") in (
+                m.commit, m.commit - 1)
             rebuild = set(state.get("dirty_chunks", [])) if same else everything
         except (OSError, ValueError):
             working = WorkingTier(*args, create=True, buffer_id=m.buffer_id)
             rebuild = everything
         if rebuild:
             self._rebuild(working, sorted(rebuild))
-        working.write_state(m.generation, [])
+        working.write_state(m.commit, [])
         return working
 
     def _rebuild(self, working: WorkingTier, base_chunks: list[int]) -> None:
@@ -153,10 +153,10 @@ class WritableStorage:
         """Rows of column ``name`` at ``slots`` (int64[N]): ``[N, *shape]``, or a list (ragged)."""
         return self.working.columns[name].gather(slots)
 
-    def commit(self, commit: Manifest, *, full: bool = False,
+    def commit(self, manifest: Manifest, *, full: bool = False,
                background: bool = False) -> SaveReport | SaveFuture:
-        """Save every change since the last commit as ``commit`` (see :meth:`Saver.save`)."""
-        return self.saver.save(commit, full=full, background=background)
+        """Save every change since the last commit as ``manifest`` (see :meth:`Saver.save`)."""
+        return self.saver.save(manifest, full=full, background=background)
 
     def close(self) -> None:
         """Release the working tier's files, then raise a background save's unseen error."""
