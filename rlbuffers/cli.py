@@ -20,7 +20,10 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
+from rlbuffers.cli_options import json_option
 from rlbuffers.errors import RLBuffersError
+
+__all__ = ["build_parser", "json_option", "main", "render"]
 
 
 def _size(n: float) -> str:
@@ -107,21 +110,6 @@ def _strict(x: Any) -> Any:
     if isinstance(x, (list, tuple)):
         return [_strict(v) for v in x]
     return x
-
-
-def json_option(text: str | None, option: str) -> Any:
-    """The value of a JSON command-line option (None when not given).
-
-    Raises:
-        ValueError: ``text`` is not valid JSON (the option and the text are named).
-    """
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{option}: expected JSON such as '{{\"key\": \"value\"}}', "
-                         f"got {text!r} ({e})") from None
 
 
 def _inspect(args: argparse.Namespace) -> int:

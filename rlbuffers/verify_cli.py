@@ -11,6 +11,8 @@ import argparse
 import json
 from typing import Any
 
+from rlbuffers.cli_options import json_option
+
 
 def add_verify_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``verify`` on an argparse subparsers object (sets ``func``)."""
@@ -32,8 +34,6 @@ def add_verify_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from rlbuffers.cli import json_option
-
     options = json_option(args.storage_options, "--storage-options")
     if args.repair:
         from rlbuffers.repair import repair
