@@ -20,11 +20,12 @@ from rlbuffers.ring import RingState
 from rlbuffers.samplers import EPISODE_ID, PRIORITY, SampleContext, Sampler
 from rlbuffers.spec import FieldSpec
 from rlbuffers.storage.create import create_tier, positive_int
-from rlbuffers.storage.location import Location
+from rlbuffers.storage.engine import open_tier
+from rlbuffers.storage.location import make_location
 from rlbuffers.storage.manifest import KEEP_COMMITS, Manifest
+from rlbuffers.storage.persistent import PersistentTier
 from rlbuffers.storage.saver import SaveFuture, SaveReport
 from rlbuffers.storage.store import ReadOnlyStorage, WritableStorage, default_working_dir
-from rlbuffers.storage.zarr_tier import ZarrTier
 
 __all__ = ["ReplayBuffer", "SaveReport"]
 
@@ -40,12 +41,12 @@ class ReplayBuffer:
     tier; ``save`` commits the changes to the persistent tier. Not thread-safe.
     """
 
-    def __init__(self, tier: ZarrTier, *, mode: str,
+    def __init__(self, tier: PersistentTier, *, mode: str,
                  working_dir: str | os.PathLike[str] | None = None,
                  fresh: bool = False, sampler: Sampler | None = None) -> None:
         m, loc = tier.manifest, tier.loc
         #: the buffer's directory (a ``Path``) or URL (a ``str``)
-        self.path: Path | str = loc.root if loc.local else loc.url
+        self.path: Path | str = loc.path
         self.mode = mode
         self.capacity: int = m.capacity
         self.chunk_transitions: int = m.layout.base_chunk_rows
@@ -95,7 +96,7 @@ class ReplayBuffer:
         spec.check_field_specs(fields, SAMPLE_KEYS)
         sampler = sampler or samplers.UniformSampler()
         tier = create_tier(
-            Location(path, dict(storage_options or {})), capacity=capacity, fields=fields,
+            make_location(path, dict(storage_options or {})), capacity=capacity, fields=fields,
             internal={EPISODE_ID: FieldSpec((), "int64"), **sampler.extra_columns},
             chunk_transitions=chunk_transitions, codec=codec,
             sampler_state=sampler.state_dict(), seed=seed, overwrite=overwrite,
@@ -125,7 +126,7 @@ class ReplayBuffer:
         commit = renamed_keyword("generation", generation, "commit", commit)
         if mode not in ("r", "r+") or (commit is not None and mode != "r"):
             raise ValueError(f"mode: expected 'r' or 'r+' ('r' with commit), got {mode!r}")
-        tier = ZarrTier.open(Location(path, dict(storage_options or {})), commit)
+        tier = open_tier(make_location(path, dict(storage_options or {})), commit)
         return cls(tier, mode=mode, working_dir=working_dir)
 
     def add(self, **transition: Any) -> None:

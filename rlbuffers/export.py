@@ -15,8 +15,9 @@ import numpy as np
 import zarr
 
 from rlbuffers.deprecation import UNSET, renamed_keyword
-from rlbuffers.storage.location import Location
-from rlbuffers.storage.zarr_tier import ZarrTier, _quiet
+from rlbuffers.storage.engine import open_tier
+from rlbuffers.storage.location import make_location
+from rlbuffers.storage.zarr_tier import _quiet
 
 
 def export_commit(
@@ -41,8 +42,8 @@ def export_commit(
         FileExistsError: ``out`` exists and is not empty.
     """
     commit = renamed_keyword("generation", generation, "commit", commit)
-    tier = ZarrTier.open(Location(path, storage_options), commit)
-    dst = Location(out)
+    tier = open_tier(make_location(path, storage_options), commit)
+    dst = make_location(out)
     if dst.exists() and dst.listdir():
         raise FileExistsError(f"out: {dst} already exists and is not empty")
     m = tier.manifest

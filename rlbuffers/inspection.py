@@ -15,9 +15,10 @@ import numpy as np
 from rlbuffers.deprecation import UNSET, renamed_keyword
 from rlbuffers.errors import CorruptChunkError, SnapshotReclaimedError
 from rlbuffers.samplers import PRIORITY
-from rlbuffers.storage.location import Location
+from rlbuffers.storage.engine import open_tier
+from rlbuffers.storage.location import make_location
 from rlbuffers.storage.manifest import Manifest
-from rlbuffers.storage.zarr_tier import ZarrTier
+from rlbuffers.storage.persistent import PersistentTier
 
 #: Restarts of a report whose commit a running writer reclaimed while it was read.
 READ_ATTEMPTS = 10
@@ -64,7 +65,7 @@ class _Stats:
                 "nan": self.nan, "inf": self.inf}
 
 
-def _column_stats(tier: ZarrTier, name: str) -> tuple[_Stats, int]:
+def _column_stats(tier: PersistentTier, name: str) -> tuple[_Stats, int]:
     """Stats of a column's values over committed slots (ragged: of all its rows' values), and
     the raw bytes of a ragged column."""
     stats, raw = _Stats(), 0
@@ -119,11 +120,11 @@ def inspect_path(
         instead and skipped).
     """
     commit = renamed_keyword("generation", generation, "commit", commit)
-    loc = Location(path, storage_options)
+    loc = make_location(path, storage_options)
     attempts = 0
     while True:
         try:
-            return _report(ZarrTier.open(loc, commit), verify)
+            return _report(open_tier(loc, commit), verify)
         except SnapshotReclaimedError:
             # a writer saved keep_commits times while we read: read the latest commit
             attempts += 1
@@ -131,7 +132,7 @@ def inspect_path(
                 raise
 
 
-def _report(tier: ZarrTier, verify: bool) -> dict[str, Any]:
+def _report(tier: PersistentTier, verify: bool) -> dict[str, Any]:
     m = tier.manifest
     report: dict[str, Any] = {
         "path": str(tier.loc),
@@ -159,7 +160,7 @@ def _report(tier: ZarrTier, verify: bool) -> dict[str, Any]:
     return report
 
 
-def _fields_report(tier: ZarrTier, m: Manifest, skip: set[tuple[str, int]]) -> dict:
+def _fields_report(tier: PersistentTier, m: Manifest, skip: set[tuple[str, int]]) -> dict:
     out = {}
     for name, spec in m.fields.items():
         chunks = tier.stored_chunks(name)

@@ -16,10 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlbuffers.storage.location import Location
+from rlbuffers.storage.engine import open_tier
+from rlbuffers.storage.location import make_location
+from rlbuffers.storage.persistent import PersistentTier
 from rlbuffers.storage.store import default_working_dir
 from rlbuffers.storage.working import WorkingTier
-from rlbuffers.storage.zarr_tier import ZarrTier
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,8 @@ def repair(
         NotABufferError, FormatVersionError: as ``ReplayBuffer.open``. OSError: the repair
         commit could not be written (the damaged commit is left as it was).
     """
-    loc = Location(path, storage_options)
-    tier = ZarrTier.open(loc)
+    loc = make_location(path, storage_options)
+    tier = open_tier(loc)
     m = tier.manifest
     bad = tier.verify()
     report: dict[str, Any] = {"commit": m.commit, "repaired": [], "unrepairable": []}
@@ -87,7 +88,7 @@ def repair(
     return report
 
 
-def _working_tier(wdir: Path, tier: ZarrTier) -> tuple[str, WorkingTier | None]:
+def _working_tier(wdir: Path, tier: PersistentTier) -> tuple[str, WorkingTier | None]:
     """The working tier at ``wdir`` if it mirrors ``tier``'s commit, else why not."""
     m = tier.manifest
     try:

@@ -40,10 +40,10 @@ def _verify(args: argparse.Namespace) -> int:
 
         report = repair(args.path, working_dir=args.working_dir, storage_options=options)
     else:
-        from rlbuffers.storage.location import Location
-        from rlbuffers.storage.zarr_tier import ZarrTier
+        from rlbuffers.storage.engine import open_tier
+        from rlbuffers.storage.location import make_location
 
-        tier = ZarrTier.open(Location(args.path, options))
+        tier = open_tier(make_location(args.path, options))
         report = {"commit": tier.manifest.commit, "repaired": [],
                   "unrepairable": [{"field": f, "chunk": c, "reason": r, "why": "not asked"}
                                    for f, c, r in tier.verify()]}

@@ -21,7 +21,7 @@ from rlbuffers import (
     ReplayBuffer,
 )
 from rlbuffers.cli import main
-from rlbuffers.storage.location import Location
+from rlbuffers.storage.location import LocalLocation, make_location
 from rlbuffers.storage.manifest import KEEP_COMMITS_KEY
 from rlbuffers.storage.zarr_tier import ZarrTier as PersistentTier
 from tests.conftest import assert_rows_are, make_batch
@@ -200,7 +200,7 @@ def test_failed_save_keeps_last_commit_and_retries(buf, monkeypatch):
 
 
 def _corrupt_first_chunk(path, field):
-    tier = PersistentTier.open(Location(path))
+    tier = PersistentTier.open(make_location(path))
     chunk_file = path / tier.chunk_path(field, 0)
     data = bytearray(chunk_file.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -269,7 +269,7 @@ def test_save_io_errors_name_the_path(buf, monkeypatch):
     def eio(self, rel):
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(Location, "sync_tree", eio)
+    monkeypatch.setattr(LocalLocation, "sync_tree", eio)
     with pytest.raises(OSError, match="Input/output error") as e:
         buf.save()
     assert e.value.errno == 5 and e.value.filename.endswith("versions/g1")

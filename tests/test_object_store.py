@@ -15,7 +15,7 @@ from moto.server import ThreadedMotoServer
 
 from rlbuffers import ReplayBuffer
 from rlbuffers.cli import main
-from rlbuffers.storage.location import Location
+from rlbuffers.storage.location import FsspecLocation, make_location
 from tests.conftest import assert_rows_are, make_batch
 
 
@@ -87,17 +87,17 @@ def test_interrupted_reclaim_on_s3(tmp_path, fields, s3, monkeypatch):
     buf.extend(make_batch(11, 3))  # chunk 0 again: commit 2's chunk-0 versions go at g4
     buf.save()
     buf.extend(make_batch(14, 2))
-    real = {"remove_file": Location.remove_file, "remove_tree": Location.remove_tree}
+    real = {"remove_file": FsspecLocation.remove_file, "remove_tree": FsspecLocation.remove_tree}
 
     def dying(self, rel):
         raise ConnectionError("network gone")
 
     for name in real:
-        monkeypatch.setattr(Location, name, dying)
+        monkeypatch.setattr(FsspecLocation, name, dying)
     assert buf.save().commit == 4  # committed; the reclaim failed and is logged
     for name, fn in real.items():
-        monkeypatch.setattr(Location, name, fn)
-    loc = Location(url, s3)
+        monkeypatch.setattr(FsspecLocation, name, fn)
+    loc = make_location(url, s3)
     assert "g2.json" in loc.listdir("history")  # not reclaimed yet
     with ReplayBuffer.open(url, mode="r", storage_options=s3) as ro:
         assert ro.commit == 4

@@ -9,7 +9,7 @@ import numpy as np
 from rlbuffers import ReplayBuffer
 from rlbuffers.inspection import inspect_path
 from rlbuffers.repair import repair
-from rlbuffers.storage.location import Location
+from rlbuffers.storage.location import make_location
 from rlbuffers.storage.zarr_tier import ZarrTier
 from tests.conftest import assert_rows_are, make_batch
 
@@ -21,7 +21,7 @@ def _saved(path, fields, pending=0):
     if pending:
         buf.extend(make_batch(10, pending))  # changes slots after the commit, not saved
     buf.close()
-    tier = ZarrTier.open(Location(path))
+    tier = ZarrTier.open(make_location(path))
     os.remove(path / tier.chunk_path("tokens", 0))
     chunk = path / tier.chunk_path("points", 1)
     data = bytearray(chunk.read_bytes())

@@ -11,7 +11,7 @@ import pytest
 from rlbuffers import CorruptChunkError, ReplayBuffer
 from rlbuffers.cli import main
 from rlbuffers.errors import SnapshotReclaimedError
-from rlbuffers.storage.location import Location
+from rlbuffers.storage.location import make_location
 from rlbuffers.storage.zarr_tier import ZarrTier
 from tests.conftest import assert_rows_are, make_batch
 
@@ -106,7 +106,7 @@ def test_missing_or_truncated_chunk_is_corrupt_not_zeros(tmp_path, fields, capsy
     with _writer(path, fields) as w:
         w.extend(make_batch(0, 10))
         w.save()
-    chunk = path / ZarrTier.open(Location(path)).chunk_path("tokens", 1)
+    chunk = path / ZarrTier.open(make_location(path)).chunk_path("tokens", 1)
     if damage == "delete":
         os.remove(chunk)
     else:

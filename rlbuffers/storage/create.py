@@ -16,10 +16,11 @@ from rlbuffers.compression import DEFAULT_CODEC, check_codec
 from rlbuffers.errors import BufferExistsError
 from rlbuffers.ring import RingState
 from rlbuffers.spec import FieldSpec
+from rlbuffers.storage.engine import new_tier, tier_of
 from rlbuffers.storage.layout import ChunkLayout, plan_stored_chunk_rows
-from rlbuffers.storage.location import Location, fsync_path
+from rlbuffers.storage.location import LocalLocation, Location, fsync_path
 from rlbuffers.storage.manifest import Manifest
-from rlbuffers.storage.zarr_tier import ZarrTier
+from rlbuffers.storage.persistent import PersistentTier
 
 #: Target raw bytes of one chunk of the largest field when ``chunk_transitions`` is None.
 AUTO_CHUNK_BYTES = 4 * 2**20
@@ -48,7 +49,7 @@ def create_tier(
     seed: int | None,
     overwrite: bool,
     keep_commits: int,
-) -> ZarrTier:
+) -> PersistentTier:
     """Create an empty buffer at ``loc`` and commit it as commit 0 (arguments as for
     ``ReplayBuffer.create``; ``internal``: the internal columns and their specs). On local
     disk this is atomic: the buffer appears whole or not at all.
@@ -79,8 +80,8 @@ def create_tier(
         rng=dict(np.random.Generator(np.random.PCG64(seed)).bit_generator.state),
         keep_commits=keep,
     )
-    if not loc.local:  # object stores have no directory rename: creation is not atomic there
-        return ZarrTier.create(loc, manifest)
+    if not isinstance(loc, LocalLocation):  # no directory rename: creation is not atomic
+        return new_tier(loc, manifest)
     # Build the buffer beside its final place, then rename it there: a crash leaves either no
     # buffer (plus a hidden leftover, removed by the next create) or a whole one.
     parent, name = loc.root.parent, loc.root.name
@@ -88,7 +89,7 @@ def create_tier(
     for old in parent.glob(f".{name}.creating-*"):
         shutil.rmtree(old, ignore_errors=True)
     tmp = parent / f".{name}.creating-{uuid.uuid4().hex[:8]}"
-    built = ZarrTier.create(Location(tmp), manifest).manifest
+    built = new_tier(LocalLocation(tmp), manifest).manifest
     os.rename(tmp, loc.root)  # onto a missing or empty directory
     fsync_path(parent)
-    return ZarrTier(loc, built)
+    return tier_of(loc, built)

@@ -18,7 +18,7 @@ from rlbuffers.errors import FormatVersionError, NotABufferError
 from rlbuffers.ring import RingState
 from rlbuffers.spec import FieldSpec
 from rlbuffers.storage.layout import ChunkLayout
-from rlbuffers.storage.location import Location
+from rlbuffers.storage.location import LocalLocation, Location
 
 MANIFEST = "manifest.json"
 #: Version of the on-disk format this code writes; it reads this and older. Version 3 keeps
@@ -175,7 +175,7 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write ``data`` as JSON to the local file ``path`` atomically."""
-    Location(path.parent).write_atomic(path.name, json.dumps(data, indent=1).encode())
+    LocalLocation(path.parent).write_atomic(path.name, json.dumps(data, indent=1).encode())
 
 
 #: Directory of the retained commits' manifests, ``history/g<commit>.json``.

@@ -18,9 +18,9 @@ from typing import Any
 
 from rlbuffers.deprecation import renamed_attribute
 from rlbuffers.storage.manifest import Manifest
+from rlbuffers.storage.persistent import PersistentTier
 from rlbuffers.storage.save_job import SAVE_RUN_BYTES, SaveJob, rows_nbytes
 from rlbuffers.storage.working import WorkingTier
-from rlbuffers.storage.zarr_tier import ZarrTier
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class SaveFuture(Future):  # type: ignore[type-arg]
 class Saver:
     """Saves of one writable buffer from its working tier into its persistent tier."""
 
-    def __init__(self, tier: ZarrTier, working: WorkingTier) -> None:
+    def __init__(self, tier: PersistentTier, working: WorkingTier) -> None:
         self.tier, self.working = tier, working
         self.layout = tier.manifest.layout
         self.lock = threading.Lock()  # guards working-tier writes against a background save

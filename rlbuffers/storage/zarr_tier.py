@@ -90,7 +90,8 @@ def array_path(name: str, commit: int) -> str:
 
 
 class ZarrTier:
-    """The Zarr group at ``loc``, read as of the commit ``manifest``.
+    """The Zarr group at ``loc``, read as of the commit ``manifest``: the
+    :class:`~rlbuffers.storage.persistent.PersistentTier` of this library.
 
     Stored-chunk indices passed to and returned by this class count in each field's stored
     chunks (see :mod:`rlbuffers.storage.layout`).
@@ -133,6 +134,10 @@ class ZarrTier:
             raise SnapshotReclaimedError(
                 f"{loc}: commit {commit} is not kept; kept: {max(first, 0)}.."
                 f"{head.commit} (keep_commits={head.keep_commits})") from None
+
+    def reopen(self, commit: int | None = None) -> ZarrTier:
+        """The same store as of its last commit now (or of the kept ``commit``)."""
+        return type(self).open(self.loc, commit)
 
     @classmethod
     def create(cls, loc: Location, manifest: Manifest) -> ZarrTier:
