@@ -230,8 +230,10 @@ class _ZarrBuffer:
             dones float32 ``[B, 1]`` (0 for handled timeouts), rewards float32 ``[B, 1]``.
 
         Raises:
-            ValueError: the buffer is empty (numpy's ``high <= 0``).
+            ValueError: the buffer is empty (numpy's ``high <= 0``). FileExistsError: see
+            :attr:`storage`.
         """
+        self.storage  # noqa: B018 (raises for an instance left unused)
         if not self.optimize_memory_usage:
             upper_bound = self.buffer_size if self.full else self.pos
             batch_inds = np.random.randint(0, upper_bound, size=batch_size)

@@ -41,10 +41,13 @@ class CommitCallback(BaseCallback):
     """Commit the model's :class:`ZarrReplayBuffer` every ``every_n_steps`` environment steps
     (``model.num_timesteps``, all environments together) and when training ends.
 
-    Each commit's metadata: ``num_timesteps``, the buffer's ``"sb3"`` state, the RNG states
-    (``"rng"``) and ``"model"``: the zip saved just before (with ``checkpoint_dir``; older
-    ``model_*.zip`` there are deleted once the commit naming the new one is done) and the
-    state of the action space's generator (SB3's ``load`` reseeds it).
+    A commit happens at the end of the rollout (SB3's ``train_freq`` steps) in which the count
+    crossed a multiple of ``every_n_steps``: there every step counted is in the buffer and the
+    model is between collecting and training (in ``on_step`` SB3 has not yet added the step's
+    transition). Each commit's metadata: ``num_timesteps``, the buffer's ``"sb3"`` state, the
+    RNG states (``"rng"``) and ``"model"``: the zip saved just before (with
+    ``checkpoint_dir``; older ``model_*.zip`` there are deleted once the commit naming the new
+    one is done) and the state of the action space's generator (SB3's ``load`` reseeds it).
 
     Args:
         every_n_steps: steps between commits (>= 1).
@@ -65,13 +68,15 @@ class CommitCallback(BaseCallback):
         self._committed_at: int | None = None
 
     def _on_step(self) -> bool:
-        last = self._committed_at or 0
-        if self.num_timesteps // self.every_n_steps > last // self.every_n_steps:
-            self.commit()
         return True
 
+    def _on_rollout_end(self) -> None:
+        last = self._committed_at or 0
+        if self.model.num_timesteps // self.every_n_steps > last // self.every_n_steps:
+            self.commit()
+
     def _on_training_end(self) -> None:
-        if self._committed_at != self.num_timesteps:
+        if self._committed_at != self.model.num_timesteps:
             self.commit()
 
     def commit(self) -> None:
