@@ -240,3 +240,12 @@ def test_commit_open_continues_like_uninterrupted(tmp_path, optimize):
     reopened.close()
     with pytest.raises(ValueError, match="do not match"):
         ZarrReplayBuffer.open(tmp_path / "buf", OBS["box"], act_space)
+
+
+def test_no_in_ram_arrays(tmp_path):
+    """SB3 writes ``dones`` in place only in one case; the error says how to avoid it."""
+    buf = ZarrReplayBuffer(8, OBS["box"], ACTIONS["discrete"], "cpu", path=tmp_path / "buf")
+    with pytest.raises(NotImplementedError, match="reset_num_timesteps=False"):
+        buf.dones[0] = True
+    assert not hasattr(buf, "observations") and not hasattr(buf, "next_observations")
+    buf.close()

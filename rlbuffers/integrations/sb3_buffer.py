@@ -171,6 +171,20 @@ class _ZarrBuffer:
                 "rlbuffers.integrations.sb3.resume(...); start over with overwrite=True")
         return self._rb
 
+    @property
+    def dones(self) -> np.ndarray:
+        """Not kept in RAM. SB3 reads it only to mark the last step done in place, when
+        ``learn(reset_num_timesteps=True)`` runs again on a filled buffer with
+        ``optimize_memory_usage``.
+
+        Raises:
+            NotImplementedError: always, saying what to do instead.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} keeps no in-RAM dones array, so SB3 cannot mark the last "
+            "step done in place (it does so when learn(reset_num_timesteps=True) runs again "
+            "with optimize_memory_usage): call learn(..., reset_num_timesteps=False)")
+
     # -- add --------------------------------------------------------------------------------
     def _obs_rows(self, obs: Any, prefix: str) -> dict[str, np.ndarray]:
         rows = {}
