@@ -67,19 +67,10 @@ def _decode(text: str) -> np.ndarray:
     return np.load(io.BytesIO(base64.b64decode(text)), allow_pickle=False)
 
 
-class _ZarrBuffer:
-    """What ZarrReplayBuffer and ZarrDictReplayBuffer share (mixed in before SB3's class)."""
+class _ZarrBuffer(SB3ReplayBuffer):
+    """What ZarrReplayBuffer and ZarrDictReplayBuffer share (before DictReplayBuffer in the
+    latter's MRO, so its methods replace SB3's)."""
 
-    observation_space: spaces.Space
-    obs_shape: Any
-    action_dim: int
-    buffer_size: int
-    n_envs: int
-    pos: int
-    full: bool
-    device: th.device
-    optimize_memory_usage: bool
-    handle_timeout_termination: bool
     _dict_obs: bool = False
 
     def __init__(
@@ -139,10 +130,11 @@ class _ZarrBuffer:
     # -- layout ---------------------------------------------------------------------------
     def _obs_specs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """Observation key ('' for a non-Dict space) -> (shape, dtype)."""
+        shape: Any = self.obs_shape
+        space: Any = self.observation_space
         if self._dict_obs:
-            return {k: (tuple(self.obs_shape[k]), np.dtype(self.observation_space[k].dtype))
-                    for k in self.obs_shape}
-        return {"": (tuple(self.obs_shape), np.dtype(self.observation_space.dtype))}
+            return {k: (tuple(shape[k]), np.dtype(space[k].dtype)) for k in shape}
+        return {"": (tuple(shape), np.dtype(space.dtype))}
 
     @staticmethod
     def _name(prefix: str, key: str) -> str:
@@ -172,7 +164,7 @@ class _ZarrBuffer:
         return self._rb
 
     @property
-    def dones(self) -> np.ndarray:
+    def dones(self) -> np.ndarray:  # type: ignore[override]
         """Not kept in RAM. SB3 reads it only to mark the last step done in place, when
         ``learn(reset_num_timesteps=True)`` runs again on a filled buffer with
         ``optimize_memory_usage``.
@@ -190,7 +182,8 @@ class _ZarrBuffer:
         rows = {}
         for key, (shape, dtype) in self._obs_specs().items():
             value = np.array(obs[key] if key else obs)
-            space = self.observation_space[key] if key else self.observation_space
+            space: Any = self.observation_space
+            space = space[key] if key else space
             if isinstance(space, spaces.Discrete):
                 value = value.reshape((self.n_envs, *shape))
             # numpy assignment semantics, as SB3's ``self.observations[pos] = obs``
@@ -295,8 +288,8 @@ class _ZarrBuffer:
         rewards = self._normalize_reward(rows["reward"].reshape(-1, 1), env)
         if self._dict_obs:
             keys = list(self._obs_specs())
-            obs = self._normalize_obs({k: rows[f"obs.{k}"] for k in keys}, env)
-            next_obs = self._normalize_obs({k: rows[f"next_obs.{k}"] for k in keys}, env)
+            obs: Any = self._normalize_obs({k: rows[f"obs.{k}"] for k in keys}, env)
+            next_obs: Any = self._normalize_obs({k: rows[f"next_obs.{k}"] for k in keys}, env)
             return DictReplayBufferSamples(
                 observations={k: self.to_torch(v) for k, v in obs.items()},
                 actions=self.to_torch(rows["action"]),
@@ -304,8 +297,9 @@ class _ZarrBuffer:
                 dones=self.to_torch(dones).reshape(-1, 1),
                 rewards=self.to_torch(rewards))
         next_obs = self._normalize_obs(rows["next_obs"], env)
-        data = (self._normalize_obs(rows["obs"], env), rows["action"], next_obs, dones, rewards)
-        return ReplayBufferSamples(*tuple(map(self.to_torch, data)))
+        data: tuple[Any, ...] = (self._normalize_obs(rows["obs"], env), rows["action"], next_obs,
+                                 dones, rewards)
+        return ReplayBufferSamples(*(self.to_torch(d) for d in data))
 
     # -- state, commit, open ---------------------------------------------------------------
     def reset(self) -> None:
@@ -387,7 +381,7 @@ class _ZarrBuffer:
                         "Save it with commit(); reopen it with open() or resume()")
 
 
-class ZarrReplayBuffer(_ZarrBuffer, SB3ReplayBuffer):
+class ZarrReplayBuffer(_ZarrBuffer):
     """SB3's ``ReplayBuffer`` (same arguments, ``add`` and ``sample``) with the transitions on
     disk in an rlbuffers buffer at ``path``.
 

@@ -123,7 +123,7 @@ def resume(model_cls: type[BaseAlgorithm], buffer_path: str | os.PathLike[str], 
     if zip_path is None:
         raise ValueError(f"{buffer_path}: the last commit names no model zip (commit with "
                          "CommitCallback(checkpoint_dir=...)), and zip_path is None")
-    model = model_cls.load(zip_path, env=env, device=device, **load_kwargs)
+    model: Any = model_cls.load(str(zip_path), env=env, device=device, **load_kwargs)
     if "num_timesteps" in meta and model.num_timesteps != meta["num_timesteps"]:
         raise ValueError(f"{zip_path}: num_timesteps {model.num_timesteps} differs from the "
                          f"buffer commit's {meta['num_timesteps']}")

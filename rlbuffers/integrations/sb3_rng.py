@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import random
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch as th
@@ -19,7 +19,7 @@ __all__ = ["restore_rng", "rng_state"]
 
 def rng_state() -> dict[str, Any]:
     """numpy global (MT19937), Python ``random`` and torch CPU generator states, JSON-able."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    name, keys, pos, has_gauss, cached = cast(tuple, np.random.get_state())
     version, internal, gauss = random.getstate()
     return {
         "numpy": {"bit_generator": name, "keys": keys.tolist(), "pos": int(pos),
