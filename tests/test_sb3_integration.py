@@ -3,8 +3,12 @@ the same numpy global RNG state give the same sampled batches, every field, bit 
 
 from __future__ import annotations
 
+import tempfile
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.heavy import require
 
@@ -249,3 +253,41 @@ def test_no_in_ram_arrays(tmp_path):
         buf.dones[0] = True
     assert not hasattr(buf, "observations") and not hasattr(buf, "next_observations")
     buf.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(buffer_size=st.integers(1, 12), n_envs=st.integers(1, 3),
+       mode=st.sampled_from([(True, False), (False, False), (False, True)]),
+       steps=st.integers(1, 30), reset_at=st.none() | st.integers(0, 29),
+       batch_size=st.integers(1, 9), seed=st.integers(0, 2**16))
+def test_samples_equal_sb3_property(buffer_size, n_envs, mode, steps, reset_at, batch_size,
+                                    seed):
+    """Any capacity, environment count, length, reset point and batch size: the same batches
+    as SB3, or the same kind of error where SB3 cannot sample (an empty buffer, or a one-step
+    ring with optimize_memory_usage)."""
+    timeouts, optimize = mode
+    obs_space, act_space = OBS["image"], ACTIONS["discrete"]
+    kwargs = dict(device="cpu", n_envs=n_envs, optimize_memory_usage=optimize,
+                  handle_timeout_termination=timeouts)
+    theirs = ReplayBuffer(buffer_size, obs_space, act_space, **kwargs)
+    rng = np.random.default_rng(seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        ours = ZarrReplayBuffer(buffer_size, obs_space, act_space, **kwargs, path=f"{tmp}/buf")
+        for step in range(steps):
+            if step == reset_at:
+                ours.reset()
+                theirs.reset()
+            args = random_step(obs_space, act_space, n_envs, rng)
+            ours.add(*args)
+            theirs.add(*args)
+            np.random.seed(step)
+            try:
+                expected = theirs.sample(batch_size)
+            except ValueError:
+                np.random.seed(step)
+                with pytest.raises(ValueError):
+                    ours.sample(batch_size)
+                continue
+            np.random.seed(step)
+            assert_same_samples(ours.sample(batch_size), expected)
+        ours.close()
