@@ -19,8 +19,10 @@ from tests.heavy import require
 
 require("stable_baselines3", "torch", "gymnasium")
 
+import gymnasium as gym
 import torch as th
 from stable_baselines3 import DQN
+from stable_baselines3.common.env_util import make_vec_env
 
 from rlbuffers.cli import main as cli_main
 from rlbuffers.integrations.sb3 import ZarrReplayBuffer, resume
@@ -90,3 +92,18 @@ def test_model_load_leaves_the_buffer_alone(tmp_path, keep_global_rng):
     again = resume(DQN, tmp_path / "kill" / "buffer", device="cpu")
     assert len(again.replay_buffer.storage) == 500
     again.replay_buffer.close()
+
+
+def test_resume_refuses_another_env_count(tmp_path, keep_global_rng):
+    (tmp_path / "kill").mkdir()
+    run_child("kill", tmp_path / "kill")
+    with pytest.raises(ValueError, match="n_envs=1, the model now has n_envs=2"):
+        resume(DQN, tmp_path / "kill" / "buffer", device="cpu",
+               env=make_vec_env("CartPole-v1", n_envs=2, seed=0))
+    env = gym.make("CartPole-v1")
+    bare = ZarrReplayBuffer(8, env.observation_space, env.action_space, "cpu",
+                            path=tmp_path / "bare")
+    bare.commit()   # no CommitCallback: no model zip named
+    bare.close()
+    with pytest.raises(ValueError, match="names no model zip"):
+        resume(DQN, tmp_path / "bare", device="cpu")

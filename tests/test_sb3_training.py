@@ -15,6 +15,7 @@ import gymnasium as gym
 import torch as th
 from gymnasium import spaces
 from stable_baselines3 import DQN, SAC
+from stable_baselines3.common.env_util import make_vec_env
 
 from rlbuffers.integrations.sb3 import ZarrReplayBuffer
 
@@ -43,17 +44,21 @@ def assert_same_training(ours, theirs) -> None:
     rb, ref = ours.replay_buffer, theirs.replay_buffer
     assert (rb.pos, rb.full) == (ref.pos, ref.full)
     rows = rb.storage[:]
-    # SB3 steps oldest first: pos .. end, 0 .. pos - 1 once full
+    # SB3 steps oldest first: pos .. end, 0 .. pos - 1 once full; environments in order
     order = np.roll(np.arange(ref.buffer_size), -ref.pos) if ref.full else np.arange(ref.pos)
+
+    def flat(arr, skip=0):
+        return arr[order[skip:]].reshape(-1, *arr.shape[2:])
+
     # with optimize_memory_usage SB3 has overwritten the oldest step's obs (never sampled)
     skip = 1 if ref.optimize_memory_usage and ref.full else 0
-    np.testing.assert_array_equal(rows["obs"][skip:], ref.observations[order[skip:], 0])
-    np.testing.assert_array_equal(rows["action"], ref.actions[order, 0])
-    np.testing.assert_array_equal(rows["reward"], ref.rewards[order, 0])
-    expected_done = ref.dones[order, 0] * (1 - ref.timeouts[order, 0])
+    np.testing.assert_array_equal(rows["obs"][skip * ref.n_envs:], flat(ref.observations, skip))
+    np.testing.assert_array_equal(rows["action"], flat(ref.actions))
+    np.testing.assert_array_equal(rows["reward"], flat(ref.rewards))
+    expected_done = flat(ref.dones) * (1 - flat(ref.timeouts))
     np.testing.assert_array_equal(rows["terminated"], expected_done.astype(bool))
     if not ref.optimize_memory_usage:
-        np.testing.assert_array_equal(rows["next_obs"], ref.next_observations[order, 0])
+        np.testing.assert_array_equal(rows["next_obs"], flat(ref.next_observations))
     np.random.seed(7)
     expected = ref.sample(16)
     np.random.seed(7)
@@ -72,6 +77,19 @@ def test_dqn_cartpole_equals_sb3_buffer(tmp_path):
     assert ours._n_updates == (2_000 - 200) // 4
     assert_same_training(ours, theirs)
     assert ours.replay_buffer.storage.episodes > 10
+    ours.replay_buffer.close()
+
+
+def test_dqn_two_envs_equals_sb3_buffer(tmp_path):
+    """Two CartPole environments: each step adds two transitions; SB3 samples the env index."""
+    envs = [make_vec_env("CartPole-v1", n_envs=2, seed=0) for _ in range(2)]
+    kwargs = dict(buffer_size=600, learning_starts=100, train_freq=2, batch_size=32,
+                  target_update_interval=100, policy_kwargs={"net_arch": [32, 32]})
+    theirs = train(DQN, envs[0], 1_000, **kwargs)
+    ours = train(DQN, envs[1], 1_000, **kwargs, replay_buffer_class=ZarrReplayBuffer,
+                 replay_buffer_kwargs={"path": tmp_path / "buf"})
+    assert ours.replay_buffer.n_envs == 2 and len(ours.replay_buffer.storage) == 600
+    assert_same_training(ours, theirs)
     ours.replay_buffer.close()
 
 

@@ -113,8 +113,9 @@ def resume(model_cls: type[BaseAlgorithm], buffer_path: str | os.PathLike[str], 
     checkpoint: ``load`` with an ``env`` resets it at the next ``learn``.
 
     Raises:
-        ValueError: the commit names no model zip and ``zip_path`` is None, or the zip's
-        ``num_timesteps`` differs from the commit's. NotABufferError: no buffer there.
+        ValueError: the commit names no model zip and ``zip_path`` is None, the zip's
+        ``num_timesteps`` differs from the commit's, or ``env`` has another number of
+        environments than the buffer. NotABufferError: no buffer there.
     """
     with ReplayBuffer.open(buffer_path, mode="r") as peek:
         meta = peek.metadata
@@ -131,8 +132,13 @@ def resume(model_cls: type[BaseAlgorithm], buffer_path: str | os.PathLike[str], 
     buffer_cls = type(old) if isinstance(old, _ZarrBuffer) else (
         ZarrDictReplayBuffer if isinstance(model.observation_space, spaces.Dict)
         else ZarrReplayBuffer)
-    model.replay_buffer = buffer_cls.open(buffer_path, model.observation_space,
-                                          model.action_space, device=model.device)
+    buffer = buffer_cls.open(buffer_path, model.observation_space, model.action_space,
+                             device=model.device)
+    if buffer.n_envs != model.n_envs:
+        buffer.close()
+        raise ValueError(f"env: the buffer at {buffer_path} was filled with n_envs="
+                         f"{buffer.n_envs}, the model now has n_envs={model.n_envs}")
+    model.replay_buffer = buffer
     if "rng" in meta:
         restore_rng(meta["rng"])
     if "action_space_rng" in model_meta:
