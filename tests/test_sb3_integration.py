@@ -3,7 +3,11 @@ the same numpy global RNG state give the same sampled batches, every field, bit 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -291,3 +295,18 @@ def test_samples_equal_sb3_property(buffer_size, n_envs, mode, steps, reset_at, 
             np.random.seed(step)
             assert_same_samples(ours.sample(batch_size), expected)
         ours.close()
+
+
+def test_missing_sb3_names_the_extra():
+    """Without SB3 the integration raises an ImportError naming the extra; rlbuffers itself
+    never imports SB3."""
+    code = ("import sys; sys.modules['stable_baselines3'] = None\n"
+            "import rlbuffers, rlbuffers.buffer\n"
+            "assert 'stable_baselines3' not in [m for m in sys.modules if sys.modules[m]]\n"
+            "try:\n    import rlbuffers.integrations.sb3\n"
+            "except ImportError as e:\n    print(e)\n")
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(root)}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "pip install 'rlbuffers[sb3]'" in out.stdout
