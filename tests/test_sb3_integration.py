@@ -127,14 +127,17 @@ CONFIGS = [
 ]
 
 
+@pytest.mark.parametrize("write_batch", [1, 3, None])
 @pytest.mark.parametrize("n_envs,timeouts,optimize,obs,action", CONFIGS)
-def test_samples_equal_sb3(tmp_path, n_envs, timeouts, optimize, obs, action):
-    """Past capacity (wrap-around three times), with episode ends and timeouts."""
+def test_samples_equal_sb3(tmp_path, n_envs, timeouts, optimize, obs, action, write_batch):
+    """Past capacity (wrap-around three times), with episode ends and timeouts; steps staged
+    in RAM (write_batch) or appended one by one."""
     obs_space, act_space = OBS[obs], ACTIONS[action]
     kwargs = dict(device="cpu", n_envs=n_envs, optimize_memory_usage=optimize,
                   handle_timeout_termination=timeouts)
     theirs = ReplayBuffer(12, obs_space, act_space, **kwargs)
-    ours = ZarrReplayBuffer(12, obs_space, act_space, **kwargs, path=tmp_path / "buf")
+    ours = ZarrReplayBuffer(12, obs_space, act_space, **kwargs, path=tmp_path / "buf",
+                            write_batch=write_batch)
     assert ours.buffer_size == theirs.buffer_size == 12 // n_envs
     steps = 3 * ours.buffer_size + 2
     assert run_side_by_side(ours, theirs, obs_space, act_space, n_envs, steps) == 2 * steps
@@ -263,12 +266,13 @@ def test_no_in_ram_arrays(tmp_path):
 @given(buffer_size=st.integers(1, 12), n_envs=st.integers(1, 3),
        mode=st.sampled_from([(True, False), (False, False), (False, True)]),
        steps=st.integers(1, 30), reset_at=st.none() | st.integers(0, 29),
-       batch_size=st.integers(1, 9), seed=st.integers(0, 2**16))
+       batch_size=st.integers(1, 9), seed=st.integers(0, 2**16),
+       write_batch=st.integers(1, 8))
 def test_samples_equal_sb3_property(buffer_size, n_envs, mode, steps, reset_at, batch_size,
-                                    seed):
-    """Any capacity, environment count, length, reset point and batch size: the same batches
-    as SB3, or the same kind of error where SB3 cannot sample (an empty buffer, or a one-step
-    ring with optimize_memory_usage)."""
+                                    seed, write_batch):
+    """Any capacity, environment count, length, reset point, batch size and write batch
+    (steps staged in RAM): the same batches as SB3, or the same kind of error where SB3
+    cannot sample (an empty buffer, or a one-step ring with optimize_memory_usage)."""
     timeouts, optimize = mode
     obs_space, act_space = OBS["image"], ACTIONS["discrete"]
     kwargs = dict(device="cpu", n_envs=n_envs, optimize_memory_usage=optimize,
@@ -276,7 +280,8 @@ def test_samples_equal_sb3_property(buffer_size, n_envs, mode, steps, reset_at, 
     theirs = ReplayBuffer(buffer_size, obs_space, act_space, **kwargs)
     rng = np.random.default_rng(seed)
     with tempfile.TemporaryDirectory() as tmp:
-        ours = ZarrReplayBuffer(buffer_size, obs_space, act_space, **kwargs, path=f"{tmp}/buf")
+        ours = ZarrReplayBuffer(buffer_size, obs_space, act_space, **kwargs, path=f"{tmp}/buf",
+                                write_batch=write_batch)
         for step in range(steps):
             if step == reset_at:
                 ours.reset()

@@ -23,9 +23,10 @@ from __future__ import annotations
 import base64
 import io
 import logging
+import math
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from rlbuffers.integrations import require
 
@@ -52,6 +53,11 @@ from rlbuffers.storage.saver import SaveFuture  # noqa: E402
 __all__ = ["META_KEY", "ZarrDictReplayBuffer", "ZarrReplayBuffer"]
 
 log = logging.getLogger(__name__)
+
+#: ``add`` stages at most this many steps, and about this many bytes, before appending them
+#: to the rlbuffers buffer in one ``extend`` (~80x faster than one ``extend`` per step for
+#: small transitions); sampling reads staged steps from RAM, commits append them first.
+WRITE_BATCH_STEPS, WRITE_BATCH_BYTES = 64, 4 << 20
 
 #: Key of the commit metadata that holds the SB3 buffer's state (``state_dict()``).
 META_KEY = "sb3"
@@ -88,9 +94,10 @@ class _ZarrBuffer(SB3ReplayBuffer):
         chunk_transitions: int | None = None,
         codec: str | Mapping[str, str] = DEFAULT_CODEC,
         working_dir: str | os.PathLike[str] | None = None,
+        write_batch: int | None = None,
     ) -> None:
         self._setup(buffer_size, observation_space, action_space, device, n_envs,
-                    optimize_memory_usage, handle_timeout_termination)
+                    optimize_memory_usage, handle_timeout_termination, write_batch)
         try:
             self._rb: ReplayBuffer | None = ReplayBuffer.create(
                 path, capacity=self.buffer_size * self.n_envs, fields=self._field_specs(),
@@ -106,7 +113,8 @@ class _ZarrBuffer(SB3ReplayBuffer):
 
     def _setup(self, buffer_size: int, observation_space: spaces.Space,
                action_space: spaces.Space, device: th.device | str, n_envs: int,
-               optimize_memory_usage: bool, handle_timeout_termination: bool) -> None:
+               optimize_memory_usage: bool, handle_timeout_termination: bool,
+               write_batch: int | None = None) -> None:
         # SB3's ReplayBuffer.__init__ allocates buffer_size rows in RAM: call BaseBuffer's only.
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space,  # type: ignore[arg-type]
                             device, n_envs=n_envs)
@@ -126,6 +134,16 @@ class _ZarrBuffer(SB3ReplayBuffer):
         self._action_dtype = np.dtype(SB3ReplayBuffer._maybe_cast_dtype(action_space.dtype))
         # optimize_memory_usage: the next observation of the newest step, [n_envs, *obs_shape]
         self._pending: dict[str, np.ndarray] | None = None
+        # steps added but not yet appended to the rlbuffers buffer (one extend per batch)
+        self._staged: list[dict[str, np.ndarray]] = []
+        step_bytes = self.n_envs * sum(
+            math.prod(cast(tuple[int, ...], s.shape)) * np.dtype(s.dtype).itemsize
+            for s in self._field_specs().values())
+        if write_batch is None:
+            write_batch = max(1, min(WRITE_BATCH_STEPS, WRITE_BATCH_BYTES // step_bytes))
+        if int(write_batch) < 1:
+            raise ValueError(f"write_batch: expected >= 1 steps, got {write_batch}")
+        self._write_batch = int(write_batch)
 
     # -- layout ---------------------------------------------------------------------------
     def _obs_specs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
@@ -150,11 +168,20 @@ class _ZarrBuffer(SB3ReplayBuffer):
 
     @property
     def storage(self) -> ReplayBuffer:
-        """The rlbuffers buffer that holds the transitions.
+        """The rlbuffers buffer that holds the transitions (every step added so far: the
+        staged ones are appended first).
 
         Raises:
             FileExistsError: the constructor found a buffer at ``path`` and left it alone.
         """
+        rb = self._buffer()
+        if self._staged:
+            staged, self._staged = self._staged, []
+            rb.extend({k: np.concatenate([row[k] for row in staged]) for k in staged[0]})
+        return rb
+
+    def _buffer(self) -> ReplayBuffer:
+        """The rlbuffers buffer, without appending the staged steps."""
         if self._rb is None:
             raise FileExistsError(
                 f"{self._path}: already holds a buffer, so this one was not created (SB3's "
@@ -201,7 +228,7 @@ class _ZarrBuffer(SB3ReplayBuffer):
         Raises:
             FieldError: a ``done`` other than 0/1. FileExistsError: see :attr:`storage`.
         """
-        storage = self.storage
+        self._buffer()
         n = self.n_envs
         done = np.broadcast_to(np.array(done, dtype=np.float32), (n,))
         if not np.isin(done, (0.0, 1.0)).all():
@@ -221,7 +248,9 @@ class _ZarrBuffer(SB3ReplayBuffer):
         row["reward"] = np.broadcast_to(np.array(reward), (n,)).astype(np.float32)
         row["terminated"] = (done == 1.0) & ~timeout
         row["truncated"] = timeout
-        storage.extend(row)
+        self._staged.append(row)
+        if len(self._staged) >= self._write_batch:
+            self.storage  # noqa: B018 (appends the staged steps)
         self.pos += 1
         if self.pos == self.buffer_size:
             self.full = True
@@ -240,7 +269,7 @@ class _ZarrBuffer(SB3ReplayBuffer):
             ValueError: the buffer is empty (numpy's ``high <= 0``). FileExistsError: see
             :attr:`storage`.
         """
-        self.storage  # noqa: B018 (raises for an instance left unused)
+        self._buffer()
         if not self.optimize_memory_usage:
             upper_bound = self.buffer_size if self.full else self.pos
             batch_inds = np.random.randint(0, upper_bound, size=batch_size)
@@ -255,21 +284,43 @@ class _ZarrBuffer(SB3ReplayBuffer):
     def _positions(self, batch_inds: np.ndarray, env_indices: np.ndarray) -> np.ndarray:
         """rlbuffers positions of SB3 steps ``batch_inds`` of environments ``env_indices``."""
         age = (self.pos - 1 - np.asarray(batch_inds, dtype=np.int64)) % self.buffer_size
-        return len(self.storage) - (age + 1) * self.n_envs + env_indices
+        rb = self._buffer()
+        size = min(len(rb) + len(self._staged) * self.n_envs, rb.capacity)
+        return size - (age + 1) * self.n_envs + env_indices
+
+    def _gather(self, where: np.ndarray) -> dict[str, np.ndarray]:
+        """Rows at positions ``where`` of the buffer followed by the staged steps (the last
+        ``capacity`` rows of the two, as they will be once the staged steps are appended)."""
+        rb = self._buffer()
+        stored = len(rb)
+        index = where + max(0, stored + len(self._staged) * self.n_envs - rb.capacity)
+        in_rb = index < stored
+        if in_rb.all():
+            return rb[index]
+        staged = {k: np.concatenate([row[k] for row in self._staged]) for k in self._staged[0]}
+        rows = rb[index[in_rb]] if in_rb.any() else None
+        out = {}
+        for name, values in staged.items():
+            column = np.empty((len(index), *values.shape[1:]), dtype=values.dtype)
+            column[~in_rb] = values[index[~in_rb] - stored]
+            if rows is not None:
+                column[in_rb] = rows[name]
+            out[name] = column
+        return out
 
     def _rows(self, batch_inds: np.ndarray, env_indices: np.ndarray) -> dict[str, np.ndarray]:
         """The stored fields of the sampled transitions, ``next_obs`` included."""
         where = self._positions(batch_inds, env_indices)
         if not self.optimize_memory_usage:
-            return self.storage[where]
+            return self._gather(where)
         # next_obs of step t is obs of step t + 1, or the pending one for the newest step
         following = (batch_inds + 1) % self.buffer_size
         pending = following == self.pos
         if self._pending is None:
             raise ValueError("optimize_memory_usage: no next observation of the newest step "
                              "is known (sample before any add)")
-        rows = self.storage[np.concatenate(
-            [where, self._positions(following[~pending], env_indices[~pending])])]
+        rows = self._gather(np.concatenate(
+            [where, self._positions(following[~pending], env_indices[~pending])]))
         size = len(batch_inds)
         for key in self._obs_specs():
             name = self._name("obs", key)
@@ -305,7 +356,9 @@ class _ZarrBuffer(SB3ReplayBuffer):
     def reset(self) -> None:
         """Empty the buffer as SB3 does (``pos = 0``, ``full = False``): the stored rows stay
         on disk until ``add`` overwrites them, but are no longer sampled."""
-        super().reset()  # type: ignore[misc]
+        if self._rb is not None:
+            self.storage  # noqa: B018 (appends the staged steps)
+        super().reset()
         self._pending = None
 
     def state_dict(self) -> dict[str, Any]:
@@ -343,7 +396,8 @@ class _ZarrBuffer(SB3ReplayBuffer):
     @classmethod
     def open(cls, path: str | os.PathLike[str], observation_space: spaces.Space,
              action_space: spaces.Space, device: th.device | str = "auto", *,
-             working_dir: str | os.PathLike[str] | None = None) -> Any:
+             working_dir: str | os.PathLike[str] | None = None,
+             write_batch: int | None = None) -> Any:
         """Open the last commit of a buffer that :meth:`commit` wrote, for reading and writing:
         the transitions, ``pos``, ``full`` and the pending next observation come back as
         committed (the RNG states do not change: see ``sb3_rng.restore_rng``).
@@ -361,7 +415,7 @@ class _ZarrBuffer(SB3ReplayBuffer):
             self = cls.__new__(cls)
             self._setup(state["buffer_size"] * state["n_envs"], observation_space, action_space,
                         device, state["n_envs"], state["optimize_memory_usage"],
-                        state["handle_timeout_termination"])
+                        state["handle_timeout_termination"], write_batch)
             expected = {n: (s.shape, np.dtype(s.dtype)) for n, s in self._field_specs().items()}
             stored = {n: (s.shape, np.dtype(s.dtype)) for n, s in rb.fields.items()}
             if expected != stored:
@@ -393,10 +447,14 @@ class ZarrReplayBuffer(_ZarrBuffer):
             untouched and this instance stays unused (``add`` raises FileExistsError): that
             is what ``Model.load`` builds; continue with :meth:`open` or ``resume``.
         chunk_transitions, codec, working_dir: as ``rlbuffers.ReplayBuffer.create``.
+        write_batch: steps that ``add`` stages in RAM before appending them in one
+            ``extend`` (>= 1; None: up to 64 steps and ~4 MiB). Staged steps are sampled
+            like the others and appended by ``commit``; a crash loses them, as it loses every
+            step added since the last commit.
 
     Raises:
-        ValueError: ``optimize_memory_usage`` with ``handle_timeout_termination`` (as SB3).
-        TypeError: a Dict observation space (use :class:`ZarrDictReplayBuffer`).
+        ValueError: ``optimize_memory_usage`` with ``handle_timeout_termination`` (as SB3), or
+        ``write_batch < 1``. TypeError: a Dict observation space (use :class:`ZarrDictReplayBuffer`).
     """
 
 
