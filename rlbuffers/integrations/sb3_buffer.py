@@ -454,7 +454,8 @@ class ZarrReplayBuffer(_ZarrBuffer):
 
     Raises:
         ValueError: ``optimize_memory_usage`` with ``handle_timeout_termination`` (as SB3), or
-        ``write_batch < 1``. TypeError: a Dict observation space (use :class:`ZarrDictReplayBuffer`).
+        ``write_batch < 1``. TypeError: a Dict observation space (use
+        :class:`ZarrDictReplayBuffer`).
     """
 
 
