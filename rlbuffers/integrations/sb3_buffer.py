@@ -2,8 +2,9 @@
 
 :class:`ZarrReplayBuffer` and :class:`ZarrDictReplayBuffer` subclass SB3's ``ReplayBuffer`` and
 ``DictReplayBuffer`` with the same constructor (plus ``path``) and the same ``add`` / ``sample``
-contract, but keep the transitions on disk (``add`` writes the working tier, ``commit`` saves
-incrementally) instead of in numpy arrays of ``buffer_size`` rows in RAM.
+contract, but keep the transitions on disk (``add`` stages a few steps in RAM and appends them
+to the working tier, ``commit`` saves incrementally) instead of in numpy arrays of
+``buffer_size`` rows in RAM.
 
 Layout: SB3 step ``t`` of environment ``e`` is one rlbuffers transition; each ``add`` appends
 the ``n_envs`` transitions of one step, environments in order, so the rlbuffers capacity is
