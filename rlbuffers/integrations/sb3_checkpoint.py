@@ -1,0 +1,146 @@
+"""Incremental commits of a Stable-Baselines3 run and its exact resume.
+
+:class:`CommitCallback` commits the run's :class:`ZarrReplayBuffer` every N environment steps
+and at the end of training; given ``checkpoint_dir`` it first saves the model
+(``model_<num_timesteps>.zip``), so each buffer commit names the model zip of the same step and
+holds the RNG states. :func:`resume` restores all three from the last commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from rlbuffers.integrations import require
+
+require("stable_baselines3", "sb3")
+
+from gymnasium import spaces  # noqa: E402
+from stable_baselines3.common.base_class import BaseAlgorithm  # noqa: E402
+from stable_baselines3.common.callbacks import BaseCallback  # noqa: E402
+
+from rlbuffers.buffer import ReplayBuffer  # noqa: E402
+from rlbuffers.integrations.sb3_buffer import (  # noqa: E402
+    ZarrDictReplayBuffer,
+    ZarrReplayBuffer,
+    _ZarrBuffer,
+)
+from rlbuffers.integrations.sb3_rng import restore_rng  # noqa: E402
+
+__all__ = ["CommitCallback", "resume"]
+
+log = logging.getLogger(__name__)
+
+#: Metadata key of the model checkpoint a commit belongs to.
+MODEL_KEY = "model"
+
+
+class CommitCallback(BaseCallback):
+    """Commit the model's :class:`ZarrReplayBuffer` every ``every_n_steps`` environment steps
+    (``model.num_timesteps``, all environments together) and when training ends.
+
+    A commit happens at the end of the rollout (SB3's ``train_freq`` steps) in which the count
+    crossed a multiple of ``every_n_steps``: there every step counted is in the buffer and the
+    model is between collecting and training (in ``on_step`` SB3 has not yet added the step's
+    transition). Each commit's metadata: ``num_timesteps``, the buffer's ``"sb3"`` state, the
+    RNG states (``"rng"``) and ``"model"``: the zip saved just before (with
+    ``checkpoint_dir``; older ``model_*.zip`` there are deleted once the commit naming the new
+    one is done) and the state of the action space's generator (SB3's ``load`` reseeds it).
+
+    Args:
+        every_n_steps: steps between commits (>= 1).
+        checkpoint_dir: where to save ``model_<num_timesteps>.zip``; None: no model save.
+
+    Raises:
+        ValueError: ``every_n_steps < 1``. TypeError (at the first commit): the model's
+        replay buffer is not a ZarrReplayBuffer.
+    """
+
+    def __init__(self, every_n_steps: int, checkpoint_dir: str | os.PathLike[str] | None = None,
+                 verbose: int = 0) -> None:
+        super().__init__(verbose)
+        if int(every_n_steps) < 1:
+            raise ValueError(f"every_n_steps: expected >= 1, got {every_n_steps}")
+        self.every_n_steps = int(every_n_steps)
+        self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
+        self._committed_at: int | None = None
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        last = self._committed_at or 0
+        if self.model.num_timesteps // self.every_n_steps > last // self.every_n_steps:
+            self.commit()
+
+    def _on_training_end(self) -> None:
+        if self._committed_at != self.model.num_timesteps:
+            self.commit()
+
+    def commit(self) -> None:
+        """Save the model (with ``checkpoint_dir``), then commit the buffer."""
+        buffer = getattr(self.model, "replay_buffer", None)
+        if not isinstance(buffer, _ZarrBuffer):
+            raise TypeError("CommitCallback: model.replay_buffer must be a ZarrReplayBuffer, "
+                            f"got {type(buffer).__name__}")
+        steps = int(self.model.num_timesteps)
+        model: dict[str, Any] = {
+            "action_space_rng": self.model.action_space.np_random.bit_generator.state}
+        if self.checkpoint_dir is not None:
+            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            zip_path = self.checkpoint_dir / f"model_{steps}.zip"
+            self.model.save(zip_path)
+            model["zip"] = str(zip_path.resolve())
+        report = buffer.commit({"num_timesteps": steps, MODEL_KEY: model})
+        self._committed_at = steps
+        if self.checkpoint_dir is not None:
+            for old in self.checkpoint_dir.glob("model_*.zip"):
+                if old.name != f"model_{steps}.zip":
+                    old.unlink(missing_ok=True)
+        if self.verbose:
+            log.info("committed the replay buffer at step %d: %s", steps, report)
+
+
+def resume(model_cls: type[BaseAlgorithm], buffer_path: str | os.PathLike[str], *,
+           zip_path: str | os.PathLike[str] | None = None, env: Any = None,
+           device: Any = "auto", **load_kwargs: Any) -> BaseAlgorithm:
+    """Restore a run from the last commit of its buffer: the model (``model_cls.load`` of the
+    zip the commit names, or ``zip_path``), the buffer (:meth:`ZarrReplayBuffer.open`) and the
+    numpy global, Python, torch and action-space RNG states of the commit, so that sampling
+    goes on exactly as in the uninterrupted run. The environment is not part of SB3's
+    checkpoint: ``load`` with an ``env`` resets it at the next ``learn``.
+
+    Raises:
+        ValueError: the commit names no model zip and ``zip_path`` is None, the zip's
+        ``num_timesteps`` differs from the commit's, or ``env`` has another number of
+        environments than the buffer. NotABufferError: no buffer there.
+    """
+    with ReplayBuffer.open(buffer_path, mode="r") as peek:
+        meta = peek.metadata
+    model_meta = meta.get(MODEL_KEY, {})
+    zip_path = zip_path or model_meta.get("zip")
+    if zip_path is None:
+        raise ValueError(f"{buffer_path}: the last commit names no model zip (commit with "
+                         "CommitCallback(checkpoint_dir=...)), and zip_path is None")
+    model: Any = model_cls.load(str(zip_path), env=env, device=device, **load_kwargs)
+    if "num_timesteps" in meta and model.num_timesteps != meta["num_timesteps"]:
+        raise ValueError(f"{zip_path}: num_timesteps {model.num_timesteps} differs from the "
+                         f"buffer commit's {meta['num_timesteps']}")
+    old = getattr(model, "replay_buffer", None)
+    buffer_cls = type(old) if isinstance(old, _ZarrBuffer) else (
+        ZarrDictReplayBuffer if isinstance(model.observation_space, spaces.Dict)
+        else ZarrReplayBuffer)
+    buffer = buffer_cls.open(buffer_path, model.observation_space, model.action_space,
+                             device=model.device)
+    if buffer.n_envs != model.n_envs:
+        buffer.close()
+        raise ValueError(f"env: the buffer at {buffer_path} was filled with n_envs="
+                         f"{buffer.n_envs}, the model now has n_envs={model.n_envs}")
+    model.replay_buffer = buffer
+    if "rng" in meta:
+        restore_rng(meta["rng"])
+    if "action_space_rng" in model_meta:
+        model.action_space.np_random.bit_generator.state = model_meta["action_space_rng"]
+    return model
