@@ -25,7 +25,7 @@ from rlbuffers import ReplayBuffer
 from rlbuffers.checkpoint import load_state
 from trainers.common import restore_metrics
 from trainers.config import field_docs
-from trainers.erl.config import Config
+from trainers.erl.config import Config, check_config
 from trainers.erl.evolution import crossover, evolve, mutate, tournament
 from trainers.erl.rollout import Actor
 
@@ -185,6 +185,17 @@ def test_help_lists_every_config_field_with_its_docstring():
     for name in docs:
         assert "--" + name.replace("_", "-") in out
     assert "Actors in the evolving population" in out
+
+
+def test_a_bad_setting_is_named_with_its_flag():
+    check_config(Config())
+    for bad, match in (({"pop_size": 0}, "--pop-size: expected >= 1, got 0"),
+                       ({"crossover_prob": 1.5},
+                        "--crossover-prob: expected in \\[0, 1\\], got 1.5"),
+                       ({"rollout_backend": "dask"}, "--rollout-backend: expected '', 'inprocess' "
+                                                     "or 'ray', got 'dask'")):
+        with pytest.raises(ValueError, match=match):
+            check_config(Config(**bad))
 
 
 # -- evolution operators and bookkeeping, in process ------------------------------------------
