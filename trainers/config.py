@@ -20,7 +20,7 @@ C = TypeVar("C")
 
 #: Loggers of libraries the trainers use, kept at WARNING whatever the trainer's level.
 QUIET_LOGGERS = ("transformers", "peft", "urllib3", "filelock", "matplotlib", "PIL", "ray",
-                 "torch", "datasets", "fsspec", "httpx", "numcodecs", "zarr", "asyncio")
+                 "torch", "datasets", "fsspec", "httpx", "numcodecs", "zarr", "asyncio", "OpenGL")
 
 
 @dataclass
