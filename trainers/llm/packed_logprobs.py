@@ -120,5 +120,6 @@ def packed_reference_logprobs(model: Any, batch: dict[str, torch.Tensor], packin
     with ctx:  # no activations kept: rows together up to twice --pack-tokens
         for rows in split_tokens(real, 2 * packing.pack_tokens):
             micro = {k: v[rows] for k, v in batch.items()}
-            out[micro["index"][micro["mask"]]] = packed_logprobs(ref, micro, packing)
+            # out is on the CPU: a CUDA index and CUDA values would not write into it
+            out[micro["index"][micro["mask"]].cpu()] = packed_logprobs(ref, micro, packing).cpu()
     return out
