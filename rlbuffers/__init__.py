@@ -16,6 +16,7 @@ from rlbuffers.errors import (
     BufferClosedError,
     BufferEmptyError,
     BufferExistsError,
+    CorruptCheckpointError,
     CorruptChunkError,
     FieldError,
     FormatVersionError,
@@ -23,6 +24,7 @@ from rlbuffers.errors import (
     NotPrioritizedError,
     ReadOnlyError,
     RLBuffersError,
+    SnapshotReclaimedError,
 )
 from rlbuffers.lazy import lazy_attributes
 
@@ -55,6 +57,7 @@ __all__ = [
     "BufferClosedError",
     "BufferEmptyError",
     "BufferExistsError",
+    "CorruptCheckpointError",
     "CorruptChunkError",
     "FieldError",
     "FieldSpec",
@@ -69,6 +72,7 @@ __all__ = [
     "Sampler",
     "SaveReport",
     "SequenceSampler",
+    "SnapshotReclaimedError",
     "UniformSampler",
     "register_sampler",
 ]

@@ -14,16 +14,18 @@ import numpy as np
 
 from rlbuffers import samplers, spec
 from rlbuffers.compression import DEFAULT_CODEC
+from rlbuffers.deprecation import UNSET, renamed_attribute, renamed_keyword
 from rlbuffers.errors import BufferClosedError, ReadOnlyError
 from rlbuffers.ring import RingState
 from rlbuffers.samplers import EPISODE_ID, PRIORITY, SampleContext, Sampler
 from rlbuffers.spec import FieldSpec
 from rlbuffers.storage.create import create_tier, positive_int
-from rlbuffers.storage.location import Location
-from rlbuffers.storage.manifest import KEEP_GENERATIONS, Manifest
+from rlbuffers.storage.engine import open_tier
+from rlbuffers.storage.location import make_location
+from rlbuffers.storage.manifest import KEEP_COMMITS, Manifest
+from rlbuffers.storage.persistent import PersistentTier
 from rlbuffers.storage.saver import SaveFuture, SaveReport
 from rlbuffers.storage.store import ReadOnlyStorage, WritableStorage, default_working_dir
-from rlbuffers.storage.zarr_tier import ZarrTier
 
 __all__ = ["ReplayBuffer", "SaveReport"]
 
@@ -39,12 +41,12 @@ class ReplayBuffer:
     tier; ``save`` commits the changes to the persistent tier. Not thread-safe.
     """
 
-    def __init__(self, tier: ZarrTier, *, mode: str,
+    def __init__(self, tier: PersistentTier, *, mode: str,
                  working_dir: str | os.PathLike[str] | None = None,
                  fresh: bool = False, sampler: Sampler | None = None) -> None:
         m, loc = tier.manifest, tier.loc
         #: the buffer's directory (a ``Path``) or URL (a ``str``)
-        self.path: Path | str = loc.root if loc.local else loc.url
+        self.path: Path | str = loc.path
         self.mode = mode
         self.capacity: int = m.capacity
         self.chunk_transitions: int = m.layout.base_chunk_rows
@@ -66,8 +68,9 @@ class ReplayBuffer:
                codec: str | Mapping[str, str] = DEFAULT_CODEC, sampler: Sampler | None = None,
                seed: int | None = None, working_dir: str | os.PathLike[str] | None = None,
                overwrite: bool = False, storage_options: Mapping[str, Any] | None = None,
-               keep_generations: int = KEEP_GENERATIONS) -> ReplayBuffer:
-        """Create an empty buffer at ``path`` (a directory or fsspec URL): generation 0.
+               keep_commits: int | None = None,
+               keep_generations: int = UNSET) -> ReplayBuffer:
+        """Create an empty buffer at ``path`` (a directory or fsspec URL): commit 0.
 
         Args:
             capacity: most transitions held; the oldest are overwritten beyond it.
@@ -81,44 +84,49 @@ class ReplayBuffer:
             working_dir: local directory of the working tier (default ``path/.working``; for
                 a URL, under ``~/.cache/rlbuffers``). overwrite: replace a buffer at ``path``.
             storage_options: fsspec options for a URL path (``endpoint_url``, ``key``...).
-            keep_generations: how many of the newest commits stay readable (>= 1).
+            keep_commits: how many of the newest commits stay readable (>= 1; None: 2).
+            keep_generations: deprecated spelling of ``keep_commits``.
 
         Raises:
             FieldError: an invalid field name or spec. ValueError: a bad capacity, chunk size or
             codec. FileExistsError: ``path`` is not empty and ``overwrite`` is False.
         """
+        keep_commits = renamed_keyword("keep_generations", keep_generations,
+                                       "keep_commits", keep_commits)
         spec.check_field_specs(fields, SAMPLE_KEYS)
         sampler = sampler or samplers.UniformSampler()
         tier = create_tier(
-            Location(path, dict(storage_options or {})), capacity=capacity, fields=fields,
+            make_location(path, dict(storage_options or {})), capacity=capacity, fields=fields,
             internal={EPISODE_ID: FieldSpec((), "int64"), **sampler.extra_columns},
             chunk_transitions=chunk_transitions, codec=codec,
             sampler_state=sampler.state_dict(), seed=seed, overwrite=overwrite,
-            keep_generations=keep_generations)
+            keep_commits=KEEP_COMMITS if keep_commits is None else keep_commits)
         return cls(tier, mode="r+", working_dir=working_dir, fresh=True, sampler=sampler)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, mode: str = "r+",
              working_dir: str | os.PathLike[str] | None = None,
              storage_options: Mapping[str, Any] | None = None,
-             generation: int | None = None) -> ReplayBuffer:
+             commit: int | None = None, generation: int | None = UNSET) -> ReplayBuffer:
         """Open the last commit at ``path`` (a working tier that mirrors it is reused, else
         rebuilt chunk by chunk); data added after the last ``save`` is discarded.
 
         Args:
             mode: ``"r+"`` (read/write) or ``"r"`` (read-only: a snapshot of one commit, read
                 from committed chunks; the writer's later saves do not change it).
-            generation: (``mode="r"``) a kept older commit instead of the last.
+            commit: (``mode="r"``) the number of a kept older commit to read instead of the
+                last. generation: deprecated spelling of ``commit``.
             working_dir, storage_options: as ``create``.
 
         Raises:
             NotABufferError: no buffer there. FormatVersionError: a newer format. ValueError: an
             unknown mode. CorruptChunkError: a chunk to rebuild fails its checksum.
-            SnapshotReclaimedError: ``generation`` is not kept.
+            SnapshotReclaimedError: commit ``commit`` is not kept.
         """
-        if mode not in ("r", "r+") or (generation is not None and mode != "r"):
-            raise ValueError(f"mode: expected 'r' or 'r+' ('r' with generation), got {mode!r}")
-        tier = ZarrTier.open(Location(path, dict(storage_options or {})), generation)
+        commit = renamed_keyword("generation", generation, "commit", commit)
+        if mode not in ("r", "r+") or (commit is not None and mode != "r"):
+            raise ValueError(f"mode: expected 'r' or 'r+' ('r' with commit), got {mode!r}")
+        tier = open_tier(make_location(path, dict(storage_options or {})), commit)
         return cls(tier, mode=mode, working_dir=working_dir)
 
     def add(self, **transition: Any) -> None:
@@ -168,8 +176,9 @@ class ReplayBuffer:
     fields = property(lambda self: dict(self._fields), doc="Field name -> spec (user fields).")
     total_added = property(lambda self: self._ring.total_added, doc="Transitions ever added.")
     episodes = property(lambda self: self._ring.episodes, doc="Episodes ended so far.")
-    generation = property(lambda self: self._storage.manifest.generation,
-                          doc="The commit number on disk (0 at create, +1 per save).")
+    commit = property(lambda self: self._storage.manifest.commit,
+                      doc="The number of the commit on disk (0 at create, +1 per save).")
+    generation = renamed_attribute("generation", "commit")
     metadata = property(lambda self: self._storage.manifest.metadata,
                         doc="The metadata dict of the last commit.")
     committed_at = property(lambda self: self._storage.manifest.committed_at,
@@ -232,7 +241,7 @@ class ReplayBuffer:
              background: bool = False) -> SaveReport | SaveFuture:
         """Commit the buffer as it is at this call: write the chunks changed since the last
         commit (runs of <= ~32 MiB raw: bounded memory), then commit atomically (a new
-        snapshot; commits older than ``keep_generations`` are reclaimed). On an error before
+        snapshot; commits older than ``keep_commits`` are reclaimed). On an error before
         the commit the previous one stays intact and the changes stay pending.
 
         Args:
@@ -251,9 +260,9 @@ class ReplayBuffer:
         storage = self._writer()
         storage.saver.wait()
         meta = self.metadata if metadata is None else json.loads(json.dumps(dict(metadata)))
-        commit = storage.manifest.replace(ring=self._ring, sampler=self.sampler.state_dict(),
-                                          rng=self._rng.bit_generator.state, metadata=meta)
-        return storage.commit(commit, full=full, background=background)
+        manifest = storage.manifest.replace(ring=self._ring, sampler=self.sampler.state_dict(),
+                                            rng=self._rng.bit_generator.state, metadata=meta)
+        return storage.commit(manifest, full=full, background=background)
 
     def refresh(self) -> None:
         """Move this reader (``mode="r"``; else ValueError) to the latest commit."""
@@ -295,4 +304,4 @@ class ReplayBuffer:
         self.close()
 
     def __repr__(self) -> str:
-        return f"ReplayBuffer({str(self.path)!r}, size={len(self)}, generation={self.generation})"
+        return f"ReplayBuffer({str(self.path)!r}, size={len(self)}, commit={self.commit})"

@@ -1,6 +1,6 @@
 """The ``rlbuffers`` command line.
 
-- ``rlbuffers inspect PATH [--json] [--verify] [--generation N]``: describe a stored buffer.
+- ``rlbuffers inspect PATH [--json] [--verify] [--commit N]``: describe a stored buffer.
 - ``rlbuffers verify PATH [--repair]``: check (and rewrite) damaged chunks.
 - ``rlbuffers shards ...``: write and list webdataset shards (:mod:`rlbuffers.stream`).
 - ``rlbuffers convert ...``: migrate another library's saved replay buffer.
@@ -20,7 +20,10 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
+from rlbuffers.cli_options import json_option
 from rlbuffers.errors import RLBuffersError
+
+__all__ = ["build_parser", "json_option", "main", "render"]
 
 
 def _size(n: float) -> str:
@@ -63,7 +66,7 @@ def render(r: dict[str, Any]) -> str:
         f"buffer      {r['path']}",
         f"size        {r['size']:,} / {r['capacity']:,} transitions "
         f"({r['total_added']:,} added, {r['episodes']:,} episodes ended)",
-        f"last commit generation {r['generation']} at {r['committed_at']}",
+        f"commit      {r['commit']} at {r['committed_at']}",
         f"chunks      {min(r['chunk_transitions'], r['capacity']):,} transitions per base "
         f"chunk; stored {_size(r['stored_bytes'])}",
         "",
@@ -109,27 +112,20 @@ def _strict(x: Any) -> Any:
     return x
 
 
-def json_option(text: str | None, option: str) -> Any:
-    """The value of a JSON command-line option (None when not given).
-
-    Raises:
-        ValueError: ``text`` is not valid JSON (the option and the text are named).
-    """
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{option}: expected JSON such as '{{\"key\": \"value\"}}', "
-                         f"got {text!r} ({e})") from None
-
-
 def _inspect(args: argparse.Namespace) -> int:
     from rlbuffers.inspection import inspect_path
 
     options = json_option(args.storage_options, "--storage-options")
+    commit = args.commit
+    if args.generation is not None:
+        print("rlbuffers: warning: --generation is deprecated and will be removed in the next "
+              "release; use --commit", file=sys.stderr)
+        if commit is not None:
+            raise ValueError("--commit: given twice, as --commit and as the deprecated "
+                             "--generation; give --commit only")
+        commit = args.generation
     report = inspect_path(args.path, verify=args.verify, storage_options=options,
-                          generation=args.generation)
+                          commit=commit)
     if args.json:
         print(json.dumps(_strict(report), indent=1, allow_nan=False))
     else:
@@ -157,8 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help='fsspec options for a URL, e.g. \'{"endpoint_url": "http://..."}\' '
                         "(credentials may also come from the usual environment variables)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--generation", type=int, default=None, metavar="N",
-                   help="report a kept older commit instead of the last")
+    p.add_argument("--commit", type=int, default=None, metavar="N",
+                   help="report the kept older commit number N instead of the last")
+    p.add_argument("--generation", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument(
         "--verify",
         action="store_true",

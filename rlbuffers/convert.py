@@ -373,7 +373,7 @@ def convert_sb3(
         progress: called as ``progress(done, total)`` (transitions) after every batch.
 
     Returns:
-        the new buffer, open read/write, committed once (generation 1) with
+        the new buffer, open read/write, committed once (commit 1) with
         ``metadata["converted_from"]`` describing the source.
 
     Raises:

@@ -55,7 +55,7 @@ class NotPrioritizedError(RLBuffersError, TypeError):
 
 
 class SnapshotReclaimedError(RLBuffersError, LookupError):
-    """A reader's commit is no longer kept (the writer reclaimed it after ``keep_generations``
+    """A reader's commit is no longer kept (the writer reclaimed it after ``keep_commits``
     newer commits); ``refresh()`` moves the reader to the latest commit."""
 
 

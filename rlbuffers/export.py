@@ -1,7 +1,7 @@
 """``export_commit``: one commit of a buffer as a plain Zarr v3 group (one array per field,
 every chunk in place), for tools that read Zarr but not the chunk table of format 3.
 
-The live layout (``docs/format.md``) keeps each chunk version in the array of the generation
+The live layout (``docs/format.md``) keeps each chunk version in the array of the commit
 that wrote it, so a commit can be read with plain ``zarr`` and the manifest (the recipe is in
 ``docs/format.md``); ``export_commit`` does that once and writes the result out.
 """
@@ -14,31 +14,36 @@ from typing import Any
 import numpy as np
 import zarr
 
-from rlbuffers.storage.location import Location
-from rlbuffers.storage.zarr_tier import ZarrTier, _quiet
+from rlbuffers.deprecation import UNSET, renamed_keyword
+from rlbuffers.storage.engine import open_tier
+from rlbuffers.storage.location import make_location
+from rlbuffers.storage.zarr_tier import _quiet
 
 
 def export_commit(
     path: str | os.PathLike[str],
     out: str | os.PathLike[str],
     *,
-    generation: int | None = None,
+    commit: int | None = None,
+    generation: int | None = UNSET,
     storage_options: dict[str, Any] | None = None,
 ) -> dict[str, int]:
-    """Write the commit ``generation`` (default: the last) of the buffer at ``path`` to a new
+    """Write the commit ``commit`` (default: the last) of the buffer at ``path`` to a new
     Zarr v3 group at ``out``: an array per column with the buffer's shapes, chunks and codecs,
     indexed by slot, and the commit's manifest (JSON) in the group attribute ``rlbuffers``.
-    Memory is bounded by one chunk at a time.
+    Memory is bounded by one chunk at a time. ``generation``: deprecated spelling of
+    ``commit``.
 
     Returns:
-        ``{"generation": N, "chunks": chunks copied}``.
+        ``{"commit": N, "chunks": chunks copied}``.
 
     Raises:
         NotABufferError, SnapshotReclaimedError, CorruptChunkError: as ``ReplayBuffer.open``.
         FileExistsError: ``out`` exists and is not empty.
     """
-    tier = ZarrTier.open(Location(path, storage_options), generation)
-    dst = Location(out)
+    commit = renamed_keyword("generation", generation, "commit", commit)
+    tier = open_tier(make_location(path, storage_options), commit)
+    dst = make_location(out)
     if dst.exists() and dst.listdir():
         raise FileExistsError(f"out: {dst} already exists and is not empty")
     m = tier.manifest
@@ -59,4 +64,4 @@ def export_commit(
                 rows = blob
             arr[a:a + len(rows)] = rows
             copied += 1
-    return {"generation": m.generation, "chunks": copied}
+    return {"commit": m.commit, "chunks": copied}

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rlbuffers.errors import BufferEmptyError
-from rlbuffers.samplers import Draw, SampleContext, register_sampler
+from rlbuffers.sampler_base import Draw, SampleContext, register_sampler
 from rlbuffers.spec import FieldSpec
 
 

@@ -12,11 +12,13 @@ from typing import Any
 
 import numpy as np
 
+from rlbuffers.deprecation import UNSET, renamed_keyword
 from rlbuffers.errors import CorruptChunkError, SnapshotReclaimedError
 from rlbuffers.samplers import PRIORITY
-from rlbuffers.storage.location import Location
+from rlbuffers.storage.engine import open_tier
+from rlbuffers.storage.location import make_location
 from rlbuffers.storage.manifest import Manifest
-from rlbuffers.storage.zarr_tier import ZarrTier
+from rlbuffers.storage.persistent import PersistentTier
 
 #: Restarts of a report whose commit a running writer reclaimed while it was read.
 READ_ATTEMPTS = 10
@@ -63,7 +65,7 @@ class _Stats:
                 "nan": self.nan, "inf": self.inf}
 
 
-def _column_stats(tier: ZarrTier, name: str) -> tuple[_Stats, int]:
+def _column_stats(tier: PersistentTier, name: str) -> tuple[_Stats, int]:
     """Stats of a column's values over committed slots (ragged: of all its rows' values), and
     the raw bytes of a ragged column."""
     stats, raw = _Stats(), 0
@@ -88,12 +90,13 @@ def inspect_path(
     *,
     verify: bool = False,
     storage_options: dict[str, Any] | None = None,
-    generation: int | None = None,
+    commit: int | None = None,
+    generation: int | None = UNSET,
 ) -> dict[str, Any]:
     """Describe the buffer committed at ``path``.
 
     Returns:
-        a JSON-serialisable dict with ``path``, ``format_version``, ``generation``,
+        a JSON-serialisable dict with ``path``, ``format_version``, ``commit``,
         ``committed_at`` (ISO 8601, UTC), ``capacity``, ``size``, ``total_added``, ``episodes``,
         ``chunk_transitions``, ``fields`` (name -> ``shape``, ``dtype``, ``codec``,
         ``stored_bytes``, ``raw_bytes``, ``ratio``, ``chunks``, ``chunk_transitions``, and
@@ -106,33 +109,35 @@ def inspect_path(
 
     Args:
         path: a buffer directory or URL; ``storage_options`` as for ``ReplayBuffer.open``.
-        generation: a kept older commit instead of the last (the report is of one commit:
+        commit: a kept older commit instead of the last (the report is of one commit:
             if a writer reclaims it meanwhile, the report restarts on the latest commit, at
-            most ``READ_ATTEMPTS`` times, unless ``generation`` was given).
+            most ``READ_ATTEMPTS`` times, unless ``commit`` was given).
+        generation: deprecated spelling of ``commit``.
 
     Raises:
         NotABufferError / FormatVersionError: as for ``ReplayBuffer.open``. CorruptChunkError:
         a chunk read for statistics is corrupt (with ``verify``, corrupt chunks are listed
         instead and skipped).
     """
-    loc = Location(path, storage_options)
+    commit = renamed_keyword("generation", generation, "commit", commit)
+    loc = make_location(path, storage_options)
     attempts = 0
     while True:
         try:
-            return _report(ZarrTier.open(loc, generation), verify)
+            return _report(open_tier(loc, commit), verify)
         except SnapshotReclaimedError:
-            # a writer saved keep_generations times while we read: read the latest commit
+            # a writer saved keep_commits times while we read: read the latest commit
             attempts += 1
-            if generation is not None or attempts >= READ_ATTEMPTS:
+            if commit is not None or attempts >= READ_ATTEMPTS:
                 raise
 
 
-def _report(tier: ZarrTier, verify: bool) -> dict[str, Any]:
+def _report(tier: PersistentTier, verify: bool) -> dict[str, Any]:
     m = tier.manifest
     report: dict[str, Any] = {
         "path": str(tier.loc),
         "format_version": m.format_version,
-        "generation": m.generation,
+        "commit": m.commit,
         "committed_at": dt.datetime.fromtimestamp(m.committed_at, dt.timezone.utc).isoformat(),
         "capacity": m.capacity,
         "size": m.ring.size,
@@ -155,7 +160,7 @@ def _report(tier: ZarrTier, verify: bool) -> dict[str, Any]:
     return report
 
 
-def _fields_report(tier: ZarrTier, m: Manifest, skip: set[tuple[str, int]]) -> dict:
+def _fields_report(tier: PersistentTier, m: Manifest, skip: set[tuple[str, int]]) -> dict:
     out = {}
     for name, spec in m.fields.items():
         chunks = tier.stored_chunks(name)

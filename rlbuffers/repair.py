@@ -3,8 +3,8 @@
 A chunk of the last commit that fails its checksum, is missing or truncated can be rewritten
 when the writer's working tier (uncompressed, on local disk) still mirrors that commit for the
 chunk's slots: ``state.json`` vouches for the tier (same buffer, written in this boot, same
-generation) and none of the chunk's base chunks changed since the commit. The repair is a new
-commit (generation + 1) with the same contents, so readers of the damaged commit are not
+commit) and none of the chunk's base chunks changed since the commit. The repair is a new
+commit (its number + 1) with the same contents, so readers of the damaged commit are not
 disturbed; chunks that cannot be repaired are reported, not guessed.
 """
 
@@ -16,10 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlbuffers.storage.location import Location
+from rlbuffers.storage.engine import open_tier
+from rlbuffers.storage.location import make_location
+from rlbuffers.storage.persistent import PersistentTier
 from rlbuffers.storage.store import default_working_dir
 from rlbuffers.storage.working import WorkingTier
-from rlbuffers.storage.zarr_tier import ZarrTier
 
 log = logging.getLogger(__name__)
 
@@ -37,18 +38,18 @@ def repair(
         working_dir: the writer's working tier (default as ``ReplayBuffer.open``).
 
     Returns:
-        ``{"generation": the commit now on disk, "repaired": [{field, chunk, reason}],
+        ``{"commit": the commit now on disk, "repaired": [{field, chunk, reason}],
         "unrepairable": [{field, chunk, reason, why}]}``.
 
     Raises:
         NotABufferError, FormatVersionError: as ``ReplayBuffer.open``. OSError: the repair
         commit could not be written (the damaged commit is left as it was).
     """
-    loc = Location(path, storage_options)
-    tier = ZarrTier.open(loc)
+    loc = make_location(path, storage_options)
+    tier = open_tier(loc)
     m = tier.manifest
     bad = tier.verify()
-    report: dict[str, Any] = {"generation": m.generation, "repaired": [], "unrepairable": []}
+    report: dict[str, Any] = {"commit": m.commit, "repaired": [], "unrepairable": []}
     if not bad:
         return report
     wdir = Path(working_dir) if working_dir is not None else default_working_dir(loc)
@@ -64,13 +65,13 @@ def repair(
         else:
             good.append((name, c, entry))
     if good and working is not None:
-        gen = m.generation + 1
+        gen = m.commit + 1
         tier.abort()
         try:
             for name, c, _ in good:
                 a, b = m.layout.stored_slots(name, c)
                 tier.stage_chunks(gen, name, c, working.columns[name].read_range(a, b))
-            tier.commit(m.replace(generation=gen, committed_at=time.time()))
+            tier.commit(m.replace(commit=gen, committed_at=time.time()))
         except BaseException:
             if not tier.committed(gen):
                 tier.abort()
@@ -79,15 +80,15 @@ def repair(
             working.close()
         working.write_state(gen, working.state.get("dirty_chunks", []))
         tier.apply(gen)
-        report["generation"] = gen
+        report["commit"] = gen
         report["repaired"] = [entry for _, _, entry in good]
-        log.info("%s: repaired %d chunk(s) in generation %d", loc, len(good), gen)
+        log.info("%s: repaired %d chunk(s) in commit %d", loc, len(good), gen)
     elif working is not None:
         working.close()
     return report
 
 
-def _working_tier(wdir: Path, tier: ZarrTier) -> tuple[str, WorkingTier | None]:
+def _working_tier(wdir: Path, tier: PersistentTier) -> tuple[str, WorkingTier | None]:
     """The working tier at ``wdir`` if it mirrors ``tier``'s commit, else why not."""
     m = tier.manifest
     try:
@@ -98,8 +99,8 @@ def _working_tier(wdir: Path, tier: ZarrTier) -> tuple[str, WorkingTier | None]:
     if not working.trusted(m.buffer_id):
         working.close()
         return f"the working tier at {wdir} is another buffer's or from another boot", None
-    if working.state.get("generation") != m.generation:
+    if working.state.get("commit") != m.commit:
         working.close()
-        return (f"the working tier at {wdir} mirrors generation "
-                f"{working.state.get('generation')}, not {m.generation}"), None
+        return (f"the working tier at {wdir} mirrors commit "
+                f"{working.state.get('commit')}, not {m.commit}"), None
     return "", working

@@ -11,6 +11,8 @@ import argparse
 import json
 from typing import Any
 
+from rlbuffers.cli_options import json_option
+
 
 def add_verify_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``verify`` on an argparse subparsers object (sets ``func``)."""
@@ -32,19 +34,17 @@ def add_verify_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from rlbuffers.cli import json_option
-
     options = json_option(args.storage_options, "--storage-options")
     if args.repair:
         from rlbuffers.repair import repair
 
         report = repair(args.path, working_dir=args.working_dir, storage_options=options)
     else:
-        from rlbuffers.storage.location import Location
-        from rlbuffers.storage.zarr_tier import ZarrTier
+        from rlbuffers.storage.engine import open_tier
+        from rlbuffers.storage.location import make_location
 
-        tier = ZarrTier.open(Location(args.path, options))
-        report = {"generation": tier.manifest.generation, "repaired": [],
+        tier = open_tier(make_location(args.path, options))
+        report = {"commit": tier.manifest.commit, "repaired": [],
                   "unrepairable": [{"field": f, "chunk": c, "reason": r, "why": "not asked"}
                                    for f, c, r in tier.verify()]}
     if args.json:
@@ -56,5 +56,5 @@ def _verify(args: argparse.Namespace) -> int:
             print(f"damaged   field {r['field']!r} chunk {r['chunk']}: {r['reason']}"
                   + (f"; not repaired: {r['why']}" if args.repair else ""))
         if not report["unrepairable"]:
-            print(f"generation {report['generation']}: every chunk OK")
+            print(f"commit {report['commit']}: every chunk OK")
     return 1 if report["unrepairable"] else 0

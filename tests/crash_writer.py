@@ -2,7 +2,7 @@
 
 Transition ``i`` holds ``i`` in every field, so any reopened state can be checked against the
 ids alone. Prints ``start`` first, ``ready`` once the buffer is created or opened, and
-``committed <generation> <total_added>`` after each save returns.
+``committed <commit> <total_added>`` after each save returns.
 """
 
 import sys
@@ -52,7 +52,7 @@ def main(path: str, seed: int) -> None:
             fut = buf.save(metadata={"total": total}, background=True)
             buf.extend(batch(buf.total_added, int(rng.integers(1, 150))))
             report = fut.result()
-        print(f"committed {report.generation} {total}", flush=True)
+        print(f"committed {report.commit} {total}", flush=True)
 
 
 if __name__ == "__main__":

@@ -20,10 +20,10 @@ def slow_stage(monkeypatch):
     gate = threading.Event()
     real = ZarrTier.stage_chunks
 
-    def held(self, generation, name, c, data):
+    def held(self, commit, name, c, data):
         if threading.current_thread() is not threading.main_thread():
             assert gate.wait(timeout=60), "the test never opened the gate"
-        return real(self, generation, name, c, data)
+        return real(self, commit, name, c, data)
 
     monkeypatch.setattr(ZarrTier, "stage_chunks", held)
     return gate
@@ -43,7 +43,7 @@ def test_commit_is_the_snapshot_at_save_time(tmp_path, fields, slow_stage):
     assert not fut.done()  # the adds really overlapped the save
     slow_stage.set()
     report = fut.result()
-    assert report.generation == 1 and buf.generation == 1
+    assert report.commit == 1 and buf.commit == 1
     with ReplayBuffer.open(path, mode="r") as ro:
         assert (ro.total_added, ro.metadata) == (30, {"total": 30})
         assert_rows_are(ro[:], np.arange(30))
@@ -82,7 +82,7 @@ def test_priority_updates_during_background_save(tmp_path, slow_stage):
         assert np.mean(s["x"]) > 40
 
 
-def test_second_save_waits_and_generations_are_ordered(tmp_path, fields, slow_stage,
+def test_second_save_waits_and_commits_are_ordered(tmp_path, fields, slow_stage,
                                                        monkeypatch):
     buf = ReplayBuffer.create(tmp_path / "b", capacity=40, fields=fields, chunk_transitions=4)
     buf.extend(make_batch(0, 20))
@@ -99,7 +99,7 @@ def test_second_save_waits_and_generations_are_ordered(tmp_path, fields, slow_st
     second = buf.save(background=True)
     assert running_when_waited == [True]
     assert first.done()
-    assert (first.result().generation, second.result().generation) == (1, 2)
+    assert (first.result().commit, second.result().commit) == (1, 2)
     buf.close()
     with ReplayBuffer.open(tmp_path / "b") as b:
         assert_rows_are(b[:], np.arange(23))
@@ -117,9 +117,9 @@ def test_failed_background_save_keeps_changes_pending(tmp_path, fields, monkeypa
     fut = buf.save(background=True)
     with pytest.raises(OSError, match="No space left"):
         fut.result()
-    assert buf.generation == 0
+    assert buf.commit == 0
     monkeypatch.setattr(ZarrTier, "stage_chunks", real)
-    assert buf.save().generation == 1
+    assert buf.save().commit == 1
     buf.close()
     with ReplayBuffer.open(tmp_path / "b") as b:
         assert_rows_are(b[:], np.arange(10))
@@ -149,7 +149,7 @@ def test_unseen_background_failure_raises_at_the_next_call(tmp_path, fields, mon
             buf.sample(1)
     else:  # raised once; the failed save's changes are still pending
         buf.wait_for_save()
-        assert buf.save().generation == 2
+        assert buf.save().commit == 2
         buf.close()
     with ReplayBuffer.open(path, mode="r") as ro:
         want = np.arange(15) if then != "close" else np.arange(10)

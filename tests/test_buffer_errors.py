@@ -21,7 +21,8 @@ from rlbuffers import (
     ReplayBuffer,
 )
 from rlbuffers.cli import main
-from rlbuffers.storage.location import Location
+from rlbuffers.storage.location import LocalLocation, make_location
+from rlbuffers.storage.manifest import KEEP_COMMITS_KEY
 from rlbuffers.storage.zarr_tier import ZarrTier as PersistentTier
 from tests.conftest import assert_rows_are, make_batch
 
@@ -128,7 +129,7 @@ def _as_legacy(path, version):
             shutil.move(src, dst)
     shutil.rmtree(path / "versions")
     shutil.rmtree(path / "history")
-    for key in ("chunks", "keep_generations") + (("field_chunk_transitions",) if version < 2
+    for key in ("chunks", KEEP_COMMITS_KEY) + (("field_chunk_transitions",) if version < 2
                                                   else ()):
         del m[key]
     m["format_version"] = version
@@ -155,7 +156,7 @@ def test_format_1_and_2_buffers_still_open_and_upgrade_on_save(tmp_path, version
     assert len(back) == 10
     np.testing.assert_array_equal(back[np.arange(10)]["x"], np.arange(10))
     back.extend({"x": np.arange(10, 14, dtype=np.int64)})  # overwrites chunk 0 (slots 0, 1)
-    assert back.save().generation == 2
+    assert back.save().commit == 2
     back.close()
     m = json.loads((path / "manifest.json").read_text())
     assert m["format_version"] == 3
@@ -189,17 +190,17 @@ def test_failed_save_keeps_last_commit_and_retries(buf, monkeypatch):
         buf.save()
     assert not (buf.path / ".staging").exists() or not any((buf.path / ".staging").iterdir())
     with ReplayBuffer.open(buf.path, mode="r") as ro:  # the last commit, untouched
-        assert ro.generation == 1
+        assert ro.commit == 1
         assert_rows_are(ro[:], np.arange(6))
     report = buf.save()  # the pending changes are still there
-    assert report.generation == 2
+    assert report.commit == 2
     buf.close()
     with ReplayBuffer.open(buf.path) as b:
         assert_rows_are(b[:], np.arange(2, 12))
 
 
 def _corrupt_first_chunk(path, field):
-    tier = PersistentTier.open(Location(path))
+    tier = PersistentTier.open(make_location(path))
     chunk_file = path / tier.chunk_path(field, 0)
     data = bytearray(chunk_file.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -268,10 +269,10 @@ def test_save_io_errors_name_the_path(buf, monkeypatch):
     def eio(self, rel):
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(Location, "sync_tree", eio)
+    monkeypatch.setattr(LocalLocation, "sync_tree", eio)
     with pytest.raises(OSError, match="Input/output error") as e:
         buf.save()
     assert e.value.errno == 5 and e.value.filename.endswith("versions/g1")
     monkeypatch.undo()
-    assert buf.save().generation == 1
+    assert buf.save().commit == 1
     buf.close()

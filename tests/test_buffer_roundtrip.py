@@ -52,7 +52,7 @@ def test_save_open_exact(tmp_path, fields, codec):
     buf.save()
     buf.extend(make_batch(9, 7))  # wraps the ring; ids 4..15
     report = buf.save(metadata={"step": 16})
-    assert report.generation == 2 and report.chunks_written > 0 and report.bytes_written > 0
+    assert report.commit == 2 and report.chunks_written > 0 and report.bytes_written > 0
     buf.close()
     with ReplayBuffer.open(path) as again:
         assert (len(again), again.total_added, again.metadata) == (12, 16, {"step": 16})
@@ -150,7 +150,7 @@ def test_plain_zarr_reads_the_committed_data(tmp_path, fields):
     with ReplayBuffer.create(path, capacity=10, fields=fields, chunk_transitions=4) as buf:
         buf.extend(make_batch(0, 7))
         buf.save()
-        buf.extend(make_batch(7, 6))  # wraps: chunk versions of two generations
+        buf.extend(make_batch(7, 6))  # wraps: chunk versions of two commits
         buf.save()
     np.testing.assert_array_equal(plain_zarr_column(path, "obs"), make_batch(3, 10)["obs"])
     tokens = plain_zarr_column(path, "tokens")
@@ -159,7 +159,7 @@ def test_plain_zarr_reads_the_committed_data(tmp_path, fields):
     # export: the same commit as one plain array per field
     committed = json.loads((path / "manifest.json").read_text())["chunks"]
     assert export_commit(path, tmp_path / "plain") == {
-        "generation": 2, "chunks": sum(len(rows) for rows in committed.values())}
+        "commit": 2, "chunks": sum(len(rows) for rows in committed.values())}
     group = zarr.open_group(tmp_path / "plain", mode="r")
     m = group.attrs["rlbuffers"]["manifest"]
     order = (m["cursor"] - m["size"] + np.arange(m["size"])) % m["capacity"]

@@ -36,7 +36,7 @@ def test_inspect_text(tmp_path, capsys):
     assert main(["inspect", str(tmp_path / "b")]) == 0
     out = capsys.readouterr().out
     assert "30 / 50 transitions (30 added, 3 episodes ended)" in out
-    assert "last commit generation 1" in out
+    assert "commit      1 at" in out
     row = next(line for line in out.splitlines() if line.startswith("obs "))
     assert row.split()[:4] == ["obs", "(4,", "8,", "8)"] and "uint8" in row
     assert "blosc-zstd" in row
@@ -49,7 +49,7 @@ def test_inspect_json_and_verify(tmp_path, capsys):
     _make(tmp_path / "b")
     assert main(["inspect", str(tmp_path / "b"), "--json", "--verify"]) == 0
     r = json.loads(capsys.readouterr().out)
-    assert (r["size"], r["capacity"], r["generation"]) == (30, 50, 1)
+    assert (r["size"], r["capacity"], r["commit"]) == (30, 50, 1)
     assert r["fields"]["obs"]["shape"] == [4, 8, 8] and r["fields"]["obs"]["dtype"] == "uint8"
     assert r["fields"]["obs"]["raw_bytes"] == 30 * 256
     assert r["fields"]["obs"]["stored_bytes"] < r["fields"]["obs"]["raw_bytes"]
@@ -66,7 +66,7 @@ def test_inspect_while_writer_runs(tmp_path):
     path = tmp_path / "live"
     # the writer saves every few ms: keep enough commits for a --verify pass to finish on one
     ReplayBuffer.create(path, capacity=CAPACITY, fields=FIELDS, chunk_transitions=CHUNK,
-                        sampler=PrioritizedSampler(), seed=0, keep_generations=8).close()
+                        sampler=PrioritizedSampler(), seed=0, keep_commits=8).close()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "tests.crash_writer", str(path), "0"],
                             stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
@@ -81,7 +81,7 @@ def test_inspect_while_writer_runs(tmp_path):
             r = json.loads(res.stdout)
             assert r["corrupt"] == [] and r["size"] == min(r["total_added"], CAPACITY)
             assert r["metadata"].get("total", 0) == r["total_added"]
-            seen.add(r["generation"])
+            seen.add(r["commit"])
         assert len(seen) > 1  # the writer committed while we were reading
     finally:
         proc.send_signal(signal.SIGKILL)

@@ -80,7 +80,7 @@ def test_replay_buffer_wraparound_timeouts_and_envs_in_sb3_order(tmp_path):
     buf = convert_sb3(tmp_path / "rb.pkl", tmp_path / "out", seed=1)
     assert buf.fields["action"].shape == () and buf.fields["obs"].shape == (2, 3)
     _check(buf, _expected(list(range(8, 13)), 2), next_offset=(0, 5))
-    assert buf.capacity == 10 and buf.generation == 1
+    assert buf.capacity == 10 and buf.commit == 1
     src = buf.metadata["converted_from"]
     assert (src["pos"], src["full"], src["n_envs"], src["transitions"]) == (3, True, 2, 10)
     assert src["class"] == "stable_baselines3.common.buffers.ReplayBuffer"

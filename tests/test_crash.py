@@ -13,6 +13,7 @@ import numpy as np
 
 from rlbuffers import ReplayBuffer
 from rlbuffers.inspection import inspect_path
+from rlbuffers.storage.manifest import COMMIT_KEY
 from tests.crash_writer import CAPACITY, batch
 
 KILLS = 24
@@ -62,7 +63,7 @@ def test_sigkill_mid_save_never_corrupts(tmp_path):
             last_printed = gens[-1]
         if not (path / "manifest.json").exists():
             continue  # killed before create finished its commit: nothing to check yet
-        head = json.loads((path / "manifest.json").read_text())["generation"]
+        head = json.loads((path / "manifest.json").read_text())[COMMIT_KEY]
         versions = path / "versions"  # a save killed before its commit leaves g<head + 1>
         kills_mid_save += versions.exists() and any(
             int(d.name[1:]) > head for d in versions.iterdir())
@@ -70,10 +71,10 @@ def test_sigkill_mid_save_never_corrupts(tmp_path):
         report = inspect_path(path, verify=True)
         assert report["corrupt"] == []
         with ReplayBuffer.open(path, mode="r") as ro:
-            assert ro.generation >= last_printed
+            assert ro.commit >= last_printed
             _check_commit(ro)
         with ReplayBuffer.open(path) as rw:
-            assert rw.generation >= last_printed
+            assert rw.commit >= last_printed
             _check_commit(rw)
         with ReplayBuffer.open(path, working_dir=tmp_path / f"fresh{k}") as fresh:
             _check_commit(fresh)  # the persistent tier alone holds the commit

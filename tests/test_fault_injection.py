@@ -55,7 +55,7 @@ def _save_under(injector: FaultInjector, path) -> tuple[int | None, BaseExceptio
     buf.update_priorities(s["indices"], np.arange(4.0))
     try:
         with injector.installed():
-            return buf.save(metadata={"total": 20}).generation, None
+            return buf.save(metadata={"total": 20}).commit, None
     except (SimulatedCrash, OSError) as e:
         return None, e
     finally:
@@ -68,16 +68,16 @@ def _after(path) -> int:
     report = inspect_path(path, verify=True)
     assert report["corrupt"] == []
     with ReplayBuffer.open(path, mode="r") as ro:
-        gen, total = ro.generation, ro.total_added
+        gen, total = ro.commit, ro.total_added
         assert (gen, total) in ((2, 14), (3, 20))
         check(ro, total)
     with ReplayBuffer.open(path) as rw:
-        assert rw.generation == gen
+        assert rw.commit == gen
         check(rw, total)
         assert not [d for d in (path / "versions").iterdir() if int(d.name[1:]) > gen]
         if gen == 2:  # the retry
             rw.extend(batch(14, 6))
-            assert rw.save(metadata={"total": 20}).generation == 3
+            assert rw.save(metadata={"total": 20}).commit == 3
             check(rw, 20)
     return gen
 
@@ -136,9 +136,9 @@ def test_crash_at_every_operation_of_create(tmp_path):
             pass
         try:  # either a whole empty buffer, or nothing that stops a new create
             with ReplayBuffer.open(path) as buf:
-                assert (buf.generation, len(buf)) == (0, 0)
+                assert (buf.commit, len(buf)) == (0, 0)
         except NotABufferError:
             ReplayBuffer.create(path, capacity=CAPACITY, fields=FIELDS).close()
         with ReplayBuffer.open(path) as buf:
             buf.extend(batch(0, 3))
-            assert buf.save(metadata={"total": 3}).generation == 1
+            assert buf.save(metadata={"total": 3}).commit == 1

@@ -16,6 +16,7 @@ import numpy as np
 
 from rlbuffers import PrioritizedSampler, ReplayBuffer
 from rlbuffers.errors import SnapshotReclaimedError
+from rlbuffers.storage.manifest import COMMIT_KEY
 from tests.crash_writer import CAPACITY, CHUNK, FIELDS, batch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,13 +40,13 @@ def _rows_of_commit(buf: ReplayBuffer) -> dict:
 def test_readers_see_exactly_one_commit_while_a_writer_saves(tmp_path):
     path = tmp_path / "live"
     ReplayBuffer.create(path, capacity=CAPACITY, fields=FIELDS, chunk_transitions=CHUNK,
-                        sampler=PrioritizedSampler(), seed=0, keep_generations=4).close()
+                        sampler=PrioritizedSampler(), seed=0, keep_commits=4).close()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     writer = subprocess.Popen([sys.executable, "-m", "tests.crash_writer", str(path), "7"],
                               stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     stats = {"fresh reads": 0, "long-lived reads": 0, "inspects": 0, "reclaimed": 0,
              "refreshes": 0}
-    generations, held_across = set(), 0
+    commits, held_across = set(), 0
     try:
         assert writer.stdout.readline() == "start\n" and writer.stdout.readline() == "ready\n"
         long = ReplayBuffer.open(path, mode="r")
@@ -55,7 +56,7 @@ def test_readers_see_exactly_one_commit_while_a_writer_saves(tmp_path):
             try:
                 with ReplayBuffer.open(path, mode="r") as ro:
                     _rows_of_commit(ro)
-                    generations.add(ro.generation)
+                    commits.add(ro.commit)
                 stats["fresh reads"] += 1
             except SnapshotReclaimedError:  # four newer commits while we read: allowed
                 stats["reclaimed"] += 1
@@ -63,8 +64,8 @@ def test_readers_see_exactly_one_commit_while_a_writer_saves(tmp_path):
                 again = _rows_of_commit(long)
                 np.testing.assert_array_equal(again["value"], first["value"])  # unchanged
                 stats["long-lived reads"] += 1
-                head = json.loads((path / "manifest.json").read_text())["generation"]
-                held_across += head > long.generation
+                head = json.loads((path / "manifest.json").read_text())[COMMIT_KEY]
+                held_across += head > long.commit
             except SnapshotReclaimedError:
                 long.refresh()
                 first = _rows_of_commit(long)
@@ -82,6 +83,6 @@ def test_readers_see_exactly_one_commit_while_a_writer_saves(tmp_path):
     finally:
         writer.send_signal(signal.SIGKILL)
         writer.communicate()
-    print(f"isolation over {SECONDS:.0f} s: {stats}, {len(generations)} generations seen, "
+    print(f"isolation over {SECONDS:.0f} s: {stats}, {len(commits)} commits seen, "
           f"long-lived reader behind the writer's head in {held_across} reads; 0 mixed reads")
-    assert len(generations) > 5 and held_across > 0 and stats["inspects"] > 0
+    assert len(commits) > 5 and held_across > 0 and stats["inspects"] > 0

@@ -11,7 +11,7 @@ from rlbuffers.errors import FormatVersionError, NotABufferError
 from rlbuffers.ring import RingState
 from rlbuffers.storage.layout import ChunkLayout
 from rlbuffers.storage.location import Location
-from rlbuffers.storage.manifest import Manifest
+from rlbuffers.storage.manifest import KEEP_COMMITS_KEY, Manifest
 
 
 def _manifest(**kw):
@@ -19,9 +19,9 @@ def _manifest(**kw):
         buffer_id="ab", layout=ChunkLayout(10, 4, {"x": 4, "r": 8, "_episode_id": 8}),
         fields={"x": FieldSpec((None, 2), "int16"), "r": FieldSpec((), "float32")},
         codecs={"x": "zstd", "r": "blosc-zstd"}, internal={"_episode_id": FieldSpec((), "int64")},
-        ring=RingState(10, 13, 2), generation=3, committed_at=1.5,
+        ring=RingState(10, 13, 2), commit=3, committed_at=1.5,
         sampler={"type": "uniform"}, rng={"bit_generator": "PCG64", "state": {}},
-        metadata={"step": 7}, keep_generations=3,
+        metadata={"step": 7}, keep_commits=3,
         chunks={"x": {0: (2, 100), 2: (3, 90)}, "r": {0: (3, 12)}, "_episode_id": {}})
     return Manifest(**{**base, **kw})
 
@@ -33,16 +33,16 @@ def test_json_round_trip_is_exact_and_keeps_derived_keys():
     # derived keys are written for readers without rlbuffers (docs/format.md)
     assert (data["cursor"], data["size"], data["episode_id"]) == (3, 10, 2)
     assert data["field_chunk_transitions"] == {"x": 4, "r": 8, "_episode_id": 8}
-    assert data["chunks"]["x"] == [[0, 2, 100], [2, 3, 90]] and data["keep_generations"] == 3
+    assert data["chunks"]["x"] == [[0, 2, 100], [2, 3, 90]] and data[KEEP_COMMITS_KEY] == 3
 
 
 def test_format_1_is_upgraded_in_one_place():
     data = _manifest(format_version=1).to_json()
-    assert not {"field_chunk_transitions", "chunks", "keep_generations"} & set(data)
+    assert not {"field_chunk_transitions", "chunks", KEEP_COMMITS_KEY} & set(data)
     m = Manifest.from_json(data)
     assert m.layout.stored_chunk_rows == {"x": 4, "r": 4, "_episode_id": 4}
     # the tier lists a format 1-2 buffer's chunks (files in <field>/); a save writes format 3
-    assert (m.chunks, m.format_version, m.keep_generations) == (None, 1, 2)
+    assert (m.chunks, m.format_version, m.keep_commits) == (None, 1, 2)
 
 
 @pytest.mark.parametrize(("edit", "error", "match"), [
@@ -69,8 +69,8 @@ def test_save_does_not_reread_the_manifest(tmp_path, monkeypatch):
         return real(self, rel)
 
     monkeypatch.setattr(Location, "read_bytes", counting)
-    assert buf.save(metadata={"a": 1}).generation == 1
-    assert buf.save().generation == 2
+    assert buf.save(metadata={"a": 1}).commit == 1
+    assert buf.save().commit == 2
     assert "manifest.json" not in reads
     monkeypatch.undo()
     buf.close()

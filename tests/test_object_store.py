@@ -15,7 +15,7 @@ from moto.server import ThreadedMotoServer
 
 from rlbuffers import ReplayBuffer
 from rlbuffers.cli import main
-from rlbuffers.storage.location import Location
+from rlbuffers.storage.location import FsspecLocation, make_location
 from tests.conftest import assert_rows_are, make_batch
 
 
@@ -63,7 +63,7 @@ def test_inspect_s3(tmp_path, fields, s3, capsys, monkeypatch):
         buf.save()
     assert main(["inspect", url, "--json", "--verify", "--storage-options", json.dumps(s3)]) == 0
     r = json.loads(capsys.readouterr().out)
-    assert (r["size"], r["capacity"], r["generation"], r["corrupt"]) == (6, 8, 1, [])
+    assert (r["size"], r["capacity"], r["commit"], r["corrupt"]) == (6, 8, 1, [])
     assert r["fields"]["frame"]["stored_bytes"] > 0
     # credentials and endpoint from the environment, as with any S3 tool
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
@@ -84,23 +84,23 @@ def test_interrupted_reclaim_on_s3(tmp_path, fields, s3, monkeypatch):
     buf.save()
     buf.extend(make_batch(8, 3))  # overwrites slots 0..2 (chunk 0)
     buf.save()
-    buf.extend(make_batch(11, 3))  # chunk 0 again: generation 2's chunk-0 versions go at g4
+    buf.extend(make_batch(11, 3))  # chunk 0 again: commit 2's chunk-0 versions go at g4
     buf.save()
     buf.extend(make_batch(14, 2))
-    real = {"remove_file": Location.remove_file, "remove_tree": Location.remove_tree}
+    real = {"remove_file": FsspecLocation.remove_file, "remove_tree": FsspecLocation.remove_tree}
 
     def dying(self, rel):
         raise ConnectionError("network gone")
 
     for name in real:
-        monkeypatch.setattr(Location, name, dying)
-    assert buf.save().generation == 4  # committed; the reclaim failed and is logged
+        monkeypatch.setattr(FsspecLocation, name, dying)
+    assert buf.save().commit == 4  # committed; the reclaim failed and is logged
     for name, fn in real.items():
-        monkeypatch.setattr(Location, name, fn)
-    loc = Location(url, s3)
+        monkeypatch.setattr(FsspecLocation, name, fn)
+    loc = make_location(url, s3)
     assert "g2.json" in loc.listdir("history")  # not reclaimed yet
     with ReplayBuffer.open(url, mode="r", storage_options=s3) as ro:
-        assert ro.generation == 4
+        assert ro.commit == 4
         assert_rows_are(ro[:], np.arange(8, 16))
     with ReplayBuffer.open(url, storage_options=s3, working_dir=tmp_path / "w2") as rw:
         assert_rows_are(rw[:], np.arange(8, 16))

@@ -9,7 +9,7 @@ import numpy as np
 from rlbuffers import ReplayBuffer
 from rlbuffers.inspection import inspect_path
 from rlbuffers.repair import repair
-from rlbuffers.storage.location import Location
+from rlbuffers.storage.location import make_location
 from rlbuffers.storage.zarr_tier import ZarrTier
 from tests.conftest import assert_rows_are, make_batch
 
@@ -21,7 +21,7 @@ def _saved(path, fields, pending=0):
     if pending:
         buf.extend(make_batch(10, pending))  # changes slots after the commit, not saved
     buf.close()
-    tier = ZarrTier.open(Location(path))
+    tier = ZarrTier.open(make_location(path))
     os.remove(path / tier.chunk_path("tokens", 0))
     chunk = path / tier.chunk_path("points", 1)
     data = bytearray(chunk.read_bytes())
@@ -34,14 +34,14 @@ def test_repair_rewrites_damaged_chunks_from_the_working_tier(tmp_path, fields):
     _saved(path, fields)
     assert len(inspect_path(path, verify=True)["corrupt"]) == 2
     report = repair(path)
-    assert report["generation"] == 2 and report["unrepairable"] == []
+    assert report["commit"] == 2 and report["unrepairable"] == []
     assert sorted((r["field"], r["chunk"]) for r in report["repaired"]) == [
         ("points", 1), ("tokens", 0)]
     assert inspect_path(path, verify=True)["corrupt"] == []
     with ReplayBuffer.open(path, mode="r") as ro:
         assert ro.metadata == {"step": 1}
         assert_rows_are(ro[:], np.arange(10))
-    assert repair(path) == {"generation": 2, "repaired": [], "unrepairable": []}
+    assert repair(path) == {"commit": 2, "repaired": [], "unrepairable": []}
 
 
 def test_what_cannot_be_repaired_is_reported(tmp_path, fields):
@@ -53,7 +53,7 @@ def test_what_cannot_be_repaired_is_reported(tmp_path, fields):
         ("tokens", 0, "the working tier changed these rows since the commit")]
     shutil.rmtree(path / ".working")
     report = repair(path)
-    assert report["repaired"] == [] and report["generation"] == 2
+    assert report["repaired"] == [] and report["commit"] == 2
     assert "no usable working tier" in report["unrepairable"][0]["why"]
 
 

@@ -4,14 +4,16 @@ is tested in ``tests/test_rollouts_ray.py``."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from rlbuffers.rollouts import InProcessPool
+from rlbuffers.rollouts import InProcessPool, make_pool
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -98,6 +100,58 @@ def test_importing_rlbuffers_and_the_in_process_pool_does_not_import_ray():
     code = ("import sys, rlbuffers, rlbuffers.rollouts\n"
             "from rlbuffers.rollouts import InProcessPool, RolloutResult\n"
             "InProcessPool(2)\n"
+            "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    assert out.strip() == "[]"
+
+
+class _FakeRayPool:
+    """Stands in for RayPool in the module make_pool imports it from (no Ray started)."""
+
+    def __init__(self, workers, *, address=None, torch_threads=1):
+        self.workers, self.address, self.torch_threads = workers, address, torch_threads
+
+
+@pytest.fixture
+def fake_ray(monkeypatch):
+    module = types.ModuleType("rlbuffers.rollouts.ray_pool")
+    module.RayPool = _FakeRayPool
+    monkeypatch.setitem(sys.modules, "rlbuffers.rollouts.ray_pool", module)
+    return module
+
+
+@pytest.mark.parametrize(("backend", "workers", "address", "expected"), [
+    ("", 1, None, InProcessPool),
+    ("", 1, "", InProcessPool),  # an empty address is no address
+    ("", 2, None, _FakeRayPool),
+    ("", 1, "auto", _FakeRayPool),
+    ("inprocess", 3, None, InProcessPool),
+    ("ray", 1, None, _FakeRayPool),
+])
+def test_make_pool_picks_the_backend(fake_ray, backend, workers, address, expected):
+    pool = make_pool(backend, workers, address=address, torch_threads=2)
+    assert type(pool) is expected and pool.workers == workers
+    if expected is _FakeRayPool:
+        assert (pool.address, pool.torch_threads) == (address or None, 2)
+
+
+@pytest.mark.parametrize(("backend", "workers", "match"), [
+    ("dask", 1, "backend: expected '', 'inprocess' or 'ray', got 'dask'"),
+    ("Ray", 2, "backend: expected '', 'inprocess' or 'ray', got 'Ray'"),
+    ("", 0, "workers: expected an integer >= 1, got 0"),
+    ("ray", -1, "workers: expected an integer >= 1, got -1"),
+    ("inprocess", 1.5, "workers: expected an integer >= 1, got 1.5"),
+    ("", True, "workers: expected an integer >= 1, got True"),
+])
+def test_make_pool_names_a_bad_argument(fake_ray, backend, workers, match):
+    with pytest.raises(ValueError, match=re.escape(match)):
+        make_pool(backend, workers)
+
+
+def test_make_pool_in_process_does_not_import_ray():
+    code = ("import sys\nfrom rlbuffers.rollouts import make_pool\n"
+            "assert type(make_pool('', 1)).__name__ == 'InProcessPool'\n"
             "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, timeout=120, check=True).stdout

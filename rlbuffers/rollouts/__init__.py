@@ -2,6 +2,7 @@
 a learner that alone writes the replay buffer.
 
 - :class:`InProcessPool`: runs each job in this process (no extra dependency; the default).
+- :func:`make_pool`: one of them by name (``"inprocess"``, ``"ray"``, ``""``: by worker count).
 - :class:`RayPool`: Ray actors on this machine or a Ray cluster (``pip install ray``; imported
   only when used). Weights go into Ray's object store once per update and every worker reads
   them from there; a worker that dies is replaced and its job re-run, and every result carries
@@ -17,11 +18,13 @@ from typing import TYPE_CHECKING
 from rlbuffers.lazy import lazy_attributes
 
 if TYPE_CHECKING:
+    from rlbuffers.rollouts.factory import make_pool
     from rlbuffers.rollouts.inprocess import InProcessPool
     from rlbuffers.rollouts.pool import RolloutPool, RolloutResult
     from rlbuffers.rollouts.ray_pool import RayPool
 
 _LAZY = {"InProcessPool": "rlbuffers.rollouts.inprocess", "RayPool": "rlbuffers.rollouts.ray_pool",
-         "RolloutPool": "rlbuffers.rollouts.pool", "RolloutResult": "rlbuffers.rollouts.pool"}
+         "RolloutPool": "rlbuffers.rollouts.pool", "RolloutResult": "rlbuffers.rollouts.pool",
+         "make_pool": "rlbuffers.rollouts.factory"}
 __getattr__ = lazy_attributes(__name__, _LAZY)
-__all__ = ["InProcessPool", "RayPool", "RolloutPool", "RolloutResult"]
+__all__ = ["InProcessPool", "RayPool", "RolloutPool", "RolloutResult", "make_pool"]

@@ -1,5 +1,5 @@
 """Making a new, empty buffer on storage: check the arguments, plan the chunks, write the
-persistent tier and commit generation 0."""
+persistent tier and commit 0."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ from rlbuffers.compression import DEFAULT_CODEC, check_codec
 from rlbuffers.errors import BufferExistsError
 from rlbuffers.ring import RingState
 from rlbuffers.spec import FieldSpec
+from rlbuffers.storage.engine import new_tier, tier_of
 from rlbuffers.storage.layout import ChunkLayout, plan_stored_chunk_rows
-from rlbuffers.storage.location import Location, fsync_path
+from rlbuffers.storage.location import LocalLocation, Location, fsync_path
 from rlbuffers.storage.manifest import Manifest
-from rlbuffers.storage.zarr_tier import ZarrTier
+from rlbuffers.storage.persistent import PersistentTier
 
 #: Target raw bytes of one chunk of the largest field when ``chunk_transitions`` is None.
 AUTO_CHUNK_BYTES = 4 * 2**20
@@ -47,14 +48,14 @@ def create_tier(
     sampler_state: dict[str, Any],
     seed: int | None,
     overwrite: bool,
-    keep_generations: int,
-) -> ZarrTier:
-    """Create an empty buffer at ``loc`` and commit it as generation 0 (arguments as for
+    keep_commits: int,
+) -> PersistentTier:
+    """Create an empty buffer at ``loc`` and commit it as commit 0 (arguments as for
     ``ReplayBuffer.create``; ``internal``: the internal columns and their specs). On local
     disk this is atomic: the buffer appears whole or not at all.
 
     Raises:
-        ValueError: a bad capacity, chunk size, codec or keep_generations.
+        ValueError: a bad capacity, chunk size, codec or keep_commits.
         BufferExistsError: ``loc`` is not empty and ``overwrite`` is False.
     """
     capacity = positive_int("capacity", capacity)
@@ -62,7 +63,7 @@ def create_tier(
         row = max(spec.estimate_bytes() for spec in fields.values())
         chunk_transitions = max(1, min(capacity, AUTO_CHUNK_BYTES // max(row, 1)))
     base = positive_int("chunk_transitions", chunk_transitions)
-    keep = positive_int("keep_generations", keep_generations)
+    keep = positive_int("keep_commits", keep_commits)
     codecs = {n: check_codec(codec if isinstance(codec, str) else codec.get(n, DEFAULT_CODEC), n)
               for n in fields}
     if loc.exists() and loc.listdir():
@@ -75,12 +76,12 @@ def create_tier(
         buffer_id=uuid.uuid4().hex,
         layout=ChunkLayout(capacity, base, plan_stored_chunk_rows(specs, base, capacity)),
         fields=dict(fields), codecs=codecs, internal=internal, ring=RingState(capacity),
-        generation=0, committed_at=time.time(), sampler=sampler_state,
+        commit=0, committed_at=time.time(), sampler=sampler_state,
         rng=dict(np.random.Generator(np.random.PCG64(seed)).bit_generator.state),
-        keep_generations=keep,
+        keep_commits=keep,
     )
-    if not loc.local:  # object stores have no directory rename: creation is not atomic there
-        return ZarrTier.create(loc, manifest)
+    if not isinstance(loc, LocalLocation):  # no directory rename: creation is not atomic
+        return new_tier(loc, manifest)
     # Build the buffer beside its final place, then rename it there: a crash leaves either no
     # buffer (plus a hidden leftover, removed by the next create) or a whole one.
     parent, name = loc.root.parent, loc.root.name
@@ -88,7 +89,7 @@ def create_tier(
     for old in parent.glob(f".{name}.creating-*"):
         shutil.rmtree(old, ignore_errors=True)
     tmp = parent / f".{name}.creating-{uuid.uuid4().hex[:8]}"
-    built = ZarrTier.create(Location(tmp), manifest).manifest
+    built = new_tier(LocalLocation(tmp), manifest).manifest
     os.rename(tmp, loc.root)  # onto a missing or empty directory
     fsync_path(parent)
-    return ZarrTier(loc, built)
+    return tier_of(loc, built)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,7 +16,7 @@ import fsspec
 
 from rlbuffers.errors import NotABufferError
 
-#: Threads that fsync the files of a save at once (see :meth:`Location.sync_tree`).
+#: Threads that fsync the files of a save at once (see :meth:`LocalLocation.sync_tree`).
 SYNC_THREADS = 8
 
 
@@ -28,42 +29,37 @@ def fsync_path(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-class Location:
+class Location(ABC):
     """A root directory or URL plus the operations the persistent tier needs, each taking a
-    path relative to the root (``"obs/c/0/0"``)."""
+    path relative to the root (``"obs/c/0/0"``). Get one with :func:`make_location`, which
+    picks :class:`LocalLocation` (a directory: fsync'd, rename-based atomic writes) or
+    :class:`FsspecLocation` (any fsspec URL: single-object PUTs) by the URL."""
 
-    def __init__(self, url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None):
-        text = os.fspath(url)
-        self.url = text
-        self.storage_options = dict(storage_options or {})
-        protocol = text.split("://", 1)[0] if "://" in text else "file"
-        self.local = protocol in ("file", "local")
-        if self.local:
-            if self.storage_options:
-                raise ValueError(f"storage_options: only for URLs, got {self.storage_options} "
-                                 f"with the local path {text!r}")
-            # Absolute: fsspec lists files by absolute path, and ``files()`` strips the root.
-            self.root = Path(os.path.abspath(text.split("://", 1)[1] if "://" in text else text))
-            self.fs = fsspec.filesystem("file")
-            self._base = str(self.root)
-        else:
-            self.fs = fsspec.filesystem(protocol, **self.storage_options)
-            self._base = self.fs._strip_protocol(text).rstrip("/")
-            self.root = None  # type: ignore[assignment]
+    #: whether the root is a local directory (renames and fsync exist; create can be atomic).
+    local: bool
+    #: the root as given. storage_options: fsspec options (URLs only).
+    url: str
+    storage_options: dict[str, Any]
+    #: the local directory (absolute), or None for a URL.
+    root: Path | None
+    fs: Any
+    _base: str
 
     def __str__(self) -> str:
         return self.url
+
+    @property
+    def path(self) -> Path | str:
+        """The buffer's directory (a ``Path``) or URL (a ``str``)."""
+        return self.root if self.root is not None else self.url
 
     def full(self, rel: str = "") -> str:
         """Path of ``rel`` as the filesystem sees it."""
         return f"{self._base}/{rel}" if rel else self._base
 
+    @abstractmethod
     def zarr_args(self, rel: str = "") -> dict[str, Any]:
         """``store`` (and ``storage_options``) arguments for ``zarr.open_*``."""
-        if self.local:
-            return {"store": self.full(rel)}
-        return {"store": f"{self.url.rstrip('/')}/{rel}" if rel else self.url,
-                "storage_options": self.storage_options}
 
     # -- queries --------------------------------------------------------------------------
     def exists(self, rel: str = "") -> bool:
@@ -106,12 +102,56 @@ class Location:
             raise
 
     # -- writes ---------------------------------------------------------------------------
+    @abstractmethod
+    def write_atomic(self, rel: str, data: bytes) -> None:
+        """Replace ``rel`` with ``data`` atomically."""
+
+    @abstractmethod
+    def copy(self, src: str, dst: str) -> None:
+        """Copy the file ``src`` to ``dst``."""
+
+    @abstractmethod
+    def move(self, src: str, dst: str) -> None:
+        """Move ``src`` over ``dst``."""
+
+    @abstractmethod
+    def remove_file(self, rel: str) -> None:
+        """Delete the file ``rel`` (nothing if it is already gone)."""
+
+    @abstractmethod
+    def remove_tree(self, rel: str) -> None:
+        """Delete everything below ``rel`` (nothing if it is already gone)."""
+
+    @abstractmethod
+    def sync_tree(self, rel: str) -> None:
+        """Make every file and directory below ``rel`` durable."""
+
+    @abstractmethod
+    def sync_dirs(self, rels: Iterable[str]) -> None:
+        """Make the directories ``rels`` (and renames into them) durable."""
+
+
+class LocalLocation(Location):
+    """A local directory: atomic writes are temp file, fsync, rename, fsync of the directory."""
+
+    local = True
+    root: Path
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        text = os.fspath(path)
+        self.url = text
+        self.storage_options = {}
+        # Absolute: fsspec lists files by absolute path, and ``files()`` strips the root.
+        self.root = Path(os.path.abspath(text.split("://", 1)[1] if "://" in text else text))
+        self.fs = fsspec.filesystem("file")
+        self._base = str(self.root)
+
+    def zarr_args(self, rel: str = "") -> dict[str, Any]:
+        return {"store": self.full(rel)}
+
     def write_atomic(self, rel: str, data: bytes) -> None:
         """Replace ``rel`` with ``data`` atomically: temp file, fsync, rename and fsync of the
-        directory locally; one PUT on an object store."""
-        if not self.local:
-            self.fs.pipe_file(self.full(rel), data)
-            return
+        directory."""
         path = self.root / rel
         if not path.parent.is_dir():
             path.parent.mkdir(parents=True)
@@ -125,40 +165,26 @@ class Location:
         fsync_path(path.parent)
 
     def copy(self, src: str, dst: str) -> None:
-        if self.local:
-            (self.root / dst).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(self.root / src, self.root / dst)
-        else:
-            self.fs.copy(self.full(src), self.full(dst))
+        (self.root / dst).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(self.root / src, self.root / dst)
 
     def move(self, src: str, dst: str) -> None:
-        """Move ``src`` over ``dst`` (a rename locally; copy then delete on object stores)."""
-        if self.local:
-            (self.root / dst).parent.mkdir(parents=True, exist_ok=True)
-            os.replace(self.root / src, self.root / dst)
-        else:
-            self.fs.copy(self.full(src), self.full(dst))
-            self.fs.rm_file(self.full(src))
+        """Rename ``src`` over ``dst``."""
+        (self.root / dst).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self.root / src, self.root / dst)
 
     def remove_file(self, rel: str) -> None:
-        """Delete the file ``rel`` (nothing if it is already gone)."""
         try:
-            if self.local:
-                os.remove(self.root / rel)
-            else:
-                self.fs.rm_file(self.full(rel))
+            os.remove(self.root / rel)
         except FileNotFoundError:
             pass
 
     def remove_tree(self, rel: str) -> None:
-        if self.local:
-            shutil.rmtree(self.root / rel, ignore_errors=True)
-        elif self.fs.exists(self.full(rel)):
-            self.fs.rm(self.full(rel), recursive=True)
+        shutil.rmtree(self.root / rel, ignore_errors=True)
 
     def sync_tree(self, rel: str) -> None:
-        """fsync every file and directory below ``rel`` (local only; PUTs are durable)."""
-        if not self.local or not (self.root / rel).exists():
+        """fsync every file and directory below ``rel``."""
+        if not (self.root / rel).exists():
             return
         paths = []
         for dirpath, _, names in os.walk(self.root / rel):
@@ -167,10 +193,74 @@ class Location:
         _fsync_all(paths)
 
     def sync_dirs(self, rels: Iterable[str]) -> None:
-        """fsync the directories ``rels`` (local only), so renames into them and their
-        creation survive power loss."""
-        if self.local:
-            _fsync_all([self.root / rel for rel in rels if (self.root / rel).is_dir()])
+        """fsync the directories ``rels``, so renames into them and their creation survive
+        power loss."""
+        _fsync_all([self.root / rel for rel in rels if (self.root / rel).is_dir()])
+
+
+class FsspecLocation(Location):
+    """An fsspec URL (``s3://``, ``gs://``, ``memory://``...): each write is one PUT, which
+    replaces an object atomically and is durable when it returns."""
+
+    local = False
+
+    def __init__(self, url: str, protocol: str, storage_options: dict[str, Any]) -> None:
+        self.url = url
+        self.storage_options = dict(storage_options)
+        self.fs = fsspec.filesystem(protocol, **self.storage_options)
+        self._base = self.fs._strip_protocol(url).rstrip("/")
+        self.root = None
+
+    def zarr_args(self, rel: str = "") -> dict[str, Any]:
+        return {"store": f"{self.url.rstrip('/')}/{rel}" if rel else self.url,
+                "storage_options": self.storage_options}
+
+    def write_atomic(self, rel: str, data: bytes) -> None:
+        """One PUT of ``data`` at ``rel``."""
+        self.fs.pipe_file(self.full(rel), data)
+
+    def copy(self, src: str, dst: str) -> None:
+        self.fs.copy(self.full(src), self.full(dst))
+
+    def move(self, src: str, dst: str) -> None:
+        """Copy ``src`` to ``dst``, then delete ``src`` (object stores have no rename)."""
+        self.fs.copy(self.full(src), self.full(dst))
+        self.fs.rm_file(self.full(src))
+
+    def remove_file(self, rel: str) -> None:
+        try:
+            self.fs.rm_file(self.full(rel))
+        except FileNotFoundError:
+            pass
+
+    def remove_tree(self, rel: str) -> None:
+        if self.fs.exists(self.full(rel)):
+            self.fs.rm(self.full(rel), recursive=True)
+
+    def sync_tree(self, rel: str) -> None:
+        """Nothing to do: a PUT is durable when it returns."""
+
+    def sync_dirs(self, rels: Iterable[str]) -> None:
+        """Nothing to do: object stores have no directories."""
+
+
+def make_location(url: str | os.PathLike[str],
+                  storage_options: dict[str, Any] | None = None) -> Location:
+    """The :class:`Location` of ``url``: a :class:`LocalLocation` for a path or a ``file://``
+    / ``local://`` URL, else a :class:`FsspecLocation` for the URL's protocol.
+
+    Raises:
+        ValueError: ``storage_options`` given with a local path (they are for URLs only).
+    """
+    text = os.fspath(url)
+    protocol = text.split("://", 1)[0] if "://" in text else "file"
+    options = dict(storage_options or {})
+    if protocol in ("file", "local"):
+        if options:
+            raise ValueError(f"storage_options: only for URLs, got {options} "
+                             f"with the local path {text!r}")
+        return LocalLocation(text)
+    return FsspecLocation(text, protocol, options)
 
 
 def _fsync_all(paths: list[Any]) -> None:

@@ -18,18 +18,23 @@ from rlbuffers.errors import FormatVersionError, NotABufferError
 from rlbuffers.ring import RingState
 from rlbuffers.spec import FieldSpec
 from rlbuffers.storage.layout import ChunkLayout
-from rlbuffers.storage.location import Location
+from rlbuffers.storage.location import LocalLocation, Location
 
 MANIFEST = "manifest.json"
 #: Version of the on-disk format this code writes; it reads this and older. Version 3 keeps
-#: every chunk version in its own generation's array and lists the committed chunks in the
-#: manifest (``chunks``), with older commits kept readable (``keep_generations``); version 2
+#: every chunk version in its own commit's array and lists the committed chunks in the
+#: manifest (``chunks``), with older commits kept readable (``keep_commits``); version 2
 #: added per-field chunk sizes (``field_chunk_transitions``); version 1 chunked every field by
 #: ``chunk_transitions``.
 FORMAT_VERSION = 3
 #: Commits kept readable by default (the newest and the one before it).
-KEEP_GENERATIONS = 2
-#: A committed chunk: (generation whose array holds it, stored bytes).
+KEEP_COMMITS = 2
+#: The JSON keys of :attr:`Manifest.commit` and :attr:`Manifest.keep_commits` in
+#: ``manifest.json``. They keep their format-3 spelling (the counter was once called the
+#: generation), so every format-3 reader opens what this code writes (``docs/format.md``).
+COMMIT_KEY = "generation"
+KEEP_COMMITS_KEY = "keep_generations"
+#: A committed chunk: (commit whose array holds it, stored bytes).
 ChunkEntry = tuple[int, int]
 
 
@@ -43,14 +48,14 @@ class Manifest:
         fields: user field name -> spec. codecs: user field name -> codec name.
         internal: internal column name (``_episode_id``, ``_priority``) -> spec.
         ring: transitions ever added and episodes ended.
-        generation: commit number (0 at create, +1 per save).
+        commit: commit number (0 at create, +1 per save).
         committed_at: Unix time of the commit, seconds.
         sampler: the sampler's ``state_dict()``. rng: the buffer generator's
             ``bit_generator.state``. metadata: the user's JSON dict from ``save(metadata=)``.
-        chunks: column -> {stored chunk index: (generation whose array holds it, bytes)}:
+        chunks: column -> {stored chunk index: (commit whose array holds it, bytes)}:
             every chunk this commit has; a chunk not listed was never written (reads as the
             fill value). None for format 1-2 manifests until the tier lists their chunks.
-        keep_generations: how many of the newest commits stay readable (>= 1).
+        keep_commits: how many of the newest commits stay readable (>= 1).
         format_version: the format this commit is in.
     """
 
@@ -60,13 +65,13 @@ class Manifest:
     codecs: dict[str, str]
     internal: dict[str, FieldSpec]
     ring: RingState
-    generation: int
+    commit: int
     committed_at: float
     sampler: dict[str, Any]
     rng: dict[str, Any]
     metadata: dict[str, Any] = field(default_factory=dict)
     chunks: dict[str, dict[int, ChunkEntry]] | None = None
-    keep_generations: int = KEEP_GENERATIONS
+    keep_commits: int = KEEP_COMMITS
     format_version: int = FORMAT_VERSION
 
     @property
@@ -93,7 +98,7 @@ class Manifest:
             "chunk_transitions": self.layout.base_chunk_rows,
             "fields": {n: {**s.to_dict(), "codec": self.codecs[n]} for n, s in self.fields.items()},
             "internal": {n: s.to_dict() for n, s in self.internal.items()},
-            "generation": self.generation,
+            COMMIT_KEY: self.commit,
             "cursor": ring.cursor,
             "size": ring.size,
             "total_added": ring.total_added,
@@ -107,7 +112,7 @@ class Manifest:
         if self.format_version >= 2:
             out["field_chunk_transitions"] = dict(self.layout.stored_chunk_rows)
         if self.format_version >= 3:
-            out["keep_generations"] = self.keep_generations
+            out[KEEP_COMMITS_KEY] = self.keep_commits
             out["chunks"] = {n: [[c, g, b] for c, (g, b) in sorted(t.items())]
                              for n, t in (self.chunks or {}).items()}
         return out
@@ -139,7 +144,7 @@ class Manifest:
                 codecs={n: d["codec"] for n, d in data["fields"].items()},
                 internal={n: FieldSpec.from_dict(d) for n, d in data["internal"].items()},
                 ring=RingState(capacity, int(data["total_added"]), int(data["episodes"])),
-                generation=int(data["generation"]),
+                commit=int(data[COMMIT_KEY]),
                 committed_at=float(data["committed_at"]),
                 sampler=dict(data["sampler"]),
                 rng=dict(data["rng"]),
@@ -147,7 +152,7 @@ class Manifest:
                 chunks=None if version < 3 else {
                     n: {int(c): (int(g), int(b)) for c, g, b in rows}
                     for n, rows in data["chunks"].items()},
-                keep_generations=int(data.get("keep_generations", KEEP_GENERATIONS)),
+                keep_commits=int(data.get(KEEP_COMMITS_KEY, KEEP_COMMITS)),
                 format_version=version,
             )
         except (KeyError, TypeError, ValueError) as e:
@@ -170,16 +175,16 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write ``data`` as JSON to the local file ``path`` atomically."""
-    Location(path.parent).write_atomic(path.name, json.dumps(data, indent=1).encode())
+    LocalLocation(path.parent).write_atomic(path.name, json.dumps(data, indent=1).encode())
 
 
-#: Directory of the retained commits' manifests, ``history/g<generation>.json``.
+#: Directory of the retained commits' manifests, ``history/g<commit>.json``.
 HISTORY = "history"
 
 
-def history_file(generation: int) -> str:
-    """Path (relative to the buffer) of the kept manifest of ``generation``."""
-    return f"{HISTORY}/g{generation}.json"
+def history_file(commit: int) -> str:
+    """Path (relative to the buffer) of the kept manifest of ``commit``."""
+    return f"{HISTORY}/g{commit}.json"
 
 
 def write_manifest(loc: Location, manifest: Manifest, rel: str = MANIFEST) -> None:

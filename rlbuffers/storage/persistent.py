@@ -1,33 +1,52 @@
-"""The interface of the persistent tier: what the buffer, the saver, ``inspect`` and the
-converter need from the compressed, committed copy of a buffer, so that its engine (Zarr with a
-hand-written staging protocol today: :class:`~rlbuffers.storage.zarr_tier.ZarrTier`; a
-transactional Zarr engine tomorrow) can change without touching them.
+"""The interface of the persistent tier: what the buffer, the storage facade, the saver, the
+reader, ``inspect``, ``verify``/``repair`` and ``export`` need from the compressed, committed
+copy of a buffer, so that its engine (Zarr with a hand-written staging protocol today:
+:class:`~rlbuffers.storage.zarr_tier.ZarrTier`; a transactional Zarr engine tomorrow) can change
+without touching them. They type against :class:`PersistentTier` and get a tier from
+:mod:`rlbuffers.storage.engine`, the one module that names the implementation.
 
 Stored-chunk indices count in each field's stored chunks (see :mod:`rlbuffers.storage.layout`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
+from rlbuffers.spec import FieldSpec
+from rlbuffers.storage.layout import ChunkLayout
 from rlbuffers.storage.location import Location
 from rlbuffers.storage.manifest import Manifest
 
 
+@runtime_checkable
 class PersistentTier(Protocol):
     """A committed, compressed store of a buffer's columns.
 
-    Construction (classmethods of the implementation): ``create(loc, manifest)`` makes an empty
-    store and commits ``manifest`` as generation 0; ``open(loc)`` opens the last commit.
+    Construction (:mod:`rlbuffers.storage.engine`): ``new_tier(loc, manifest)`` makes an empty
+    store and commits ``manifest`` as commit 0; ``open_tier(loc, commit)`` opens the last (or a
+    kept) commit.
     """
 
+    #: where the store is.
     loc: Location
     #: the commit this tier reads (updated by :meth:`commit`).
     manifest: Manifest
+    #: every column (user fields, then internal ones) -> spec; fixed at create.
+    specs: dict[str, FieldSpec]
+    #: capacity and chunk sizes; fixed at create.
+    layout: ChunkLayout
 
-    def stage_chunks(self, generation: int, name: str, c: int, data: Any) -> int:
+    def reopen(self, commit: int | None = None) -> PersistentTier:
+        """The same store as of its last commit now (or of the kept ``commit``).
+
+        Raises:
+            SnapshotReclaimedError: ``commit`` is not kept.
+        """
+        ...
+
+    def stage_chunks(self, commit: int, name: str, c: int, data: Any) -> int:
         """Write stored chunks ``c, c+1, ...`` of column ``name`` for the uncommitted
-        ``generation``, invisible to readers until :meth:`commit`.
+        ``commit``, invisible to readers until :meth:`commit`.
 
         Args:
             data: their rows, ``[n, *shape]`` (fixed) or a list of n arrays ``[len_i, *row]``
@@ -42,7 +61,7 @@ class PersistentTier(Protocol):
         ...
 
     def commit(self, manifest: Manifest) -> None:
-        """Make the staged chunks of ``manifest.generation`` durable and commit ``manifest``
+        """Make the staged chunks of ``manifest.commit`` durable and commit ``manifest``
         atomically: afterwards every reader that opens sees exactly this commit.
 
         Raises:
@@ -50,9 +69,14 @@ class PersistentTier(Protocol):
         """
         ...
 
-    def apply(self, generation: int) -> int:
-        """Finish the committed ``generation`` (idempotent; also after a crash mid-way) and drop
+    def apply(self, commit: int) -> int:
+        """Finish the committed ``commit`` (idempotent; also after a crash mid-way) and drop
         anything staged by uncommitted saves. Returns the number of chunk files it moved."""
+        ...
+
+    def committed(self, commit: int) -> bool:
+        """Whether the store's last commit is already ``commit`` (after an error during
+        :meth:`commit`: the commit may have happened); if so this tier reads it from now on."""
         ...
 
     def abort(self) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from rlbuffers.cache import ENTRY_OVERHEAD_BYTES, ByteLRUCache
-from rlbuffers.storage.zarr_tier import ZarrTier
+from rlbuffers.storage.persistent import PersistentTier
 
 
 def _nbytes(chunk: Any) -> int:
@@ -21,10 +21,10 @@ def _nbytes(chunk: Any) -> int:
 
 
 class ChunkReader:
-    """Row gathers over a :class:`ZarrTier` with a decoded-chunk cache of ``cache_max_bytes``
+    """Row gathers over a :class:`PersistentTier` with a decoded-chunk cache of ``cache_max_bytes``
     bytes (default 256 MiB)."""
 
-    def __init__(self, tier: ZarrTier, cache_max_bytes: int = 256 * 2**20) -> None:
+    def __init__(self, tier: PersistentTier, cache_max_bytes: int = 256 * 2**20) -> None:
         self.tier = tier
         self.cache = ByteLRUCache(cache_max_bytes, getsizeof=_nbytes)
 

@@ -34,16 +34,16 @@ class SaveJob:
     """What one save writes.
 
     Attributes:
-        generation: the generation it commits.
+        commit: the commit number it writes.
         todo: column -> sorted stored-chunk indices to write.
-        commit: what it commits (a manifest, less ``committed_at``), frozen at the call.
+        manifest: what it commits (a manifest, less ``committed_at``), frozen at the call.
         lock: the lock writers hold while they write the working tier.
         layout: base and stored chunk sizes.
     """
 
-    generation: int
+    commit: int
     todo: dict[str, list[int]]
-    commit: Any
+    manifest: Any
     lock: threading.Lock
     layout: ChunkLayout
     pending: set[tuple[str, int]] = field(default_factory=set)

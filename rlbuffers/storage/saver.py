@@ -16,10 +16,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from rlbuffers.deprecation import renamed_attribute
 from rlbuffers.storage.manifest import Manifest
+from rlbuffers.storage.persistent import PersistentTier
 from rlbuffers.storage.save_job import SAVE_RUN_BYTES, SaveJob, rows_nbytes
 from rlbuffers.storage.working import WorkingTier
-from rlbuffers.storage.zarr_tier import ZarrTier
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ class SaveReport:
     """What one :meth:`ReplayBuffer.save` did.
 
     Attributes:
-        generation: the commit number now on disk.
+        commit: the commit number now on disk.
         chunks_written: stored chunks encoded and written (all fields).
         bytes_written: compressed bytes written, checksums included.
         raw_bytes: uncompressed bytes those chunks hold.
@@ -38,12 +39,14 @@ class SaveReport:
             used them.
     """
 
-    generation: int
+    commit: int
     chunks_written: int
     bytes_written: int
     raw_bytes: int
     seconds: float
     bytes_reclaimed: int = 0
+
+    generation = renamed_attribute("generation", "commit")
 
 
 class SaveFuture(Future):  # type: ignore[type-arg]
@@ -64,7 +67,7 @@ class SaveFuture(Future):  # type: ignore[type-arg]
 class Saver:
     """Saves of one writable buffer from its working tier into its persistent tier."""
 
-    def __init__(self, tier: ZarrTier, working: WorkingTier) -> None:
+    def __init__(self, tier: PersistentTier, working: WorkingTier) -> None:
         self.tier, self.working = tier, working
         self.layout = tier.manifest.layout
         self.lock = threading.Lock()  # guards working-tier writes against a background save
@@ -80,12 +83,12 @@ class Saver:
         names = list(names)
         if self._job is not None:
             self._job.protect(names, base_chunks, self._read_stored)
-        self.working.mark_dirty(self.tier.manifest.generation, base_chunks)
+        self.working.mark_dirty(self.tier.manifest.commit, base_chunks)
         for name in names:
             self.dirty[name] |= base_chunks
 
-    def save(self, commit: Manifest, *, full: bool, background: bool) -> SaveReport | SaveFuture:
-        """Commit ``commit`` (its generation and time are set here) with every chunk changed
+    def save(self, manifest: Manifest, *, full: bool, background: bool) -> SaveReport | SaveFuture:
+        """Commit ``manifest`` (its commit number and time are set here) with every chunk changed
         since the last commit (``full``: every filled chunk).
 
         Returns:
@@ -97,7 +100,7 @@ class Saver:
         """
         self.wait()
         with self.lock:
-            job = self._start(commit, full)
+            job = self._start(manifest, full)
         if not background:
             return self._run(job)
         if self._executor is None:
@@ -133,14 +136,14 @@ class Saver:
                 self._executor.shutdown()
                 self._executor = None
 
-    def _start(self, commit: Manifest, full: bool) -> SaveJob:
+    def _start(self, manifest: Manifest, full: bool) -> SaveJob:
         if full:
-            base = self.layout.filled_base_chunks(commit.ring.size)
+            base = self.layout.filled_base_chunks(manifest.ring.size)
             todo = {n: self.layout.stored_of(n, base) for n in self.dirty}
         else:
             todo = {n: self.layout.stored_of(n, cs) for n, cs in self.dirty.items()}
         self.dirty = {n: set() for n in self.dirty}
-        self._job = SaveJob(self.tier.manifest.generation + 1, todo, commit, self.lock,
+        self._job = SaveJob(self.tier.manifest.commit + 1, todo, manifest, self.lock,
                             self.layout)
         return self._job
 
@@ -163,7 +166,7 @@ class Saver:
         pending again and what it staged is dropped (left for the next save if even that
         cannot be told)."""
         try:
-            done = self.tier.committed(job.generation)
+            done = self.tier.committed(job.commit)
         except Exception:
             done = None
         if done:
@@ -188,13 +191,13 @@ class Saver:
             with self.lock:
                 self.working.write_state(gen, set().union(*self.dirty.values()))
         except Exception as e:
-            log.warning("%s: generation %d is committed, but finishing it failed (%s: %s); "
+            log.warning("%s: commit %d is committed, but finishing it failed (%s: %s); "
                         "the next save retries", self.tier.loc, gen, type(e).__name__, e)
         return reclaimed
 
     def _run(self, job: SaveJob) -> SaveReport:
         t0 = time.perf_counter()
-        tier, gen = self.tier, job.generation
+        tier, gen = self.tier, job.commit
         chunks = nbytes = raw = 0
         try:
             tier.abort()
@@ -206,7 +209,7 @@ class Saver:
                     nbytes += tier.stage_chunks(gen, name, first, data)
                     raw += rows_nbytes(data)
                     chunks += count
-            tier.commit(job.commit.replace(generation=gen, committed_at=time.time()))
+            tier.commit(job.manifest.replace(commit=gen, committed_at=time.time()))
         except BaseException:
             job.abandon()
             with self.lock:

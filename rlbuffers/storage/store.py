@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 
 from rlbuffers.errors import FieldError
-from rlbuffers.storage.location import Location
+from rlbuffers.storage.location import LocalLocation, Location
 from rlbuffers.storage.manifest import Manifest
+from rlbuffers.storage.persistent import PersistentTier
 from rlbuffers.storage.reader import ChunkReader
 from rlbuffers.storage.saver import SaveFuture, Saver, SaveReport
 from rlbuffers.storage.working import FixedColumn, WorkingTier
-from rlbuffers.storage.zarr_tier import ZarrTier
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 def default_working_dir(loc: Location) -> Path:
     """``<path>/.working`` for a local buffer; ``~/.cache/rlbuffers/working/<hash>`` for a URL
     (``$RLBUFFERS_CACHE`` replaces ``~/.cache/rlbuffers``)."""
-    if loc.local:
+    if isinstance(loc, LocalLocation):
         return loc.root / ".working"
     cache = Path(os.environ.get("RLBUFFERS_CACHE", Path.home() / ".cache" / "rlbuffers"))
     return cache / "working" / hashlib.sha1(loc.url.encode()).hexdigest()[:16]
@@ -43,14 +43,14 @@ class ReadOnlyStorage:
     """Reads of one commit (a snapshot: it does not change while the writer saves), from the
     persistent tier, with a decoded-chunk cache of ``cache_max_bytes`` bytes."""
 
-    def __init__(self, tier: ZarrTier, cache_max_bytes: int = 256 * 2**20) -> None:
+    def __init__(self, tier: PersistentTier, cache_max_bytes: int = 256 * 2**20) -> None:
         self.tier = tier
         self._cache_max_bytes = cache_max_bytes
         self._reader = ChunkReader(tier, cache_max_bytes)
 
     def refresh(self) -> None:
         """Move to the latest commit."""
-        self.tier = ZarrTier.open(self.tier.loc)
+        self.tier = self.tier.reopen()
         self._reader = ChunkReader(self.tier, self._cache_max_bytes)
 
     @property
@@ -73,7 +73,7 @@ class WritableStorage:
     it from the persistent tier chunk by chunk.
     """
 
-    def __init__(self, tier: ZarrTier, working_dir: Path, *, fresh: bool = False) -> None:
+    def __init__(self, tier: PersistentTier, working_dir: Path, *, fresh: bool = False) -> None:
         self.tier = tier
         self.layout = tier.manifest.layout
         if fresh:
@@ -88,21 +88,21 @@ class WritableStorage:
 
     def _attach(self, wdir: Path) -> WorkingTier:
         m, tier = self.tier.manifest, self.tier
-        tier.apply(m.generation)  # drops uncommitted chunks and commits no longer kept
+        tier.apply(m.commit)  # drops uncommitted chunks and commits no longer kept
         args = (wdir, m.specs, m.capacity, self.layout.base_chunk_rows)
         everything = set(range(self.layout.n_base_chunks))
         try:
             working = WorkingTier(*args, create=False, buffer_id=m.buffer_id)
             state = working.state
-            same = working.trusted(m.buffer_id) and state.get("generation") in (
-                m.generation, m.generation - 1)
+            same = working.trusted(m.buffer_id) and state.get("commit") in (
+                m.commit, m.commit - 1)
             rebuild = set(state.get("dirty_chunks", [])) if same else everything
         except (OSError, ValueError):
             working = WorkingTier(*args, create=True, buffer_id=m.buffer_id)
             rebuild = everything
         if rebuild:
             self._rebuild(working, sorted(rebuild))
-        working.write_state(m.generation, [])
+        working.write_state(m.commit, [])
         return working
 
     def _rebuild(self, working: WorkingTier, base_chunks: list[int]) -> None:
@@ -153,10 +153,10 @@ class WritableStorage:
         """Rows of column ``name`` at ``slots`` (int64[N]): ``[N, *shape]``, or a list (ragged)."""
         return self.working.columns[name].gather(slots)
 
-    def commit(self, commit: Manifest, *, full: bool = False,
+    def commit(self, manifest: Manifest, *, full: bool = False,
                background: bool = False) -> SaveReport | SaveFuture:
-        """Save every change since the last commit as ``commit`` (see :meth:`Saver.save`)."""
-        return self.saver.save(commit, full=full, background=background)
+        """Save every change since the last commit as ``manifest`` (see :meth:`Saver.save`)."""
+        return self.saver.save(manifest, full=full, background=background)
 
     def close(self) -> None:
         """Release the working tier's files, then raise a background save's unseen error."""

@@ -11,7 +11,7 @@ Layout of the working directory:
 - ``<field>.ragged/{start,length}.npy`` (int64[capacity]: byte offset and row count of each
   slot) plus ``c<chunk>.bin`` (the values of the slots of one chunk, appended) for ragged
   fields;
-- ``state.json``: the commit generation this tier mirrors, the chunks changed since, and the
+- ``state.json``: the commit this tier mirrors, the chunks changed since, and the
   boot it was written in (a tier from an earlier boot is rebuilt, so saves need not fsync it).
 """
 
@@ -291,7 +291,7 @@ RANDOM_READS_FRACTION = 0.5
 
 
 class WorkingTier:
-    """All columns of one buffer plus ``state.json``, which records the commit generation the
+    """All columns of one buffer plus ``state.json``, which records the commit the
     tier mirrors and the chunks changed since (rebuilt from the persistent tier on open)."""
 
     def __init__(
@@ -331,30 +331,34 @@ class WorkingTier:
                     col.random_reads = True
 
     def read_state(self) -> dict[str, Any]:
-        """``{"buffer_id", "generation", "dirty_chunks"}``, or ``{}`` if missing or unreadable."""
+        """``{"buffer_id", "commit", "dirty_chunks"}``, or ``{}`` if missing or unreadable."""
         try:
             with open(self.path / STATE) as f:
                 state = json.load(f)
-            return state if isinstance(state, dict) else {}
         except (OSError, json.JSONDecodeError):
             return {}
+        if not isinstance(state, dict):
+            return {}
+        if "generation" in state and "commit" not in state:  # written before the rename
+            state["commit"] = state.pop("generation")
+        return state
 
-    def write_state(self, generation: int, dirty_chunks: Iterable[int]) -> None:
-        """Record (durably, before any data write) which chunks may differ from ``generation``."""
+    def write_state(self, commit: int, dirty_chunks: Iterable[int]) -> None:
+        """Record (durably, before any data write) which chunks may differ from ``commit``."""
         self.state = {
             "buffer_id": self.buffer_id,
             "boot_id": BOOT_ID,
-            "generation": generation,
+            "commit": commit,
             "dirty_chunks": sorted(set(dirty_chunks)),
         }
         write_json_atomic(self.path / STATE, self.state)
 
-    def mark_dirty(self, generation: int, chunks: Iterable[int]) -> None:
+    def mark_dirty(self, commit: int, chunks: Iterable[int]) -> None:
         """Add ``chunks`` to the dirty set in ``state.json`` if they are not there yet."""
         known = set(self.state.get("dirty_chunks", []))
         new = set(chunks) - known
-        if new or self.state.get("generation") != generation:
-            self.write_state(generation, known | new)
+        if new or self.state.get("commit") != commit:
+            self.write_state(commit, known | new)
 
     def flush(self) -> None:
         """Make the data as durable as ``state.json`` claims: a no-op where the boot id is

@@ -6,17 +6,17 @@ Layout (``docs/format.md``): ``<field>/zarr.json`` is the array of each field (i
 shape, chunks, codecs with a crc32c checksum per chunk). A save writes the chunks it changes
 into ``versions/g<N>/<field>/``, a Zarr array with the same metadata that holds only those
 chunks, makes them durable, writes ``history/g<N>.json`` and then replaces ``manifest.json``
-(the commit point). The manifest lists every committed chunk: which generation's array holds
+(the commit point). The manifest lists every committed chunk: which commit's array holds
 it and its size in bytes. A chunk file is never modified after its save, so a reader that holds
 a manifest reads exactly that commit whatever the writer does; a chunk listed but missing or of
 another size is corrupt, not zeros.
 
-The newest ``keep_generations`` commits stay readable (``ReplayBuffer.open(path, mode="r",
-generation=N)``); after each commit the writer deletes the chunk versions only older commits
+The newest ``keep_commits`` commits stay readable (``ReplayBuffer.open(path, mode="r",
+commit=N)``); after each commit the writer deletes the chunk versions only older commits
 use, then their manifests. A crash at any point leaves the last commit intact; leftovers of an
 uncommitted save are removed by the next save.
 
-Buffers of format 1 and 2 kept their chunks in ``<field>/`` itself: they read as generation 0
+Buffers of format 1 and 2 kept their chunks in ``<field>/`` itself: they read as commit 0
 of the chunk table, and the first save writes a format-3 manifest.
 """
 
@@ -82,15 +82,16 @@ def _quiet() -> Iterator[None]:
         yield
 
 
-def array_path(name: str, generation: int) -> str:
+def array_path(name: str, commit: int) -> str:
     """The array (relative to the buffer) holding chunks of ``name`` written by
-    ``generation``: ``versions/g<N>/<name>``; generation 0 is ``<name>`` itself (the chunks of
+    ``commit``: ``versions/g<N>/<name>``; commit 0 is ``<name>`` itself (the chunks of
     format 1-2 buffers)."""
-    return name if generation == 0 else f"{VERSIONS}/g{generation}/{name}"
+    return name if commit == 0 else f"{VERSIONS}/g{commit}/{name}"
 
 
 class ZarrTier:
-    """The Zarr group at ``loc``, read as of the commit ``manifest``.
+    """The Zarr group at ``loc``, read as of the commit ``manifest``: the
+    :class:`~rlbuffers.storage.persistent.PersistentTier` of this library.
 
     Stored-chunk indices passed to and returned by this class count in each field's stored
     chunks (see :mod:`rlbuffers.storage.layout`).
@@ -105,40 +106,44 @@ class ZarrTier:
         self._staged: dict[str, dict[int, int]] = {}  # name -> {chunk: bytes} of the open save
         self._history: dict[int, Manifest] = {}  # kept commits' manifests read so far
         self._stage_arrays: dict[str, zarr.Array] = {}  # arrays the open save writes
-        #: a format 1-2 buffer: its chunks are the files in <field>/ (generation 0)
+        #: a format 1-2 buffer: its chunks are the files in <field>/ (commit 0)
         self._legacy = manifest.chunks is None
         #: the commit this tier reads.
         self.manifest = self._with_listed_chunks(manifest) if self._legacy else manifest
 
     @classmethod
-    def open(cls, loc: Location, generation: int | None = None) -> ZarrTier:
-        """The tier at ``loc`` as of its last commit, or of a kept ``generation``.
+    def open(cls, loc: Location, commit: int | None = None) -> ZarrTier:
+        """The tier at ``loc`` as of its last commit, or of a kept ``commit``.
 
         Raises:
             NotABufferError, FormatVersionError: as :func:`read_manifest`; NotABufferError
                 also for a path that is a file, not a directory.
-            SnapshotReclaimedError: ``generation`` is not kept any more (or never existed).
+            SnapshotReclaimedError: ``commit`` is not kept any more (or never existed).
         """
         try:
             head = read_manifest(loc)
         except NotADirectoryError:
             raise NotABufferError(f"{loc}: not an rlbuffers buffer (a file, not a directory)") \
                 from None
-        if generation is None or generation == head.generation:
+        if commit is None or commit == head.commit:
             return cls(loc, head)
         try:
-            return cls(loc, read_manifest(loc, history_file(generation)))
+            return cls(loc, read_manifest(loc, history_file(commit)))
         except NotABufferError:
-            first = head.generation - head.keep_generations + 1
+            first = head.commit - head.keep_commits + 1
             raise SnapshotReclaimedError(
-                f"{loc}: generation {generation} is not kept; kept: {max(first, 0)}.."
-                f"{head.generation} (keep_generations={head.keep_generations})") from None
+                f"{loc}: commit {commit} is not kept; kept: {max(first, 0)}.."
+                f"{head.commit} (keep_commits={head.keep_commits})") from None
+
+    def reopen(self, commit: int | None = None) -> ZarrTier:
+        """The same store as of its last commit now (or of the kept ``commit``)."""
+        return type(self).open(self.loc, commit)
 
     @classmethod
     def create(cls, loc: Location, manifest: Manifest) -> ZarrTier:
         """Create the group, one empty array per column (shape ``[capacity, *shape]``; ragged
         fields: ``[capacity]`` of variable-length bytes) chunked by its stored-chunk rows, and
-        commit ``manifest`` (generation 0, no chunks)."""
+        commit ``manifest`` (commit 0, no chunks)."""
         attrs: dict[str, Any] = {
             "rlbuffers": {"format_version": manifest.format_version, "manifest": MANIFEST}}
         group = zarr.open_group(**loc.zarr_args(), mode="w", zarr_format=3, attributes=attrs)
@@ -187,16 +192,16 @@ class ZarrTier:
         Raises:
             KeyError: the commit has no such chunk.
         """
-        generation, _ = self._entry(name, c)
-        return f"{array_path(name, generation)}/{self.chunk_key(name, c)}"
+        commit, _ = self._entry(name, c)
+        return f"{array_path(name, commit)}/{self.chunk_key(name, c)}"
 
     def _entry(self, name: str, c: int) -> ChunkEntry:
         return (self.manifest.chunks or {})[name][c]
 
     # -- saving ---------------------------------------------------------------------------
-    def stage_chunks(self, generation: int, name: str, c: int, data: Any) -> int:
+    def stage_chunks(self, commit: int, name: str, c: int, data: Any) -> int:
         """Encode a run of consecutive chunks of ``name``, starting at chunk ``c``, into the
-        array of ``generation`` (invisible to readers until :meth:`commit`). Zarr encodes the
+        array of ``commit`` (invisible to readers until :meth:`commit`). Zarr encodes the
         chunks of one run concurrently (the Blosc and crc32c codecs release the GIL), so callers
         bound a run's size, not its count.
 
@@ -207,7 +212,7 @@ class ZarrTier:
         Returns:
             bytes written (compressed, including the checksums).
         """
-        dst = array_path(name, generation)
+        dst = array_path(name, commit)
         stage = self._stage_arrays.get(dst)
         if stage is None:
             if not self.loc.exists(f"{dst}/zarr.json"):
@@ -227,11 +232,11 @@ class ZarrTier:
         return sum(sizes[i] for i in range(c, last))
 
     def commit(self, manifest: Manifest) -> None:
-        """Commit ``manifest`` with the chunks staged for ``manifest.generation``: make them
+        """Commit ``manifest`` with the chunks staged for ``manifest.commit``: make them
         durable, keep the manifest in ``history/``, then replace ``manifest.json`` (atomic,
         fsynced): the commit point. Call :meth:`apply` next. On error nothing is committed
         (call :meth:`abort`)."""
-        gen = manifest.generation
+        gen = manifest.commit
         chunks = {n: dict(t) for n, t in (self.manifest.chunks or {}).items()}
         for name, sizes in self._staged.items():
             chunks[name].update({c: (gen, size) for c, size in sizes.items()})
@@ -245,8 +250,8 @@ class ZarrTier:
         self.manifest = self._history[gen] = manifest
         self._staged, self._stage_arrays = {}, {}
 
-    def apply(self, generation: int) -> int:
-        """After the commit of ``generation`` (or on opening for writing): drop what no kept
+    def apply(self, commit: int) -> int:
+        """After the commit of ``commit`` (or on opening for writing): drop what no kept
         commit needs: chunk versions only older commits use, then their manifests, and anything
         staged by uncommitted saves. Idempotent; a crash part-way is finished next time.
 
@@ -257,8 +262,8 @@ class ZarrTier:
             self._finish_legacy_staging()
         self.abort()
         head = self.manifest
-        first_kept = head.generation - head.keep_generations + 1
-        history = [g for g in self._history_generations() if g != head.generation]
+        first_kept = head.commit - head.keep_commits + 1
+        history = [g for g in self._history_commits() if g != head.commit]
         kept = [head] + [self._kept_manifest(g) for g in history if g >= first_kept]
         dropped = [g for g in history if g < first_kept]
         used = {(n, c, e[0]) for m in kept for n, t in (m.chunks or {}).items()
@@ -268,20 +273,20 @@ class ZarrTier:
             self.loc.remove_file(history_file(g))
             self._history.pop(g, None)
         if reclaimed:
-            log.info("%s: reclaimed %d bytes of commits older than generation %d", self.loc,
+            log.info("%s: reclaimed %d bytes of commits older than commit %d", self.loc,
                      reclaimed, first_kept)
         return reclaimed
 
-    def _kept_manifest(self, generation: int) -> Manifest:
+    def _kept_manifest(self, commit: int) -> Manifest:
         """A kept commit's manifest (read once; commits never change)."""
-        m = self._history.get(generation)
+        m = self._history.get(commit)
         if m is None:
-            m = self._history[generation] = read_manifest(self.loc, history_file(generation))
+            m = self._history[commit] = read_manifest(self.loc, history_file(commit))
         return m
 
     def _drop_versions(self, dropped: list[int], used: set[tuple[str, int, int]]) -> int:
         """Delete the chunk files that the ``dropped`` commits list and no kept commit uses
-        (``used``: (field, chunk, generation)), and every array of a generation nothing uses.
+        (``used``: (field, chunk, commit)), and every array of a commit nothing uses.
         Returns the bytes deleted."""
         used_gens = {g for _, _, g in used}
         reclaimed = 0
@@ -295,46 +300,46 @@ class ZarrTier:
                     gone.add(key)
                     self.loc.remove_file(f"{array_path(name, cg)}/{self.chunk_key(name, c)}")
                     reclaimed += size
-        for g in self._version_generations():
-            if g not in used_gens and g <= self.manifest.generation:
+        for g in self._version_commits():
+            if g not in used_gens and g <= self.manifest.commit:
                 reclaimed += sum(self.loc.files(f"{VERSIONS}/g{g}").values())
                 self.loc.remove_tree(f"{VERSIONS}/g{g}")
         return reclaimed
 
-    def committed(self, generation: int) -> bool:
-        """Whether ``manifest.json`` on storage already names ``generation`` (after an error
+    def committed(self, commit: int) -> bool:
+        """Whether ``manifest.json`` on storage already names ``commit`` (after an error
         part-way through :meth:`commit`: the rename may have happened); if so, this tier
         adopts that commit."""
         head = read_manifest(self.loc)
-        if head.generation == generation and head.generation > self.manifest.generation:
+        if head.commit == commit and head.commit > self.manifest.commit:
             self.manifest, self._staged, self._stage_arrays = head, {}, {}
-            self._history[generation] = head
-        return head.generation == generation
+            self._history[commit] = head
+        return head.commit == commit
 
     def abort(self) -> None:
-        """Drop everything staged and not committed (arrays of generations after the head).
+        """Drop everything staged and not committed (arrays of commits after the head).
         After a failed commit, call :meth:`committed` first: it adopts a commit whose rename
         happened, so this never deletes a committed chunk."""
         self._staged, self._stage_arrays = {}, {}
-        head = self.manifest.generation
-        for g in self._version_generations():
+        head = self.manifest.commit
+        for g in self._version_commits():
             if g > head:
                 log.info("removing uncommitted %s/%s/g%d", self.loc, VERSIONS, g)
                 self.loc.remove_tree(f"{VERSIONS}/g{g}")
 
-    def _version_generations(self) -> list[int]:
+    def _version_commits(self) -> list[int]:
         return sorted(int(d[1:]) for d in self.loc.listdir(VERSIONS) if d[1:].isdigit())
 
-    def _history_generations(self) -> list[int]:
+    def _history_commits(self) -> list[int]:
         names = self.loc.listdir(HISTORY)
         return sorted(int(d[1:-5]) for d in names if d.startswith("g") and d.endswith(".json")
                       and d[1:-5].isdigit())
 
     def _finish_legacy_staging(self) -> None:
         """Format 2 moved staged chunks into ``<field>/`` after its commit; a writer killed
-        part-way left some in ``.staging/g<N>``: finish the moves of the committed generation,
+        part-way left some in ``.staging/g<N>``: finish the moves of the committed commit,
         drop the rest, and list the chunks again (once: format 3 never stages there)."""
-        staging = f"{LEGACY_STAGING}/g{self.manifest.generation}"
+        staging = f"{LEGACY_STAGING}/g{self.manifest.commit}"
         for name in self.specs:
             for rel in self.loc.files(f"{staging}/{name}"):
                 if rel != "zarr.json":
@@ -364,11 +369,11 @@ class ZarrTier:
         table = (self.manifest.chunks or {}).get(name, {})
         if c not in table:
             return self._decode(name, self._array(name)[a:b])
-        generation, size = table[c]
-        path = f"{array_path(name, generation)}/{self.chunk_key(name, c)}"
+        commit, size = table[c]
+        path = f"{array_path(name, commit)}/{self.chunk_key(name, c)}"
         self._check_present(name, c, path, size)
         try:
-            data = self._array(array_path(name, generation))[a:b]
+            data = self._array(array_path(name, commit))[a:b]
         except FileNotFoundError as e:  # zarr's ArrayNotFoundError too: removed after the check
             self._check_kept()
             raise CorruptChunkError(name, c, f"missing: {path} ({type(e).__name__})") from e
@@ -405,10 +410,10 @@ class ZarrTier:
             head = read_manifest(self.loc)
         except NotABufferError:
             return
-        if m.generation <= head.generation - head.keep_generations:
+        if m.commit <= head.commit - head.keep_commits:
             raise SnapshotReclaimedError(
-                f"{self.loc}: generation {m.generation} is no longer kept (the latest is "
-                f"{head.generation}, keep_generations={head.keep_generations}); call refresh()")
+                f"{self.loc}: commit {m.commit} is no longer kept (the latest is "
+                f"{head.commit}, keep_commits={head.keep_commits}); call refresh()")
 
     def _listed_chunks(self, name: str) -> dict[int, int]:
         """Chunk index -> bytes of the chunk files in ``<name>/`` (format 1-2 buffers)."""

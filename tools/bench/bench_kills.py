@@ -27,6 +27,7 @@ import numpy as np
 
 from rlbuffers import ReplayBuffer
 from rlbuffers.inspection import inspect_path
+from rlbuffers.storage.manifest import COMMIT_KEY
 from tests.crash_writer import CAPACITY, batch
 from tools.bench.report import stamp, table, write_section
 
@@ -64,7 +65,7 @@ def one_kill(path: Path, k: int, rng: np.random.Generator, scratch: Path) -> str
     out += proc.communicate()[0]
     if not (path / "manifest.json").exists():
         return "before create"
-    head = json.loads((path / "manifest.json").read_text())["generation"]
+    head = json.loads((path / "manifest.json").read_text())[COMMIT_KEY]
     versions = path / "versions"
     mid_save = versions.exists() and any(int(d.name[1:]) > head for d in versions.iterdir())
     if inspect_path(path, verify=True)["corrupt"]:
@@ -98,7 +99,7 @@ def main() -> None:
             landed[where] = landed.get(where, 0) + 1
             print(f"kill {k + 1}/{args.kills}: {where}", flush=True)
         with ReplayBuffer.open(path, mode="r") as ro:
-            final = (ro.generation, ro.total_added)
+            final = (ro.commit, ro.total_added)
     seconds = time.perf_counter() - t0
     rows = [[where, n] for where, n in sorted(landed.items())]
     body = (
@@ -110,7 +111,7 @@ def main() -> None:
         "opened as a reader, as a writer and from an empty working directory, and every row is "
         "checked against the transition ids of the commit it shows.\n\n"
         + table(["where the kill landed", "kills"], rows)
-        + f"\n\nCorrupt or mixed reopenings: 0 of {args.kills}. Last commit: generation "
+        + f"\n\nCorrupt or mixed reopenings: 0 of {args.kills}. Last commit: "
         f"{final[0]}, {final[1]:,} transitions added.\n"
     )
     print(body)
