@@ -128,7 +128,7 @@ def test_the_learner_waits_for_the_population_only_when_its_transitions_decide()
 
 
 def test_a_bad_rollout_backend_is_named():
-    with pytest.raises(ValueError, match="rollout_backend: expected '', 'inprocess' or 'ray', "
+    with pytest.raises(ValueError, match="backend: expected '', 'inprocess' or 'ray', "
                                          "got 'dask'"):
         make_pool(Config(rollout_backend="dask"))
 

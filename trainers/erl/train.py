@@ -46,9 +46,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlbuffers import FieldSpec, ReplayBuffer
+from rlbuffers import FieldSpec, ReplayBuffer, rollouts
 from rlbuffers.memory import MemoryMonitor
-from rlbuffers.rollouts.inprocess import InProcessPool
 from rlbuffers.rollouts.pool import RolloutPool
 from trainers.common import open_run, rng_states, set_rng_states
 from trainers.config import start
@@ -71,20 +70,14 @@ def buffer_fields(obs_dim: int, act_dim: int) -> dict[str, FieldSpec]:
 
 
 def make_pool(cfg: Config) -> RolloutPool:
-    """The rollout pool ``cfg`` asks for (Ray imported only for a Ray pool).
+    """The rollout pool ``cfg`` asks for (``rlbuffers.rollouts.make_pool``; Ray imported only
+    for a Ray pool).
 
     Raises:
         ValueError: ``rollout_backend`` is not '', 'inprocess' or 'ray'; ``workers`` < 1.
     """
-    backend = cfg.rollout_backend or ("ray" if cfg.workers > 1 or cfg.ray_address
-                                      else "inprocess")
-    if backend == "inprocess":
-        return InProcessPool(cfg.workers)
-    if backend == "ray":
-        from rlbuffers.rollouts import RayPool
-
-        return RayPool(cfg.workers, address=cfg.ray_address or None, torch_threads=1)
-    raise ValueError(f"rollout_backend: expected '', 'inprocess' or 'ray', got {backend!r}")
+    return rollouts.make_pool(cfg.rollout_backend, cfg.workers, address=cfg.ray_address,
+                              torch_threads=1)
 
 
 def episode_seed(cfg: Config, episode: int) -> int:
