@@ -286,7 +286,7 @@ def memory_plan(cfg: Config, device: torch.device, budget: int | None,
              "tokens (rows of up to %d); generation batches of up to %d sequences; buffer "
              "capacity %d completions (%d groups of %d)",
              "none" if budget is None else f"{budget / MIB:,.0f} MiB", device,
-             f"{policy_bytes / MIB:,.0f}", placement.device["policy"], checkpointing["mode"],
+             f"{policy_bytes / MIB:,.1f}", placement.device["policy"], checkpointing["mode"],
              len(checkpointing["layers"]), cfg.micro_batch_tokens, cfg.pack_tokens,
              cfg.generation_batch, cfg.buffer_groups * cfg.group_size, cfg.buffer_groups,
              cfg.group_size)
