@@ -94,7 +94,7 @@ def packed_reference_logprobs(model: Any, batch: dict[str, torch.Tensor], packin
     batch's ``index``; ``n`` is ``n_tokens`` or the number of completion tokens): the same
     weights with adapters disabled (``reference`` None: a peft model), or the initial weights
     memory-mapped from the file ``reference`` (``torch.save``d state dict) for the duration of
-    the call (full fine-tuning)."""
+    the call, on the policy's device (full fine-tuning). The result is on the CPU."""
     n = n_tokens or int(batch["mask"].sum())
     out = torch.zeros(n)
     if reference is None:
@@ -106,7 +106,8 @@ def packed_reference_logprobs(model: Any, batch: dict[str, torch.Tensor], packin
 
         with torch.device("meta"):
             ref = AutoModelForCausalLM.from_config(model.config)
-        state = torch.load(reference, mmap=True, weights_only=True)
+        state = torch.load(reference, mmap=True, weights_only=True,
+                           map_location=next(model.parameters()).device)  # the policy's
         ref.load_state_dict(state, assign=True)
         ref.tie_weights()
         own = dict(model.named_buffers())  # non-persistent buffers (rotary inv_freq): shared
