@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -350,3 +351,131 @@ def test_held_out_evaluation_before_and_after(tiny, tmp_path, monkeypatch, capsy
         assert 0 <= e["hint_uptake"] <= 1 and 0 <= e["turn2_breaks"] <= 1
     out = capsys.readouterr().err  # logged at INFO
     assert "held-out before" in out and "held-out after" in out
+
+
+# ----- logging, device and placement -----------------------------------------------------------
+
+@pytest.fixture(autouse=True)
+def _drop_log_handlers():
+    """``main`` points the root logger at the stderr of its test (``set_log_level``): drop that
+    handler afterwards, so a later test's records never go to a closed capture stream."""
+    yield
+    root = logging.getLogger()
+    for h in [h for h in root.handlers if type(h) is logging.StreamHandler]:
+        root.removeHandler(h)
+
+
+def test_a_default_run_logs_its_memory_plan_and_per_phase_peaks(tiny, tmp_path, monkeypatch,
+                                                                capsys):
+    monkeypatch.setattr(train, "score", fake_score)
+    train.main(args(tiny, tmp_path / "log", "--iterations", "1", "--memory-budget",
+                    str(2**30), "--device", "cpu"))
+    err = capsys.readouterr().err
+    for line in ("memory capacity: RAM", "placement plan", "policy", "target_critic",
+                 "cpu: ", "shared layout", "memory budget of a policy step: 1,024 MiB",
+                 "micro-batch plan agent:", "micro-batch plan guidance:",
+                 "gradient checkpointing of policy: off"):
+        assert line in err, line
+    phase_line = next(x for x in err.splitlines() if "iteration 1: " in x)
+    for name in ("generate", "buffer", "reference", "critic", "actor", "guidance", "value",
+                 "target"):
+        assert f"{name} " in phase_line and "MiB" in phase_line, name
+    row = rows(tmp_path / "log")[0]
+    assert row["memory_budget_bytes"] == 2**30
+    assert row["placement"] == {"policy": "cpu", "critic": "cpu", "target_critic": "cpu"}
+    assert row["placement_budgets"]["cpu"] > 0
+    assert 1 <= row["micro_batch_planned_agent"] <= 6
+    assert 1 <= row["micro_batch_planned_guidance"] <= 3
+    assert row["peak_rss_bytes"] == max(v for k, v in row.items()
+                                        if k.startswith("peak_rss_") and k != "peak_rss_bytes")
+    assert (tmp_path / "log" / "ckpt" / "iteration-1").is_dir()
+    train.main(args(tiny, tmp_path / "quiet", "--iterations", "1", "--quiet"))
+    err = capsys.readouterr().err
+    assert "placement plan" not in err and "iteration 1: " not in err
+
+
+def layout_modules(tiny, naive):
+    cfg = cfg_for(tiny)
+    policies, _, _ = grollout.make_policies(cfg, naive=naive)
+    critic, target, _ = gcritic.make_critic(cfg)
+    return policies, critic, target
+
+
+@pytest.mark.parametrize("naive", [False, True])
+def test_trained_models_go_to_the_accelerator_and_the_target_critic_where_there_is_room(
+        tiny, naive):
+    """The roles the trainer passes, and with made-up budgets (a 'cuda:0' that holds the
+    trained models and little more) where each model goes."""
+    from rlbuffers.memory.errors import MemoryBudgetError
+    from rlbuffers.memory.placement import ModelSpec, plan_placement
+    from trainers.guidance.placement import check_trained_on, placed_models
+
+    policies, critic, target = layout_modules(tiny, naive)
+    modules, roles = placed_models(policies, critic, target)
+    want = {"policy": "trained", "critic": "trained", "target_critic": "periodic"}
+    if naive:
+        want |= {"guidance_copy": "trained", "reference_copy": "frozen"}
+    assert roles == want
+    assert modules["target_critic"] is target and modules["critic"] is critic
+    specs = {n: ModelSpec.from_module(m, roles[n]) for n, m in modules.items()}
+    trained = sum(s.bytes for s in specs.values() if s.role == "trained")
+    frozen = sum(s.bytes for s in specs.values() if s.role == "frozen")
+    short = trained + frozen + specs["target_critic"].bytes // 2  # no room for the target
+    plan = plan_placement(specs, {"cuda:0": short, "cpu": 2**40})
+    assert plan.device["target_critic"] == "cpu"
+    assert all(plan.device[n] == "cuda:0" for n, r in roles.items() if r != "periodic")
+    check_trained_on(plan, roles, torch.device("cuda", 0))
+    plan = plan_placement(specs, {"cuda:0": 2**40, "cpu": 2**40})  # room for all
+    assert set(plan.device.values()) == {"cuda:0"}
+    plan = plan_placement(specs, {"cuda:0": specs["critic"].bytes, "cpu": 2**40})
+    assert plan.device["policy"] == "cpu" and plan.device["critic"] == "cuda:0"
+    with pytest.raises(MemoryBudgetError, match="'policy': 'cpu'"):
+        check_trained_on(plan, roles, torch.device("cuda", 0))
+
+
+def test_place_on_the_cpu_device_and_a_budget_too_small(tiny):
+    from rlbuffers.memory.errors import MemoryBudgetError
+    from trainers.guidance.placement import place
+
+    policies, critic, target = layout_modules(tiny, True)
+    plan = place(policies, critic, target, torch.device("cpu"), 2**40)
+    assert set(plan.device.values()) == {"cpu"} and set(plan.device) == {
+        "policy", "guidance_copy", "reference_copy", "critic", "target_critic"}
+    with pytest.raises(MemoryBudgetError, match="fit on no device"):
+        place(policies, critic, target, torch.device("cpu"), 0)
+
+
+def test_rollout_backend_is_validated():
+    from rlbuffers.rollouts import InProcessPool
+
+    pool = train._pool(Config(workers=2, rollout_backend="inprocess"))
+    assert isinstance(pool, InProcessPool)
+    pool.close()
+    with pytest.raises(ValueError, match="rollout_backend: expected '', 'inprocess' or 'ray', "
+                                         "got 'mpi'"):
+        train._pool(Config(rollout_backend="mpi"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_one_iteration_on_cuda_and_resume(tiny, tmp_path, monkeypatch):
+    monkeypatch.setattr(train, "score", fake_score)
+    cfg = parse_config(Config, args(tiny, tmp_path / "cuda", "--iterations", "1", "--device",
+                                    "cuda"), prog="guidance", description="", resumable=set())
+    run = train.build(cfg)
+    try:
+        assert run.device == torch.device("cuda", 0)
+        for model in (run.policies.models["agent"], run.critic):
+            assert {p.device.type for p in model.parameters()} == {"cuda"}
+        row = train.iterate(run)
+        run.trainer["iteration"] = 1
+        run.run.commit(1, row, **train.checkpoint_files(run))
+        assert {p.device.type for p in run.policies.adapter_params("agent")} == {"cuda"}
+        assert all(s["exp_avg"].device.type == "cuda"
+                   for s in run.opts["agent"].state.values())
+    finally:
+        run.close()
+    assert row["placement"]["policy"] == row["placement"]["critic"] == "cuda:0"
+    assert row["cuda_peak_actor_bytes"] > 0 and row["cuda_peak_critic_bytes"] > 0
+    assert np.isfinite(row["actor_loss"]) and row["grad_norm_agent"] > 0
+    train.main(["--run-dir", str(tmp_path / "cuda"), "--resume", "--iterations", "2"])
+    assert [r["iteration"] for r in rows(tmp_path / "cuda")] == [1, 2]
