@@ -289,7 +289,7 @@ def build(cfg: Config) -> Learner:
     micro-batch plans and gradient checkpointing; loads the last complete checkpoint on
     --resume. The memory plan is logged at INFO."""
     device = resolve_device(cfg.device)
-    monitor = MemoryMonitor(device=device if device.type == "cuda" else None)
+    monitor = MemoryMonitor(device=device)  # CUDA peaks recorded on a CUDA device
     pool = _pool(cfg)  # first: a pool that cannot start leaves no run directory behind
     try:
         with monitor.phase("init") as init:
