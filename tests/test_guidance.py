@@ -146,6 +146,16 @@ def test_stopped_run_resumes_exactly_with_two_workers(tiny, reference_run, tmp_p
     same(rows(tmp_path / "c"), rows(reference_run), 3)
 
 
+def test_gradient_checkpointing_all_gives_the_same_iteration(tiny, reference_run, tmp_path,
+                                                           monkeypatch):
+    monkeypatch.setattr(train, "score", fake_score)
+    train.main(args(tiny, tmp_path / "gc", "--iterations", "1", "--gradient-checkpointing", "all"))
+    got = rows(tmp_path / "gc")
+    assert got[0]["checkpointed_layers_policy"] == [0, 1]
+    assert rows(reference_run)[0]["checkpointed_layers_policy"] == []
+    same(got, rows(reference_run), 1)
+
+
 def test_buffer_holds_every_utterance_and_inspect_reads_it(reference_run):
     buf = ReplayBuffer.open(reference_run / "buffer", mode="r")
     assert len(buf) == 3 * 3 * 3 and buf.metadata["trainer_iteration"] == 3
@@ -287,6 +297,9 @@ def test_actor_loss_and_gradients_equal_a_naive_full_logits_loss(tiny):
     ("--lora-rank", "0", "--lora-rank: expected >= 1, got 0"),
     ("--gamma", "2", "--gamma: expected in \\[0, 1\\]"),
     ("--rollout-backend", "mpi", "--rollout-backend: expected '', 'inprocess' or 'ray'"),
+    ("--epsilon", "0.3", "--epsilon: expected 0.2 \\(no ratio clipping in guidance's loss\\)"),
+    ("--lr", "0.1", "--lr: expected 0.0001 \\(guidance uses --actor-lr, --guidance-lr"),
+    ("--device", "tpu", "--device: expected 'auto', 'cpu', 'cuda' or 'cuda:N'"),
 ])
 def test_bad_settings_are_named(tmp_path, flag, value, match):
     with pytest.raises(ValueError, match=match):

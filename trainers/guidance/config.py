@@ -84,7 +84,7 @@ RESUMABLE = LLM_RESUMABLE | {"iterations", "workers", "ray_address", "rollout_ba
 #: LLMConfig fields the guidance trainer has no use for (its loss is ArCHer's ``-A logp +
 #: beta k3``, without ratio clipping; each adapter and the critic have their own learning
 #: rate): they must keep their defaults, so a flag never silently does nothing.
-UNUSED = {"lr": "--actor-lr, --guidance-lr and --critic-lr",
+UNUSED = {"lr": "guidance uses --actor-lr, --guidance-lr and --critic-lr",
           "epsilon": "no ratio clipping in guidance's loss",
           "epsilon_high": "no ratio clipping in guidance's loss"}
 
