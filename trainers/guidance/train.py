@@ -291,6 +291,7 @@ def build(cfg: Config) -> Learner:
     device = resolve_device(cfg.device)
     monitor = MemoryMonitor(device=device)  # CUDA peaks recorded on a CUDA device
     pool = _pool(cfg)  # first: a pool that cannot start leaves no run directory behind
+    run = None
     try:
         with monitor.phase("init") as init:
             policies, tok, _ = make_policies(cfg, naive=cfg.naive_init)
@@ -303,9 +304,31 @@ def build(cfg: Config) -> Learner:
         POLICIES[cfg.run_dir] = (policies, tok)
         run = common.open_run(cfg, unit="iteration", create=partial(create_buffer, cfg),
                               curve=partial(draw_curve, task=cfg.task))
+        opts, ambs, plans = setup_updates(cfg, device, policies, critic, plan)
+        learner = Learner(
+            cfg=cfg, device=device, policies=policies, tok=tok, critic=critic, target=target,
+            ctok=ctok, opts=opts, ambs=ambs, run=run, pool=pool,
+            problems=task_problems(cfg.task, cfg.train_size, cfg.seed, cfg.task_config),
+            monitor=monitor, rng=np.random.default_rng(cfg.seed),
+            trainer={"iteration": 0, "episodes": 0, "data": {"epoch": 0, "position": 0}},
+            plans=plans, init_peak_rss_bytes=init.peak_rss_bytes)
+        if run.resumed:
+            load_checkpoint(learner)
     except BaseException:
+        POLICIES.pop(cfg.run_dir, None)
         pool.close()
+        if run is not None:
+            run.close()
         raise
+    return learner
+
+
+def setup_updates(cfg: Config, device: torch.device, policies: Policies, critic: DoubleCritic,
+                  plan: Any) -> tuple[dict[str, torch.optim.Optimizer],
+                                      dict[str, AdaptiveMicroBatch], dict[str, Any]]:
+    """The three AdamW optimizers, each adapter's micro-batches (planned under the policy
+    step's budget on ``device``) and gradient checkpointing of the policy model(s); returns
+    the optimizers, the micro-batches and the plans' numbers (logged at INFO)."""
     opts: dict[str, torch.optim.Optimizer] = {
         "agent": torch.optim.AdamW(policies.adapter_params("agent"), lr=cfg.actor_lr,
                                    weight_decay=0.0),
@@ -322,23 +345,16 @@ def build(cfg: Config) -> Learner:
         ambs[role], mb = micro_batches(role, policies.models[role], budget, items, longest,
                                        cfg.chunk_tokens)
         plans[f"micro_batch_planned_{role}"] = mb["micro_batch"]
+    tokens = (ambs["agent"].micro_batch or 1) * longest  # one micro-batch's tokens, at most
     for name, model in policies.unique_models().items():
         if name != "reference_copy":
             gc = set_gradient_checkpointing(
-                model, cfg.gradient_checkpointing, tokens=ambs["agent"].micro_batch * longest
-                if ambs["agent"].micro_batch else longest, budget=budget,
+                model, cfg.gradient_checkpointing, tokens=tokens, budget=budget,
                 layers=cfg.checkpoint_layers, fraction=cfg.activation_fraction)
             log.info("gradient checkpointing of %s: %s, layers %s", name, gc["mode"],
                      gc["layers"])
             plans[f"checkpointed_layers_{name}"] = gc["layers"]
-    problems = task_problems(cfg.task, cfg.train_size, cfg.seed, cfg.task_config)
-    learner = Learner(cfg, device, policies, tok, critic, target, ctok, opts, ambs, run, pool,
-                      problems, monitor, np.random.default_rng(cfg.seed),
-                      {"iteration": 0, "episodes": 0, "data": {"epoch": 0, "position": 0}},
-                      plans, init.peak_rss_bytes)
-    if run.resumed:
-        load_checkpoint(learner)
-    return learner
+    return opts, ambs, plans
 
 
 def create_buffer(cfg: Config, run_dir: Any) -> None:
