@@ -69,7 +69,7 @@ def args(tiny, run_dir, *extra):
             "--memory-budget", "none", "--train-threads", "1", "--lora-rank", "4",
             "--critic-batch", "4", "--critic-hidden", "16", "--critic-max-tokens", "64",
             "--actor-lr", "1e-2", "--guidance-lr", "1e-2", "--critic-lr", "1e-3",
-            "--eval-size", "0", *extra]
+            "--eval-size", "0", "--device", "cpu", *extra]
 
 
 def rows(path):
@@ -382,7 +382,7 @@ def test_a_default_run_logs_its_memory_plan_and_per_phase_peaks(tiny, tmp_path, 
                                                                 capsys):
     monkeypatch.setattr(train, "score", fake_score)
     train.main(args(tiny, tmp_path / "log", "--iterations", "1", "--memory-budget",
-                    str(2**30), "--device", "cpu"))
+                    str(2**30)))
     err = capsys.readouterr().err
     for line in ("memory capacity: RAM", "placement plan", "policy", "target_critic",
                  "cpu: ", "shared layout", "memory budget of a policy step: 1,024 MiB",
