@@ -189,7 +189,7 @@ def draw_curve(path: Path, history: list[dict[str, Any]]) -> None:
 def step_budget(spec: str, device: torch.device) -> int | None:
     """``--memory-budget`` in bytes: an integer, none (None) or auto: what the training
     device has left (CUDA free memory on a CUDA device, available RAM otherwise)."""
-    return auto_budget(device=device) if spec == "auto" else parse_budget(spec)
+    return parse_budget(spec, device)
 
 
 def setup(cfg: Config, device: torch.device, rank: int, world: int

@@ -39,19 +39,6 @@ def make_policy(cfg: Config) -> tuple[Any, Any, Path]:
     return model, tok, path
 
 
-def memory_budget(spec: str, device: torch.device) -> int | None:
-    """``--memory-budget`` in bytes on ``device``: an integer, ``auto`` (free memory of the
-    device less a margin: ``rlbuffers.memory.auto_budget(device=)``; available RAM on the
-    CPU) or ``none`` (None)."""
-    if spec == "none":
-        return None
-    if spec == "auto":
-        from rlbuffers.memory import auto_budget
-
-        return auto_budget(device=device)
-    return int(spec)
-
-
 def place_policy(model: Any, device: torch.device) -> tuple[Any, PlacementPlan]:
     """Move the policy (weights; its gradients and AdamW state follow) to ``device`` through
     ``place_models`` with :data:`ROLES` (the CPU may hold all of the machine's RAM). Returns

@@ -35,7 +35,6 @@ Output in ``--run-dir``: ``metrics.jsonl`` (one line per step), ``curve.png``, `
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import logging
 import os
@@ -64,7 +63,6 @@ from trainers.grpo.policy import (
     gradient_checkpointing,
     load_weights,
     make_policy,
-    memory_budget,
     place_policy,
     save_weights,
     write_reference,
@@ -77,7 +75,7 @@ from trainers.llm.generation import generate
 from trainers.llm.packed_logprobs import lm_parts, packed_batch, packed_reference_logprobs
 from trainers.llm.policy_loss import group_advantages
 from trainers.llm.prompts import next_prompts, prompt_store
-from trainers.llm.settings import Sampling
+from trainers.llm.settings import Sampling, parse_budget
 from trainers.llm.tasks import asdiv_problems, task_problems
 from trainers.phases import Phases
 
@@ -105,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     reference = None if lora else run.dir / "reference.pt"
     model, placement = place_policy(model, device)
     device = next(model.parameters()).device
-    budget = memory_budget(cfg.memory_budget, device)
+    budget = parse_budget(cfg.memory_budget, device)
     checkpointing = gradient_checkpointing(model, cfg, budget)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, fused=True)  # one kernel
@@ -227,10 +225,8 @@ def main(argv: list[str] | None = None) -> None:
 def sampling(cfg: Config, device: torch.device) -> Sampling:
     """The rollouts' :class:`Sampling`, its memory budget read now on ``device`` (``auto``
     follows the free memory at each generate call)."""
-    return dataclasses.replace(
-        cfg.sampling(cfg.max_completion_tokens, generate_dtype=cfg.generate_dtype,
-                     packed_weights=cfg.packed_weights),
-        memory_budget=memory_budget(cfg.memory_budget, device))
+    return cfg.sampling(cfg.max_completion_tokens, device, generate_dtype=cfg.generate_dtype,
+                        packed_weights=cfg.packed_weights)
 
 
 def run_files(cfg: Config, model: Any, tok: Any, model_dir: Path) -> Callable[[Path], None]:

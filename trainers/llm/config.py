@@ -71,13 +71,14 @@ class LLMConfig(RunConfig):
     train_threads: int = 0
     """torch threads for log-probs and the update (0: all CPUs)."""
 
-    def sampling(self, max_completion_tokens: int, **overrides: Any) -> Sampling:
-        """The :class:`Sampling` of these settings (the budget read now: ``auto`` follows
-        the memory available at the call)."""
+    def sampling(self, max_completion_tokens: int, device: Any = None, **overrides: Any
+                 ) -> Sampling:
+        """The :class:`Sampling` of these settings (the budget read now on ``device``:
+        ``auto`` follows the memory that device has at the call)."""
         return Sampling(max_completion_tokens=max_completion_tokens,
                         temperature=self.temperature, top_p=self.top_p,
                         generation_batch=self.generation_batch,
-                        memory_budget=parse_budget(self.memory_budget), **overrides)
+                        memory_budget=parse_budget(self.memory_budget, device), **overrides)
 
     def packing(self, pack_tokens: int, train_dtype: str = "float32") -> Packing:
         """The :class:`Packing` of these settings for rows of ``pack_tokens``."""

@@ -4,11 +4,13 @@ holds only what its helper reads, so a helper's inputs are visible at the call."
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
-def parse_budget(spec: str) -> int | None:
-    """``--memory-budget``: an integer (bytes), ``"auto"`` (available memory less a margin,
-    ``rlbuffers.memory.auto_budget``) or ``"none"`` (None: no budget).
+def parse_budget(spec: str, device: Any = None) -> int | None:
+    """``--memory-budget``: an integer (bytes), ``"auto"`` (what ``device`` has left less a
+    margin, ``rlbuffers.memory.auto_budget``: CUDA free memory on a CUDA device, available
+    RAM otherwise) or ``"none"`` (None: no budget).
 
     Raises:
         ValueError: ``spec`` is none of these (expected and actual named).
@@ -18,7 +20,7 @@ def parse_budget(spec: str) -> int | None:
     if spec == "auto":
         from rlbuffers.memory import auto_budget
 
-        return auto_budget()
+        return auto_budget(device=device)
     if not spec.isdigit():
         raise ValueError(f"memory_budget: expected an integer (bytes), 'auto' or 'none', "
                          f"got {spec!r}")
