@@ -1,4 +1,4 @@
-"""CRSP trainer (trainers/crsp.py) on a tiny random Llama: the optimised path (shared base with
+"""CRSP trainer (trainers/crsp/) on a tiny random Llama: the optimised path (shared base with
 three adapters, reference = adapters off, roles one after another, shared-prefix packing,
 chunked log-probs, micro-batches) and the naive path (a reference copy, full logits, all roles
 at once, fixed padding) give the same losses, reference log-probs and gradients for a full
@@ -26,9 +26,11 @@ from rlbuffers import ReplayBuffer  # noqa: E402
 from rlbuffers.cache import ByteLRUCache  # noqa: E402
 from rlbuffers.memory import AdaptiveMicroBatch, RunningMeanStd  # noqa: E402
 from tests.tiny_lm import make_tiny_lm_dir  # noqa: E402
-from trainers import crsp  # noqa: E402
-from trainers.crsp_config import Config  # noqa: E402
-from trainers.crsp_rewards import ROLES, NoveltySketch  # noqa: E402
+from trainers.crsp import fsdp, roles, rollout, train, update  # noqa: E402
+from trainers.crsp.config import Config, check_config, longest_completion  # noqa: E402
+from trainers.crsp.naive import naive_grads  # noqa: E402
+from trainers.crsp.rewards import NoveltySketch  # noqa: E402
+from trainers.crsp.roles import ROLES  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
@@ -58,7 +60,7 @@ def synthetic_batches(vocab, seed=0):
     rng = np.random.default_rng(seed)
     out = {}
     for role, (n_prompts, g) in zip(ROLES, [(2, 1), (3, 3), (4, 1)], strict=True):
-        b = crsp.RoleBatch()
+        b = rollout.RoleBatch()
         for _ in range(n_prompts):
             b.add(rng.integers(3, vocab, rng.integers(3, 20)),
                   [(rng.integers(3, vocab, rng.integers(1, 8)), False) for _ in range(g)])
@@ -69,9 +71,9 @@ def synthetic_batches(vocab, seed=0):
 
 def test_optimised_and_naive_paths_give_the_same_losses_and_gradients(tiny_dir):
     cfg = small_config(tiny_dir)
-    opt_model, tok, none = crsp.make_model(cfg)
+    opt_model, tok, none = roles.make_model(cfg)
     naive_cfg = dataclasses.replace(cfg, memory_opt=False)
-    naive_model, _, reference = crsp.make_model(naive_cfg)
+    naive_model, _, reference = roles.make_model(naive_cfg)
     assert none is None and reference is not None
     for m in (opt_model, naive_model):
         random_adapters(m)
@@ -83,8 +85,12 @@ def test_optimised_and_naive_paths_give_the_same_losses_and_gradients(tiny_dir):
         grads.update({n: p.grad.clone() for n, p in opt_model.named_parameters()
                       if p.grad is not None and f".{role}." in n})
 
-    got = crsp.optimised_grads(opt_model, batches, cfg, tok.pad_token_id, amb, keep)
-    want = crsp.naive_grads(naive_model, reference, batches, naive_cfg, tok.pad_token_id)
+    got = update.optimised_grads(opt_model, batches, cfg.packing(cfg.pack_tokens),
+                                 cfg.policy_loss(), tok.pad_token_id, amb, keep)
+    want = naive_grads(naive_model, reference, batches, naive_cfg.policy_loss(),
+                       naive_cfg.temperature,
+                       naive_cfg.max_prompt_tokens + longest_completion(naive_cfg),
+                       tok.pad_token_id)
     assert set(got) == set(want) == set(ROLES)
     naive = {n: p.grad for n, p in naive_model.named_parameters() if p.grad is not None}
     assert set(grads) == set(naive) and len(grads) > 0
@@ -102,12 +108,12 @@ def test_optimised_and_naive_paths_give_the_same_losses_and_gradients(tiny_dir):
 
 def test_selective_checkpointing_from_the_profile_keeps_the_gradients(tiny_dir):
     cfg = small_config(tiny_dir)
-    plain, tok, _ = crsp.make_model(cfg)
-    assert plain.checkpoint_plan is None
+    plain, tok, _ = roles.make_model(cfg)
+    assert roles.set_checkpointing(plain, cfg, None)["layers"] == []  # off: none
     sel_cfg = dataclasses.replace(cfg, gradient_checkpointing="selective",
                                   checkpoint_layers="auto", activation_fraction=0.75)
-    selective, _, _ = crsp.make_model(sel_cfg)
-    plan = selective.checkpoint_plan
+    selective, _, _ = roles.make_model(sel_cfg)
+    plan = roles.set_checkpointing(selective, sel_cfg, None)
     layers = plan["profile"]["layers"]
     assert len(layers) == 2 and all(x["saved_bytes"] > 0 for x in layers)
     # One of the two identical layers is enough to keep <= 75% of the saved bytes.
@@ -116,8 +122,9 @@ def test_selective_checkpointing_from_the_profile_keeps_the_gradients(tiny_dir):
     for model in (plain, selective):
         random_adapters(model)
         keep = {}
-        crsp.optimised_grads(model, synthetic_batches(len(tok)), cfg, tok.pad_token_id,
-                             AdaptiveMicroBatch(model, max_micro_batch=1),
+        update.optimised_grads(model, synthetic_batches(len(tok)),
+                               cfg.packing(cfg.pack_tokens), cfg.policy_loss(),
+                               tok.pad_token_id, AdaptiveMicroBatch(model, max_micro_batch=1),
                              lambda role, m=model, k=keep: k.update(
                                  {n: p.grad.clone() for n, p in m.named_parameters()
                                   if p.grad is not None and f".{role}." in n}))
@@ -131,7 +138,8 @@ def test_micro_batch_planned_from_the_measured_cost_and_the_budget(tiny_dir, mon
     from rlbuffers.memory import MemoryBudgetError, StepCost
 
     cfg = small_config(tiny_dir, micro_batch_tokens=0, seeds_per_step=2, solver_samples=4)
-    model, tok, _ = crsp.make_model(cfg)
+    model, tok, _ = roles.make_model(cfg)
+    packing = cfg.packing(cfg.pack_tokens)
     probed = []
 
     def probe(step, make_batch, sizes):  # runs the real steps, returns a known cost
@@ -143,12 +151,13 @@ def test_micro_batch_planned_from_the_measured_cost_and_the_budget(tiny_dir, mon
             probed.append(n)
         return StepCost(fixed_bytes=1000, bytes_per_item=300)
 
-    monkeypatch.setattr(crsp, "probe_activation_bytes", probe)
+    monkeypatch.setattr(update, "probe_activation_bytes", probe)
     # Solver rows at these settings: 2 x 2 x 4 x (24 + 8) tokens / 48 per row = 11.
-    assert crsp.plan_micro_batch_tokens(model, cfg, tok.pad_token_id, 2000) == 3 * 48
-    assert crsp.plan_micro_batch_tokens(model, cfg, tok.pad_token_id, 10**9) == 11 * 48
+    assert update.plan_micro_batch_tokens(model, cfg, packing, tok.pad_token_id, 2000) == 3 * 48
+    assert update.plan_micro_batch_tokens(model, cfg, packing, tok.pad_token_id,
+                                          10**9) == 11 * 48
     with pytest.raises(MemoryBudgetError, match="does not fit one item"):
-        crsp.plan_micro_batch_tokens(model, cfg, tok.pad_token_id, 1200)
+        update.plan_micro_batch_tokens(model, cfg, packing, tok.pad_token_id, 1200)
     assert probed == [1, 2] * 3
 
 
@@ -159,28 +168,25 @@ def test_seed_stream_shuffles_within_its_buffer_and_resumes_exactly():
     reorders the plain per-pass permutation, and only within blocks of its size."""
     n, k = 128, 3
     cfg = Config(seed=7, seed_shuffle_buffer=16)
-    whole = list(itertools.islice(crsp.seed_stream(n, cfg), 2 * n))
+    whole = list(itertools.islice(train.seed_stream(n, cfg.seed, cfg.seed_shuffle_buffer), 2 * n))
     state, resumed = {}, []
     while len(resumed) < 2 * n:
-        stream = crsp.seed_stream(n, cfg)
+        stream = train.seed_stream(n, cfg.seed, cfg.seed_shuffle_buffer)
         if state:
             stream.load_state_dict(json.loads(json.dumps(state)))  # plain data
         resumed += list(itertools.islice(stream, k))
         state = stream.state_dict()
     assert resumed[:2 * n] == whole
     assert sorted(whole) == sorted(list(range(n)) * 2)
-    plain = list(itertools.islice(crsp.seed_stream(n, Config(seed=7, seed_shuffle_buffer=0)),
-                                  2 * n))
+    plain = list(itertools.islice(train.seed_stream(n, 7, 0), 2 * n))
     assert whole != plain
     for b in range(0, 2 * n, 16):
         assert sorted(whole[b:b + 16]) == sorted(plain[b:b + 16])
     with pytest.raises(ValueError, match="--seed-shuffle-buffer: expected >= 0, got -1"):
-        crsp.check_config(Config(seed_shuffle_buffer=-1))
+        check_config(Config(seed_shuffle_buffer=-1))
 
 
 def test_bad_checkpoint_layers_are_named():
-    from trainers.crsp_config import check_config
-
     with pytest.raises(ValueError, match="--checkpoint-layers: expected 'auto' or comma-"):
         check_config(Config(checkpoint_layers="first"))
     with pytest.raises(ValueError, match="--activation-fraction: expected in \\[0, 1\\], got 2"):
@@ -189,13 +195,13 @@ def test_bad_checkpoint_layers_are_named():
 
 def test_rollout_rewards_every_role(tiny_dir):
     cfg = small_config(tiny_dir, seeds_per_step=2, solver_samples=3, critiques_per_problem=2)
-    model, tok, _ = crsp.make_model(cfg)
-    prompts = crsp.Prompts(tok, cfg.max_prompt_tokens, ByteLRUCache(1 << 20))
+    model, tok, _ = roles.make_model(cfg)
+    prompts = roles.Prompts(tok, cfg.max_prompt_tokens, ByteLRUCache(1 << 20))
     seeds = [{"question": "What is 2 + 3?", "answer": "5"},
              {"question": "What is 4 + 4?", "answer": "8"}]
     stats = {r: RunningMeanStd() for r in ROLES}
     torch.manual_seed(0)
-    batches, metrics = crsp.rollout(cfg, model, tok, prompts, seeds,
+    batches, metrics = rollout.rollout(cfg, model, tok, prompts, seeds,
                                     lambda a, e: float(a == e["answer"]), NoveltySketch(8, 16),
                                     stats, step=0)
     assert len(batches["proposer"].completions) == 2
@@ -214,7 +220,8 @@ def test_rollout_rewards_every_role(tiny_dir):
 ARGS = ["--train-size", "20", "--seeds-per-step", "2", "--solver-samples", "2",
         "--critiques-per-problem", "1", "--max-prompt-tokens", "120", "--pack-tokens", "160",
         "--proposer-tokens", "10", "--solver-tokens", "8", "--critic-tokens", "6",
-        "--lora-rank", "4", "--memory-budget", "none", "--threads", "1", "--lr", "1e-2",
+        "--lora-rank", "4", "--memory-budget", "none", "--generate-threads", "1",
+        "--train-threads", "1", "--lr", "1e-2",
         "--task", "basic_arithmetic"]
 
 
@@ -224,26 +231,26 @@ def rows(path):
 
 def test_tensor_summaries_by_flag_and_on_demand(tiny_dir, tmp_path, monkeypatch):
     base = [*ARGS, "--model", str(tiny_dir), "--steps", "2"]
-    crsp.main([*base, "--run-dir", str(tmp_path / "a"), "--tensor-summary"])
+    train.main([*base, "--run-dir", str(tmp_path / "a"), "--tensor-summary"])
     for r in rows(tmp_path / "a"):
         owners = {g["owner"] for g in r["tensors"]["groups"]}
         assert {"parameter", "optimizer_state"} <= owners and r["tensors"]["total_bytes"] > 0
-    real_step = crsp.train_step
+    real_rollout = train.rollout
 
-    def ask_in_step_2(t, *a):  # what `kill -USR1 PID` does while step 2 runs
-        if t.state["step"] == 1:
+    def ask_in_step_2(*a, step):  # what `kill -USR1 PID` does while step 2 runs
+        if step == 1:  # the rollout's step counts from 0
             os.kill(os.getpid(), signal.SIGUSR1)
-        return real_step(t, *a)
+        return real_rollout(*a, step=step)
 
-    monkeypatch.setattr(crsp, "train_step", ask_in_step_2)
-    crsp.main([*base, "--run-dir", str(tmp_path / "b")])
+    monkeypatch.setattr(train, "rollout", ask_in_step_2)
+    train.main([*base, "--run-dir", str(tmp_path / "b")])
     assert ["tensors" in r for r in rows(tmp_path / "b")] == [False, True]
 
 
 def test_crash_between_checkpoint_and_commit_resumes_to_the_uninterrupted_run(
         tiny_dir, tmp_path, monkeypatch):
     base = [*ARGS, "--model", str(tiny_dir)]
-    crsp.main([*base, "--run-dir", str(tmp_path / "a"), "--steps", "3"])
+    train.main([*base, "--run-dir", str(tmp_path / "a"), "--steps", "3"])
     want = rows(tmp_path / "a")
     assert len(want) == 3
 
@@ -256,9 +263,9 @@ def test_crash_between_checkpoint_and_commit_resumes_to_the_uninterrupted_run(
 
     monkeypatch.setattr(ReplayBuffer, "save", crash_at_step_3)
     with pytest.raises(SystemExit, match="step 2 is the last complete one"):
-        crsp.main([*base, "--run-dir", str(tmp_path / "b"), "--steps", "3"])
+        train.main([*base, "--run-dir", str(tmp_path / "b"), "--steps", "3"])
     monkeypatch.setattr(ReplayBuffer, "save", real_save)
-    crsp.main(["--run-dir", str(tmp_path / "b"), "--resume"])
+    train.main(["--run-dir", str(tmp_path / "b"), "--resume"])
     got = rows(tmp_path / "b")
     keys = ["step", "utterances", "alpha", "novelty", "seed_accuracy",
             *[f"{r}_{k}" for r in ROLES for k in ("reward", "loss", "kl")]]
@@ -274,3 +281,98 @@ def test_crash_between_checkpoint_and_commit_resumes_to_the_uninterrupted_run(
                          text=True, check=True).stdout
     assert json.loads(out)["size"] == len(data["role"])
     assert (tmp_path / "b" / "curve.png").stat().st_size > 0
+
+
+def test_one_step_run_logs_the_memory_plan_and_each_phase(tiny_dir, tmp_path, capsys):
+    """At the default log level a run prints its memory plan (budget, micro-batches,
+    checkpointing, savings) and one line per step with each phase's seconds and peak; the
+    plan's numbers are in the metrics row."""
+    train.main([*ARGS, "--model", str(tiny_dir), "--steps", "1", "--run-dir",
+                str(tmp_path / "run"), "--gradient-checkpointing", "all"])
+    err = capsys.readouterr().err
+    plan = next(line for line in err.splitlines() if "memory plan:" in line)
+    assert "INFO trainers.crsp" in plan and "budget none" in plan
+    assert "micro-batches of 512 tokens (rows of 160)" in plan
+    assert "checkpointing all (layers [0, 1])" in plan and "shared reference saves" in plan
+    assert "memory saved by shared_reference" in err
+    step = next(line for line in err.splitlines() if "step 1: rollout" in line)
+    assert all(f"{p} " in step and " s " in step for p in ("rollout", "update", "buffer"))
+    assert step.count("MiB") == 3
+    (row,) = rows(tmp_path / "run")
+    assert row["micro_batch_tokens"] == 512 and row["checkpointed_layers"] == [0, 1]
+    assert row["memory_budget_bytes"] is None and row["device"] == "cpu"
+    assert row["saving_shared_reference_bytes"] > 0
+    assert all(row[f"peak_rss_{p}_bytes"] > 0 for p in ("rollout", "update", "buffer"))
+
+
+def test_no_memory_opt_places_the_reference_copy_by_the_plan(tiny_dir, tmp_path, monkeypatch):
+    """``--no-memory-opt``: the reference copy goes through ``place_models`` as a frozen
+    model for the training device (the CPU here) and the step trains from it."""
+    calls = []
+    real = train.place_models
+
+    def record(modules, roles_, device, cpu_bytes):
+        calls.append((sorted(modules), dict(roles_), device))
+        return real(modules, roles_, device, cpu_bytes)
+
+    monkeypatch.setattr(train, "place_models", record)
+    train.main([*ARGS, "--model", str(tiny_dir), "--steps", "1", "--run-dir",
+                str(tmp_path / "run"), "--no-memory-opt", "--device", "cpu"])
+    assert calls == [(["reference"], {"reference": "frozen"}, torch.device("cpu"))]
+    (row,) = rows(tmp_path / "run")
+    assert row["reference_device"] == "cpu" and row["saving_shared_reference_bytes"] == 0
+    assert all(np.isfinite(row[f"{r}_loss"]) for r in ROLES)
+
+
+def test_reference_placement_plan_with_made_up_budgets(tiny_dir):
+    """The plan ``place_models`` applies to the naive path's reference: on a CUDA device
+    with room for it, the accelerator; without room, the CPU (budgets made up: no GPU)."""
+    from rlbuffers.memory.placement import ModelSpec, plan_placement
+
+    _, _, reference = roles.make_model(small_config(tiny_dir, memory_opt=False))
+    spec = ModelSpec.from_module(reference, "frozen")
+    size = sum(p.numel() * p.element_size() for p in reference.parameters())
+    assert spec.bytes == size and spec.role == "frozen"
+    roomy = plan_placement({"reference": spec}, {"cpu": 10 * size, "cuda:0": 2 * size})
+    assert roomy.device == {"reference": "cuda:0"}
+    full = plan_placement({"reference": spec}, {"cpu": 10 * size, "cuda:0": size // 2})
+    assert full.device == {"reference": "cpu"}
+
+
+def test_process_group_backend_follows_the_device(monkeypatch):
+    """NCCL only for CUDA tensors, gloo otherwise; ``init_distributed`` asks for the backend
+    of its device, and under torchrun a CUDA ``--device`` becomes ``cuda:LOCAL_RANK``."""
+    from trainers.llm.device import distributed_backend
+
+    assert distributed_backend(torch.device("cpu")) == "gloo"
+    assert distributed_backend(torch.device("cuda:1")) == "nccl"
+    backends, current = [], []
+    monkeypatch.setattr(torch.distributed, "init_process_group", backends.append)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    assert fsdp.init_distributed(torch.device("cpu")) == (1, 2)
+    assert backends == ["gloo"] and current == []
+    assert fsdp.init_distributed(torch.device("cuda:1")) == (1, 2)
+    assert backends == ["gloo", "nccl"] and current == [torch.device("cuda:1")]
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert fsdp.rank_device("cpu") == torch.device("cpu")
+    monkeypatch.setattr(fsdp, "resolve_device",
+                        lambda spec: torch.device("cuda:0" if spec == "cuda" else spec))
+    assert fsdp.rank_device("cuda") == torch.device("cuda:1")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("memory_opt", ["--memory-opt", "--no-memory-opt"])
+def test_one_step_on_cuda(tiny_dir, tmp_path, memory_opt):
+    """One step with ``--device cuda``: adapters, optimizer state and batches on the GPU,
+    CUDA peaks per phase in the row, a checkpoint written and a resume continuing it."""
+    base = [*ARGS, "--model", str(tiny_dir), "--device", "cuda", memory_opt]
+    train.main([*base, "--steps", "1", "--run-dir", str(tmp_path / "run")])
+    (row,) = rows(tmp_path / "run")
+    assert row["device"] == "cuda:0" and row["cuda_peak_update_bytes"] > 0
+    assert all(np.isfinite(row[f"{r}_loss"]) for r in ROLES)
+    if memory_opt == "--no-memory-opt":
+        assert row["reference_device"] == "cuda:0"
+    train.main(["--run-dir", str(tmp_path / "run"), "--resume", "--steps", "2"])
+    assert [r["step"] for r in rows(tmp_path / "run")] == [1, 2]

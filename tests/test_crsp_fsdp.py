@@ -18,8 +18,8 @@ import torch.multiprocessing as mp  # noqa: E402
 from rlbuffers.memory import AdaptiveMicroBatch  # noqa: E402
 from tests.test_crsp import random_adapters, small_config, synthetic_batches  # noqa: E402
 from tests.tiny_lm import make_tiny_lm_dir  # noqa: E402
-from trainers import crsp  # noqa: E402
-from trainers.crsp_rewards import ROLES  # noqa: E402
+from trainers.crsp import fsdp, roles, update  # noqa: E402
+from trainers.crsp.roles import ROLES  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
@@ -27,17 +27,17 @@ pytestmark = pytest.mark.filterwarnings(
 
 def run_roles(model, tok, cfg, sharded):
     """Losses, flat log-probs and each role's gradients (taken when that role is done)."""
-    from trainers import crsp_fsdp
     batches = synthetic_batches(len(tok))
     amb = AdaptiveMicroBatch(model, max_micro_batch=1)
     grads = {}
 
     def keep(role):
-        full = crsp_fsdp.gather_grads(model)
+        full = fsdp.gather_grads(model)
         grads.update({n: g for n, g in full.items() if f".{role}." in n})
 
-    fn = crsp_fsdp.sharded_grads if sharded else crsp.optimised_grads
-    res = fn(model, batches, cfg, tok.pad_token_id, amb, keep)
+    fn = fsdp.sharded_grads if sharded else update.optimised_grads
+    res = fn(model, batches, cfg.packing(cfg.pack_tokens), cfg.policy_loss(), tok.pad_token_id,
+             amb, keep)
     out = {f"grad/{n}": g for n, g in grads.items()}
     for role, r in res.items():
         out[f"loss/{role}"] = np.array(r["loss"])
@@ -47,28 +47,27 @@ def run_roles(model, tok, cfg, sharded):
 
 
 def worker(rank, world, init_file, tiny_dir, out_path):
-    from trainers import crsp_fsdp
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world)
     finished = False
     try:
         cfg = small_config(tiny_dir)
-        model, tok, _ = crsp.make_model(cfg)
+        model, tok, _ = roles.make_model(cfg)
         random_adapters(model)
-        crsp_fsdp.shard_base(model)
+        fsdp.shard_base(model)
         out = run_roles(model, tok, cfg, sharded=True)
         if rank == 0:
             np.savez(out_path, **out)
         finished = True
     finally:
-        crsp_fsdp.close_distributed(finished)
+        fsdp.close_distributed(finished)
 
 
 def test_two_cpu_ranks_equal_one(tmp_path):
     tiny_dir = make_tiny_lm_dir(tmp_path / "tiny")
     cfg = small_config(tiny_dir)
-    model, tok, _ = crsp.make_model(cfg)
+    model, tok, _ = roles.make_model(cfg)
     random_adapters(model)
     want = run_roles(model, tok, cfg, sharded=False)
     out = tmp_path / "sharded.npz"

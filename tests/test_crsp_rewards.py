@@ -1,4 +1,4 @@
-"""CRSP rewards (trainers/crsp_rewards.py) against naive references: parsing, solvability band,
+"""CRSP rewards (trainers/crsp/rewards.py) against naive references: parsing, solvability band,
 mini-batched length reward, cached alpha decay, the bounded MinHash novelty sketch against exact
 Jaccard similarity, and running normalisation against the whole history."""
 
@@ -14,7 +14,7 @@ from tests.heavy import require
 require("datasketch")
 
 from rlbuffers.memory import RunningMeanStd  # noqa: E402
-from trainers import crsp_rewards as R  # noqa: E402
+from trainers.crsp import rewards as R  # noqa: E402
 
 
 @pytest.mark.parametrize("text, want", [

@@ -1,4 +1,4 @@
-"""Tests of the ERL reference trainer (trainers/erl.py).
+"""Tests of the ERL reference trainer (trainers/erl/).
 
 The subprocess tests run the real script on a tiny budget (HalfCheetah-v5, 50-step episodes,
 3 actors, 16-unit networks: 200 env steps per generation). The SIGKILL test checks that a run
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,7 +22,12 @@ import pytest
 import torch
 
 from rlbuffers import ReplayBuffer
-from trainers import common, erl
+from rlbuffers.checkpoint import load_state
+from trainers.common import restore_metrics
+from trainers.config import field_docs
+from trainers.erl.config import Config, check_config
+from trainers.erl.evolution import crossover, evolve, mutate, tournament
+from trainers.erl.rollout import Actor
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--env", "HalfCheetah-v5", "--max-episode-steps", "50", "--pop-size", "3",
@@ -88,11 +94,12 @@ def test_sigkill_during_generation_3_resumes_from_generation_2(tmp_path):
     _, ref_rows = buffer_contents(ref)
     for name, col in rows.items():
         np.testing.assert_array_equal(col, ref_rows[name][: 2 * STEPS_PER_GEN], err_msg=name)
-    # Also a kill that fell between writing ckpt/gen-3 and the buffer commit of generation 3,
+    # Also a kill that fell between writing ckpt/generation-3 and the buffer commit of
+    # generation 3,
     # and one during the checkpoint write of generation 4: both must be ignored and removed.
-    (run / "ckpt" / "gen-3").mkdir()
-    (run / "ckpt" / "gen-3" / "state.pt").write_bytes(b"never committed")
-    (run / "ckpt" / "gen-4.tmp").mkdir()
+    (run / "ckpt" / "generation-3").mkdir()
+    (run / "ckpt" / "generation-3" / "state.json").write_bytes(b"never committed")
+    (run / "ckpt" / "generation-4.tmp").mkdir()
 
     out = run_trainer(run, "--resume", "--generations", "4").stdout
     assert "resumed" in out and "at generation 2" in out
@@ -109,9 +116,9 @@ def test_sigkill_during_generation_3_resumes_from_generation_2(tmp_path):
     assert info["size"] == info["total_added"] == 4 * STEPS_PER_GEN
     for name, col in rows.items():
         np.testing.assert_array_equal(col, ref_rows[name], err_msg=name)
-    # keep=2: gen-1 and gen-2 pruned (no spare by default)
-    assert sorted(p.name for p in (run / "ckpt").iterdir()) == ["gen-3", "gen-4"]
-    state = torch.load(run / "ckpt" / "gen-4" / "state.pt", weights_only=True)
+    # keep=2: generation-1 and generation-2 pruned (no spare by default)
+    assert sorted(p.name for p in (run / "ckpt").iterdir()) == ["generation-3", "generation-4"]
+    state = load_state(run / "ckpt" / "generation-4")
     assert state["trainer"]["generation"] == 4
     assert [h["fitness"] for h in state["history"]] == [m["fitness"] for m in want]
 
@@ -126,16 +133,16 @@ def test_smoke_two_generations_write_every_artifact(tmp_path):
     assert out.startswith("start: rss ")
     lines = [line for line in out.splitlines() if line.startswith("gen ")]
     assert len(lines) == 2
-    for word in ("best", "mean", "learner", "steps", "buffer", "save", "rss", "peak"):
+    for word in ("best", "mean", "learner", "steps", "buffer", "commit", "rss", "peak"):
         assert word in lines[-1]
     rows = metrics(run)
     assert [r["generation"] for r in rows] == [1, 2]
     assert rows[-1]["env_steps"] == rows[-1]["buffer_size"] == 2 * STEPS_PER_GEN
-    assert rows[-1]["save_bytes"] > 0 and rows[-1]["peak_rss_bytes"] > 0
+    assert rows[-1]["commit_bytes"] > 0 and rows[-1]["peak_rss_bytes"] > 0
     assert (run / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((run / "config.json").read_text())["pop_size"] == 3
-    best = torch.load(run / "ckpt" / "gen-2" / "best_actor.pt", weights_only=True)
-    actor = erl.Actor(17, 6, 16, -np.ones(6), np.ones(6))
+    best = torch.load(run / "ckpt" / "generation-2" / "best_actor.pt", weights_only=True)
+    actor = Actor(17, 6, 16, -np.ones(6), np.ones(6))
     actor.load_state_dict(best)
     inspect = [sys.executable, "-m", "rlbuffers.cli", "inspect", "--json", "--verify"]
     report = json.loads(subprocess.run([*inspect, str(run / "buffer")], cwd=REPO, text=True,
@@ -152,33 +159,62 @@ def test_smoke_two_generations_write_every_artifact(tmp_path):
     assert clash.returncode != 0 and "pop_size" in clash.stderr
 
 
+def test_a_default_run_logs_its_memory_plan_and_per_phase_line(tmp_path):
+    err = run_trainer(tmp_path / "run", *TINY, "--generations", "1").stderr
+    transition = 2 * 17 * 4 + 6 * 4 + 4 + 2  # obs, next_obs, action, reward, 2 flags: bytes
+    assert (f"INFO trainers.erl: memory plan: buffer 1,000,000 transitions x {transition} B"
+            in err)
+    phase = r"{} \d+\.\d s [\d,]+ MiB"
+    line = "INFO trainers.phases: generation 1: " + r" \| ".join(
+        phase.format(p) for p in ("rollout", "update", "evolve", "commit"))
+    assert re.search(line, err), err[-3000:]
+    row = metrics(tmp_path / "run")[0]
+    assert row["transition_bytes"] == transition and row["buffer_capacity"] == 1_000_000
+    for p in ("rollout", "update", "evolve"):
+        assert row[f"seconds_{p}"] >= 0 and row[f"peak_rss_{p}_bytes"] > 0, p
+    assert row["seconds_commit"] > 0
+    quiet = run_trainer(tmp_path / "quiet", *TINY, "--generations", "1", "--quiet").stderr
+    assert "memory plan" not in quiet and "trainers.phases" not in quiet
+
+
 def test_help_lists_every_config_field_with_its_docstring():
     out = subprocess.run([sys.executable, "-m", "trainers.erl", "--help"], cwd=REPO,
                          capture_output=True, text=True, timeout=TIMEOUT_S).stdout
-    docs = common.field_docs(erl.Config)
-    assert set(docs) == {f for f in erl.Config.__dataclass_fields__}
+    docs = field_docs(Config)
+    assert set(docs) == {f for f in Config.__dataclass_fields__}
     for name in docs:
         assert "--" + name.replace("_", "-") in out
     assert "Actors in the evolving population" in out
 
 
+def test_a_bad_setting_is_named_with_its_flag():
+    check_config(Config())
+    for bad, match in (({"pop_size": 0}, "--pop-size: expected >= 1, got 0"),
+                       ({"crossover_prob": 1.5},
+                        "--crossover-prob: expected in \\[0, 1\\], got 1.5"),
+                       ({"rollout_backend": "dask"}, "--rollout-backend: expected '', 'inprocess' "
+                                                     "or 'ray', got 'dask'")):
+        with pytest.raises(ValueError, match=match):
+            check_config(Config(**bad))
+
+
 # -- evolution operators and bookkeeping, in process ------------------------------------------
-def small_actor(seed: int) -> erl.Actor:
+def small_actor(seed: int) -> Actor:
     torch.manual_seed(seed)
-    return erl.Actor(5, 2, 8, -np.ones(2), np.ones(2))
+    return Actor(5, 2, 8, -np.ones(2), np.ones(2))
 
 
 def test_tournament_returns_the_fittest_entrant():
     rng = np.random.default_rng(0)
     fitness = np.array([3.0, 1.0, 2.0, 0.0])
-    assert erl.tournament(fitness, 4, rng) == 0
-    wins = [erl.tournament(fitness, 2, rng) for _ in range(200)]
+    assert tournament(fitness, 4, rng) == 0
+    wins = [tournament(fitness, 2, rng) for _ in range(200)]
     assert 3 not in wins and wins.count(0) > wins.count(2) > wins.count(1)
 
 
 def test_crossover_takes_whole_units_from_either_parent():
     a, b = small_actor(0), small_actor(1)
-    child = erl.crossover(a, b, np.random.default_rng(0))
+    child = crossover(a, b, np.random.default_rng(0))
     for lc, la, lb in zip(child.net, a.net, b.net, strict=True):
         if isinstance(lc, torch.nn.Linear):
             from_a = (lc.weight == la.weight).all(1) & (lc.bias == la.bias)
@@ -189,10 +225,10 @@ def test_crossover_takes_whole_units_from_either_parent():
 
 
 def test_mutation_perturbs_the_configured_fraction_of_weights():
-    cfg = erl.Config(mutation_frac=0.25, super_mutation_prob=0.0, reset_prob=0.0)
+    cfg = Config(mutation_frac=0.25, super_mutation_prob=0.0, reset_prob=0.0)
     actor = small_actor(0)
     before = [p.clone() for p in actor.parameters()]
-    erl.mutate(actor, cfg, np.random.default_rng(0))
+    mutate(actor, cfg, np.random.default_rng(0))
     for (name, p), q in zip(actor.named_parameters(), before, strict=True):
         changed = (p != q).float().mean().item()
         if name.endswith("weight") and p.ndim == 2:
@@ -202,10 +238,10 @@ def test_mutation_perturbs_the_configured_fraction_of_weights():
 
 
 def test_evolve_keeps_elites_and_replaces_the_rest():
-    cfg = erl.Config(pop_size=5, elite_fraction=0.2)
+    cfg = Config(pop_size=5, elite_fraction=0.2)
     pop = [small_actor(i) for i in range(5)]
     fitness = np.array([1.0, 5.0, 2.0, 3.0, 0.0])
-    new = erl.evolve(pop, fitness, cfg, np.random.default_rng(0))
+    new = evolve(pop, fitness, cfg, np.random.default_rng(0))
     assert len(new) == 5 and new[0] is pop[1]
     assert all(all(child is not p for p in pop) for child in new[1:])
 
@@ -215,6 +251,6 @@ def test_restore_metrics_drops_uncommitted_and_restores_lost_lines(tmp_path):
     logged = [{"generation": g, "save_bytes": 10 * g} for g in (1, 3, 4)]
     path.write_text("".join(json.dumps(r) + "\n" for r in logged) + '{"generation": 5, "sa')
     history = [{"generation": g} for g in (1, 2, 3)]
-    common.restore_metrics(path, history, "generation")
+    restore_metrics(path, history, "generation")
     assert [json.loads(line) for line in path.read_text().splitlines()] == [
         {"generation": 1, "save_bytes": 10}, {"generation": 2}, {"generation": 3, "save_bytes": 30}]

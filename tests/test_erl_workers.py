@@ -4,12 +4,13 @@ spread over a two-node cluster; a run started on the cluster resumes on one work
 and still ends equal.
 
 The reference is a one-worker run made by this test session (``reference``), so the comparison
-holds on any CPU. ``RECORDED`` is what ``trainers/erl.py`` gave before rollout workers existed
-(commit a5d7b72, sequential episodes in the learner's process) on the development machine (AMD
-EPYC, torch 2.13.0 CPU, gymnasium 1.4.0, mujoco 4.0.0); commit 8515fd3 matched it bit for bit
-there. The float results (fitness, returns, hashes) depend on the CPU's rounding (an Intel Xeon
-with AVX-512 gives other values from generation 1), so only the counts it holds (steps, updates,
-buffer size per generation) are checked against it everywhere.
+holds on any CPU. ``RECORDED`` is what ``trainers/erl.py`` (now the package ``trainers/erl/``)
+gave before rollout workers existed (commit a5d7b72, sequential episodes in the learner's
+process) on the development machine (AMD EPYC, torch 2.13.0 CPU, gymnasium 1.4.0, mujoco
+4.0.0); commit 8515fd3 matched it bit for bit there. The float results (fitness, returns,
+hashes) depend on the CPU's rounding (an Intel Xeon with AVX-512 gives other values from
+generation 1), so only the counts it holds (steps, updates, buffer size per generation) are
+checked against it everywhere.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import torch
 from rlbuffers import ReplayBuffer
 from tests.heavy import require
 from tests.test_erl import metrics, run_trainer
-from trainers import erl, erl_rollout
+from trainers.erl.config import Config
+from trainers.erl.rollout import episode_job
+from trainers.erl.train import learner_warm, make_pool
 
 # 3 actors x 2 episodes + the learner's = 7 episodes of 50 steps per generation; the learner
 # explores at random in generation 1, decides from the population's transitions in 2 (350 + 300
@@ -49,9 +52,11 @@ def digest(run: Path) -> dict:
             h.update(name.encode())
             h.update(np.ascontiguousarray(rows[name]).tobytes())
         out["buffer_sha256"] = h.hexdigest()
-    last = max((run / "ckpt").glob("gen-*"), key=lambda p: int(p.name.split("-")[1]))
-    state, h = torch.load(last / "state.pt", weights_only=True), hashlib.sha256()
-    for sd in [*state["population"], state["learner"]["nets"]]:
+    last = max((run / "ckpt").glob("generation-*"), key=lambda p: int(p.name.split("-")[1]))
+    h = hashlib.sha256()
+    population, learner = (torch.load(last / f, weights_only=True)
+                           for f in ("population.pt", "learner.pt"))
+    for sd in [*population, learner["nets"]]:
         for name in sorted(sd):
             h.update(name.encode())
             h.update(sd[name].numpy().tobytes())
@@ -116,24 +121,24 @@ def test_two_ray_workers_on_two_nodes_repeat_it_and_resume_on_one_worker(tmp_pat
 
 # -- the pieces, in process -------------------------------------------------------------------
 def test_the_learner_waits_for_the_population_only_when_its_transitions_decide():
-    cfg = erl.Config(learning_starts=500, max_episode_steps=50)
-    assert erl.learner_warm(cfg, 500, 6) is True
-    assert erl.learner_warm(cfg, 199, 6) is False  # 199 + 6 x 50 < 500 whatever happens
-    assert erl.learner_warm(cfg, 200, 6) is None  # 200 + 300 >= 500 if no episode ends early
+    cfg = Config(learning_starts=500, max_episode_steps=50)
+    assert learner_warm(cfg, 500, 6) is True
+    assert learner_warm(cfg, 199, 6) is False  # 199 + 6 x 50 < 500 whatever happens
+    assert learner_warm(cfg, 200, 6) is None  # 200 + 300 >= 500 if no episode ends early
 
 
 def test_a_bad_rollout_backend_is_named():
-    with pytest.raises(ValueError, match="rollout_backend: expected '', 'inprocess' or 'ray', "
+    with pytest.raises(ValueError, match="backend: expected '', 'inprocess' or 'ray', "
                                          "got 'dask'"):
-        erl.make_pool(erl.Config(rollout_backend="dask"))
+        make_pool(Config(rollout_backend="dask"))
 
 
 def test_an_episode_with_random_actions_needs_the_generator_state():
     spec = {"env": "Pendulum-v1", "max_episode_steps": 5, "hidden": 8}
     with pytest.raises(ValueError, match="rng_state: an episode with random actions"):
-        erl_rollout.episode_job({}, spec, 0, None)
+        episode_job({}, spec, 0, None)
     rng = np.random.default_rng(3)
-    out = erl_rollout.episode_job({}, spec, 0, None, rng.bit_generator.state, 0.1)
+    out = episode_job({}, spec, 0, None, rng.bit_generator.state, 0.1)
     assert out["rows"]["reward"].shape == (5,)
     rng.uniform(-2, 2, size=(5, 1))  # the job drew five random actions from the same stream
     assert out["rng_state"] == rng.bit_generator.state

@@ -1,4 +1,4 @@
-"""GRPO trainer (trainers/grpo.py) on a tiny random Llama with a tokenizer trained here: packed
+"""GRPO trainer (trainers/grpo/) on a tiny random Llama with a tokenizer trained here: packed
 chunked log-probs and the loss's gradients against a naive padded full-logits GRPO loss,
 group advantages, answer extraction, rollouts in the buffer, LoRA and mu > 1, and a crash
 between checkpoint and commit whose resume equals the uninterrupted run."""
@@ -22,7 +22,17 @@ from rlbuffers import ReplayBuffer  # noqa: E402
 from rlbuffers.memory import AdaptiveMicroBatch  # noqa: E402
 from rlbuffers.memory.prefix_attention import NAME as PREFIX_ATTENTION  # noqa: E402
 from tests.tiny_lm import make_tiny_lm_dir  # noqa: E402
-from trainers import generation, grpo  # noqa: E402
+from trainers.grpo import train  # noqa: E402
+from trainers.grpo.config import Config, check_config  # noqa: E402
+from trainers.grpo.policy import gradient_checkpointing, make_policy  # noqa: E402
+from trainers.grpo.update import update  # noqa: E402
+from trainers.llm import generation  # noqa: E402
+from trainers.llm.checkpointing import activation_bytes  # noqa: E402
+from trainers.llm.model import load_causal_lm  # noqa: E402
+from trainers.llm.packed_logprobs import packed_batch, packed_logprobs  # noqa: E402
+from trainers.llm.policy_loss import group_advantages, token_weights  # noqa: E402
+from trainers.llm.settings import Sampling, parse_budget  # noqa: E402
+from trainers.llm.tasks import extract_answer, numeric_match, wilson  # noqa: E402
 
 # peft 0.21 reads a property that transformers 5 deprecates
 pytestmark = pytest.mark.filterwarnings(
@@ -39,11 +49,16 @@ ARGS = ["--task", "basic_arithmetic", "--train-size", "40", "--prompts-per-step"
         "--lr", "1e-2", "--no-evaluate"]
 
 
-def fake_scores(problems, indices, texts, cfg):
+def fake_scores(problems, indices, texts, group_size, format_reward):
     """Deterministic rewards that vary within groups (the tiny model never answers right)."""
     r = np.array([(sum(map(ord, t)) % 7) / 6 for t in texts], np.float32)
     return {"correctness": (r > 0.5).astype(np.float32), "formatted": np.zeros(len(r), bool),
             "reward": r}
+
+
+def packing(cfg):
+    """The packing settings of a GRPO config (rows of --pack-tokens)."""
+    return cfg.packing(cfg.pack_tokens, cfg.train_dtype)
 
 
 def rows(path):
@@ -97,7 +112,7 @@ def test_update_gradient_equals_naive_padded_grpo_loss(tiny_model, norm, layout)
     naive loss over each prompt + completion alone with full logits: same gradients. The
     last layout is the trainer's: rows of up to 12 tokens of groups (a longer group alone in a
     row of up to 16) and micro-batches of whole rows up to 12 tokens."""
-    cfg = grpo.Config(pack_tokens=16, max_prompt_tokens=8, max_completion_tokens=8, beta=0.1,
+    cfg = Config(pack_tokens=16, max_prompt_tokens=8, max_completion_tokens=8, beta=0.1,
                       epsilon=0.1, epsilon_high=0.3, loss_norm=norm, chunk_tokens=3,
                       max_grad_norm=0.0)
     short = layout == "groups_token_micro_batches"
@@ -115,8 +130,8 @@ def test_update_gradient_equals_naive_padded_grpo_loss(tiny_model, norm, layout)
     old = [g.normal(-4, 0.3, k).astype(np.float32) for k in lens]  # ratios far from 1: clipping
     ref = [g.normal(-4, 0.3, k).astype(np.float32) for k in lens]
     per_token = {"advantage": [np.full(k, a, np.float32) for k, a in zip(lens, adv, strict=True)],
-                 "weight": grpo.token_weights(lens, cfg), "old": old, "ref": ref}
-    batch = grpo.packed_batch(group_prompts, groups, cfg, 0, per_token,
+                 "weight": token_weights(lens, norm, 8), "old": old, "ref": ref}
+    batch = packed_batch(group_prompts, groups, packing(cfg), 0, per_token,
                               row_tokens=12 if short else None)
     assert len(batch["input_ids"]) < len(seqs)  # really packed
     if short:  # some rows over 12 tokens (a long group alone), one with several groups
@@ -145,19 +160,19 @@ def test_update_gradient_equals_naive_padded_grpo_loss(tiny_model, norm, layout)
     opt.zero_grad = lambda set_to_none=True: None
     amb = AdaptiveMicroBatch(tiny_model, max_tokens=12, tokens_key="real") if short else \
         AdaptiveMicroBatch(tiny_model, max_micro_batch=1)  # one packed row per micro-batch
-    out = grpo.update(tiny_model, opt, amb, batch, cfg, n_tok, record_behaviour=False)
+    out = update(tiny_model, opt, amb, batch, cfg, n_tok, record_behaviour=False)
     assert 0 < out["clip_fraction"] < 1
     for n, p in tiny_model.named_parameters():
         torch.testing.assert_close(p.grad, want[n], rtol=1e-4, atol=1e-6, msg=n)
 
 
 def test_packed_logprobs_equal_per_sequence_full_logits(tiny_model):
-    cfg = grpo.Config(pack_tokens=20, max_prompt_tokens=8, max_completion_tokens=8,
+    cfg = Config(pack_tokens=20, max_prompt_tokens=8, max_completion_tokens=8,
                       chunk_tokens=4)
     prompts, comps = make_rollouts(seed=3, n=7)
-    batch = grpo.packed_batch(prompts, [[c] for c in comps], cfg, 0, {})
+    batch = packed_batch(prompts, [[c] for c in comps], packing(cfg), 0, {})
     lp = torch.zeros(sum(len(c) for c in comps))
-    lp[batch["index"][batch["mask"]]] = grpo.packed_logprobs(tiny_model, batch, cfg).detach()
+    lp[batch["index"][batch["mask"]]] = packed_logprobs(tiny_model, batch, packing(cfg)).detach()
     want = torch.cat(naive_logprobs(tiny_model, prompts, comps)).detach()
     torch.testing.assert_close(lp, want, rtol=1e-5, atol=1e-5)
     # ... through the prefix-aware attention (the model's sdpa switched to it, group by group)
@@ -168,15 +183,16 @@ def test_bfloat16_train_dtype_is_mixed_precision_close_to_fp32(tiny_model):
     """--train-dtype bfloat16: log-probs and gradients close to fp32 (the decoder under
     autocast, the LM head's matmuls in bf16 with fp32 softmax), gradients and weights stay
     float32, and the trailing padding of a packed row changes nothing."""
-    cfg = grpo.Config(pack_tokens=40, max_prompt_tokens=8, max_completion_tokens=8,
+    cfg = Config(pack_tokens=40, max_prompt_tokens=8, max_completion_tokens=8,
                       chunk_tokens=4)
     prompts, comps = make_rollouts(seed=6, n=5)
-    batch = grpo.packed_batch(prompts, [[c] for c in comps], cfg, 0, {})
+    batch = packed_batch(prompts, [[c] for c in comps], packing(cfg), 0, {})
     assert not batch["real"][:, -1].any()  # rows end in padding
     out = {}
     for dtype in ("float32", "bfloat16"):
         tiny_model.zero_grad()
-        lp = grpo.packed_logprobs(tiny_model, batch, dataclasses.replace(cfg, train_dtype=dtype))
+        lp = packed_logprobs(tiny_model, batch,
+                             packing(dataclasses.replace(cfg, train_dtype=dtype)))
         assert lp.dtype == torch.float32
         lp.sum().backward()
         out[dtype] = (lp.detach(), torch.cat([p.grad.flatten()
@@ -193,14 +209,14 @@ def test_bfloat16_train_dtype_is_mixed_precision_close_to_fp32(tiny_model):
 
 
 def test_record_behaviour_gives_ratio_one_and_the_current_logprobs(tiny_model):
-    cfg = grpo.Config(pack_tokens=16, max_prompt_tokens=8, max_completion_tokens=8, beta=0.0)
+    cfg = Config(pack_tokens=16, max_prompt_tokens=8, max_completion_tokens=8, beta=0.0)
     prompts, comps = make_rollouts(seed=4)
     lens = [len(c) for c in comps]
     per_token = {"advantage": [np.ones(k, np.float32) for k in lens],
-                 "weight": grpo.token_weights(lens, cfg)}
-    batch = grpo.packed_batch(prompts, [[c] for c in comps], cfg, 0, per_token)
+                 "weight": token_weights(lens, cfg.loss_norm, cfg.max_completion_tokens)}
+    batch = packed_batch(prompts, [[c] for c in comps], packing(cfg), 0, per_token)
     opt = torch.optim.SGD(tiny_model.parameters(), lr=0.0)
-    out = grpo.update(tiny_model, opt, AdaptiveMicroBatch(tiny_model), batch, cfg, sum(lens),
+    out = update(tiny_model, opt, AdaptiveMicroBatch(tiny_model), batch, cfg, sum(lens),
                       record_behaviour=True)
     want = torch.cat(naive_logprobs(tiny_model, prompts, comps)).detach()
     torch.testing.assert_close(out["behaviour"], want, rtol=1e-5, atol=1e-5)
@@ -211,12 +227,12 @@ def test_record_behaviour_gives_ratio_one_and_the_current_logprobs(tiny_model):
 
 def test_group_advantages_against_numpy():
     r = np.array([1.0, 0.0, 0.5, 0.25, 0.25, 0.25], np.float32)
-    adv, flat = grpo.group_advantages(r, 3, "group")
+    adv, flat = group_advantages(r, 3, "group")
     first = r[:3] - r[:3].mean()
     np.testing.assert_allclose(adv[:3], first / r[:3].std(ddof=1), rtol=1e-6)
     np.testing.assert_array_equal(adv[3:], 0.0)  # all equal: no signal, no division by 0
     assert flat == 0.5
-    adv, _ = grpo.group_advantages(r, 3, "none")
+    adv, _ = group_advantages(r, 3, "none")
     np.testing.assert_allclose(adv[:3], first, rtol=1e-6)
 
 
@@ -227,13 +243,13 @@ def test_group_advantages_against_numpy():
     ("no idea", (None, False)),
 ])
 def test_extract_answer(text, want):
-    assert grpo.extract_answer(text) == want
+    assert extract_answer(text) == want
 
 
 def test_numeric_match_and_wilson():
-    assert grpo.numeric_match("9", "9 (apples)") == 1.0
-    assert grpo.numeric_match("9.0", "9") == 1.0 and grpo.numeric_match("8", "9") == 0.0
-    lo, hi = grpo.wilson(5, 10)
+    assert numeric_match("9", "9 (apples)") == 1.0
+    assert numeric_match("9.0", "9") == 1.0 and numeric_match("8", "9") == 0.0
+    lo, hi = wilson(5, 10)
     assert lo < 0.5 < hi and hi - 0.5 == pytest.approx(0.5 - lo)
 
 
@@ -241,9 +257,9 @@ def test_numeric_match_and_wilson():
 
 def test_crash_between_checkpoint_and_commit_resumes_to_the_uninterrupted_run(
         tiny_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(grpo, "score_group", fake_scores)
+    monkeypatch.setattr(train, "score_group", fake_scores)
     base = [*ARGS, "--model", str(tiny_dir), "--beta", "0.04"]
-    grpo.main([*base, "--run-dir", str(tmp_path / "a"), "--steps", "3"])
+    train.main([*base, "--run-dir", str(tmp_path / "a"), "--steps", "3"])
     want = rows(tmp_path / "a")
     assert len(want) == 3 and any(r["grad_norm"] > 0 for r in want)
 
@@ -256,9 +272,9 @@ def test_crash_between_checkpoint_and_commit_resumes_to_the_uninterrupted_run(
 
     monkeypatch.setattr(ReplayBuffer, "save", crash_at_step_3)
     with pytest.raises(SystemExit, match="step 2 is the last complete one"):
-        grpo.main([*base, "--run-dir", str(tmp_path / "b"), "--steps", "3"])
+        train.main([*base, "--run-dir", str(tmp_path / "b"), "--steps", "3"])
     monkeypatch.setattr(ReplayBuffer, "save", real_save)
-    grpo.main(["--run-dir", str(tmp_path / "b"), "--resume"])
+    train.main(["--run-dir", str(tmp_path / "b"), "--resume"])
     got = rows(tmp_path / "b")
     keys = ["step", "reward_mean", "loss", "kl", "clip_fraction", "grad_norm",
             "completion_tokens"]
@@ -271,7 +287,7 @@ def test_crash_between_checkpoint_and_commit_resumes_to_the_uninterrupted_run(
 
 def test_lora_with_mu_iterations_reads_groups_back_from_the_buffer(tiny_dir, tmp_path,
                                                                    monkeypatch):
-    monkeypatch.setattr(grpo, "score_group", fake_scores)
+    monkeypatch.setattr(train, "score_group", fake_scores)
     sampled = []
     real_sample = ReplayBuffer.sample
 
@@ -282,7 +298,7 @@ def test_lora_with_mu_iterations_reads_groups_back_from_the_buffer(tiny_dir, tmp
 
     monkeypatch.setattr(ReplayBuffer, "sample", spy)
     run = tmp_path / "lora"
-    grpo.main([*ARGS, "--model", str(tiny_dir), "--run-dir", str(run), "--steps", "2",
+    train.main([*ARGS, "--model", str(tiny_dir), "--run-dir", str(run), "--steps", "2",
                "--lora-rank", "4", "--num-iterations", "3", "--evaluate", "--eval-size", "3"])
     r = rows(run)
     assert len(r) == 2 and all(x["kl"] >= 0 for x in r)
@@ -304,22 +320,23 @@ def test_lora_with_mu_iterations_reads_groups_back_from_the_buffer(tiny_dir, tmp
     ("--loss-norm", "mean", "--loss-norm: expected 'sequence', 'token' or 'constant'"),
     ("--pack-tokens", "10", "--pack-tokens: expected >= --max-prompt-tokens"),
     ("--memory-budget", "lots", "--memory-budget: expected an integer"),
-    ("--gradient-checkpointing", "yes", "--gradient-checkpointing: expected 'auto', 'on'"),
+    ("--gradient-checkpointing", "on",
+     "--gradient-checkpointing: expected 'auto', 'off', 'all' or 'selective'"),
 ])
 def test_bad_settings_are_named(tmp_path, flag, value, match):
     with pytest.raises(ValueError, match=match):
-        grpo.main(["--run-dir", str(tmp_path / "x"), flag, value])
+        train.main(["--run-dir", str(tmp_path / "x"), flag, value])
 
 
 def test_generation_batch_is_capped_and_fits_the_budget(tiny_model):
     kv = generation.kv_bytes_per_token(tiny_model.config)  # 2 layers * 1 kv head * 8 dims * 2 * 4
     assert kv == 2 * 2 * 1 * 8 * 4
-    cfg = grpo.Config(generation_batch=64, memory_budget="none", max_completion_tokens=10)
+    cfg = Sampling(generation_batch=64, memory_budget=None, max_completion_tokens=10)
     assert generation.generation_batch(cfg, tiny_model, 100, 20) == 64
     assert generation.generation_batch(cfg, tiny_model, 10, 20) == 10
     per_seq = 30 * kv + 2 * 4 * 50
-    cfg = grpo.Config(generation_batch=0, memory_budget=str(5 * per_seq + 1),
-                      max_completion_tokens=10)
+    cfg = Sampling(generation_batch=0, memory_budget=5 * per_seq + 1,
+                   max_completion_tokens=10)
     assert generation.generation_batch(cfg, tiny_model, 100, 20) == 5
 
 
@@ -417,9 +434,8 @@ def test_prefix_shared_generation_equals_one_sequence_per_prompt_copy(tiny_dir, 
     """A group's prompt run once with its KV cache repeated gives the same completions as G
     separate copies of the prompt in one batch (same sampling stream), and generate() in
     groups equals generate() one sequence at a time under greedy decoding."""
-    from trainers.lm import load_causal_lm
     model, tok = load_causal_lm(tiny_dir)
-    cfg = grpo.Config(max_completion_tokens=6, memory_budget="none", temperature=1.0)
+    cfg = Sampling(max_completion_tokens=6, memory_budget=None, temperature=1.0)
     g = np.random.default_rng(0)
     prompts = [g.integers(3, len(tok), n) for n in (5, 9, 2)]
     torch.manual_seed(3)
@@ -440,25 +456,28 @@ def test_prefix_shared_generation_equals_one_sequence_per_prompt_copy(tiny_dir, 
 
 @pytest.mark.parametrize("lora, setting, budget, want", [
     (0, "auto", "1000", True), (4, "auto", "1000", True), (0, "auto", str(2**40), False),
-    (4, "auto", "none", False), (4, "on", "none", True), (0, "off", "1000", False)])
+    (4, "auto", "none", False), (4, "all", "none", True), (0, "off", "1000", False)])
 def test_gradient_checkpointing_auto_follows_the_memory_budget(tiny_dir, lora, setting, budget,
                                                                want):
-    cfg = grpo.Config(model=str(tiny_dir), lora_rank=lora, gradient_checkpointing=setting,
-                      memory_budget=budget)
-    model, _, _ = grpo.make_policy(cfg)
+    cfg = Config(model=str(tiny_dir), lora_rank=lora, gradient_checkpointing=setting,
+                 memory_budget=budget)
+    model, _, _ = make_policy(cfg)
+    plan = gradient_checkpointing(model, cfg, parse_budget(budget))
     base = model.get_base_model() if lora else model
-    assert base.model.gradient_checkpointing is want
+    layers = list(base.model.layers)
+    assert (plan["layers"] == list(range(len(layers)))) is want
+    assert all(("forward" in layer.__dict__) is want for layer in layers)  # wrapped or not
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_activation_bytes_scale_with_the_micro_batch(tiny_dir, dtype):
     """The estimate from profiles at 8 and 16 tokens, extrapolated to the 64-token micro-batch,
     equals the bytes profiled at 32 and 64 (saved activations are linear in tokens)."""
-    cfg = grpo.Config(model=str(tiny_dir), gradient_checkpointing="off", micro_batch_tokens=64,
-                      pack_tokens=64, train_dtype=dtype)
-    model, _, _ = grpo.make_policy(cfg)
-    small = grpo.activation_bytes(model, cfg, tokens=16)
-    full = grpo.activation_bytes(model, cfg, tokens=64)
+    cfg = Config(model=str(tiny_dir), gradient_checkpointing="off", micro_batch_tokens=64,
+                 pack_tokens=64, train_dtype=dtype)
+    model, _, _ = make_policy(cfg)
+    small = activation_bytes(model, 64, dtype, profile_tokens=16)
+    full = activation_bytes(model, 64, dtype, profile_tokens=64)
     assert small > 0 and abs(small - full) <= 0.1 * full
 
 
@@ -468,14 +487,13 @@ def test_bfloat16_generation_decodes_with_bf16_weights_and_restores_fp32(tiny_di
     parameter is the same fp32 tensor with the same bits."""
     from peft import LoraConfig, get_peft_model
 
-    from trainers.lm import load_causal_lm
     model, tok = load_causal_lm(tiny_dir)
     model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"]))
     before = {n: (p, p.detach().clone()) for n, p in model.named_parameters()}
     seen = set()
     hooks = [m.register_forward_pre_hook(lambda m, a: seen.add(m.weight.dtype))
              for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    cfg = grpo.Config(max_completion_tokens=5, memory_budget="none", generate_dtype="bfloat16")
+    cfg = Sampling(max_completion_tokens=5, memory_budget=None, generate_dtype="bfloat16")
     prompts = [np.random.default_rng(2).integers(3, len(tok), 7)]
     got = generation.generate(model, tok, prompts, cfg, n_per_prompt=2, greedy=True)
     for h in hooks:
@@ -487,7 +505,7 @@ def test_bfloat16_generation_decodes_with_bf16_weights_and_restores_fp32(tiny_di
     for n, p in model.named_parameters():
         assert p is before[n][0] and p.dtype == torch.float32 and torch.equal(p, before[n][1]), n
     with pytest.raises(ValueError, match="--generate-dtype: expected 'float32', 'bfloat16'"):
-        grpo.check_config(grpo.Config(generate_dtype="int8"))
+        check_config(Config(generate_dtype="int8"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -497,7 +515,6 @@ def test_packed_linears_equal_the_plain_products_and_restore_the_layers(tiny_dir
     a reordered weight copy: the logits equal the plain layers' up to rounding; with gradients
     enabled the layers run as before (same gradients); afterwards no layer keeps the override
     and every parameter is the same tensor with the same bits."""
-    from trainers.lm import load_causal_lm
     model, tok = load_causal_lm(tiny_dir)
     assert generation._packing_available()  # the CPU build of torch ships oneDNN
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
@@ -538,9 +555,8 @@ def test_packed_generation_decodes_the_same_tokens_and_falls_back_when_refused(
         tiny_dir, monkeypatch, caplog):
     """Greedy decoding with packed weights gives the plain decoding's tokens; where oneDNN
     refuses the reordering, a warning is logged and the layers stay plain."""
-    from trainers.lm import load_causal_lm
     model, tok = load_causal_lm(tiny_dir)
-    cfg = grpo.Config(max_completion_tokens=8, memory_budget="none")
+    cfg = Sampling(max_completion_tokens=8, memory_budget=None)
     prompts = [np.random.default_rng(s).integers(3, len(tok), 5 + s) for s in range(3)]
     packed = generation.generate(model, tok, prompts, cfg, n_per_prompt=2, greedy=True)
     plain = generation.generate(model, tok, prompts,
@@ -568,7 +584,6 @@ def test_merged_lora_generates_as_the_adapters_and_leaves_the_weights_untouched(
     every base weight is the same tensor with the same bits, and the adapters are active."""
     from peft import LoraConfig, get_peft_model
 
-    from trainers.lm import load_causal_lm
     model, tok = load_causal_lm(tiny_dir)
     model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=[
         "q_proj", "v_proj", "gate_proj", "down_proj"]))
@@ -577,7 +592,7 @@ def test_merged_lora_generates_as_the_adapters_and_leaves_the_weights_untouched(
         if "lora_B" in n:
             torch.nn.init.normal_(p, std=0.5)  # adapters that change the outputs
     before = {n: (p, p.detach().clone()) for n, p in model.named_parameters()}
-    cfg = grpo.Config(max_completion_tokens=8, memory_budget="none")
+    cfg = Sampling(max_completion_tokens=8, memory_budget=None)
     prompts = [np.random.default_rng(1).integers(3, len(tok), 6)]
     ids = torch.from_numpy(prompts[0])[None]
     with torch.no_grad():
@@ -637,11 +652,12 @@ def test_help_lists_every_flag(module, capsys):
     docstring holding '%', e.g. "~25% of the update", once broke argparse's formatting)."""
     import importlib
 
-    mod = importlib.import_module(f"trainers.{module}")
+    mod = importlib.import_module(f"trainers.{module}.train")
+    config = importlib.import_module(f"trainers.{module}.config")
     with pytest.raises(SystemExit) as exit_info:
         mod.main(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    flags = [f.name.replace("_", "-") for f in dataclasses.fields(mod.Config)]
+    flags = [f.name.replace("_", "-") for f in dataclasses.fields(config.Config)]
     missing = [f for f in flags if f"--{f}" not in out]
     assert flags and not missing

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from trainers.math_tasks import task_problems
+from trainers.llm.tasks import task_problems
 
 CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

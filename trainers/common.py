@@ -1,82 +1,57 @@
-"""Plumbing the reference trainers share: a config dataclass as command-line flags (with
-``--resume`` keeping the run's settings), RNG states, ``metrics.jsonl`` rebuilt from a
-checkpoint's history, and curve figures saved atomically."""
+"""The run lifecycle every trainer shares, written once.
+
+A run directory holds ``config.json``, ``buffer/`` (the replay buffer), ``ckpt/<unit>-<N>/``
+(checkpoints), ``metrics.jsonl`` (one line per completed unit), ``curve.png`` and whatever the
+trainer adds (prompts, ``eval.json``). :func:`open_run` creates it atomically (absent or
+complete) or reopens it at its last complete unit; :meth:`Run.commit` completes a unit in the
+one order that makes resume exact:
+
+1. checkpoint ``N`` (models, optimizers, RNG and trainer state: ``rlbuffers.checkpoint``);
+2. the buffer commit with metadata ``{"trainer_<unit>": N}``: **the commit point**;
+3. prune the checkpoints (those newer than the commit, and all but the newest kept);
+4. the unit's row appended to the history, ``metrics.jsonl`` and the curve.
+
+A crash anywhere leaves the last (checkpoint, buffer commit) pair, which :func:`open_run`
+finds; ``metrics.jsonl`` is then rebuilt from that checkpoint's history. The loop unit is one
+word per trainer (``step``, ``iteration``, ``generation``): it names the metadata key, the
+checkpoint prefix and the metrics rows' key.
+"""
 
 from __future__ import annotations
 
-import argparse
-import ast
 import dataclasses
-import inspect
 import json
 import logging
 import os
 import random
-import textwrap
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
-C = TypeVar("C")
+from rlbuffers import ReplayBuffer
+from rlbuffers.checkpoint import Checkpoints, create_run, load_state
 
+log = logging.getLogger("trainers.common")
 
-def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of a dataclass (for ``--help``)."""
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body  # type: ignore[attr-defined]
-    return {a.target.id: b.value.value for a, b in zip(body, body[1:], strict=False)
-            if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr)
-            and isinstance(b.value, ast.Constant)}
-
-
-def start(cls: type[C], argv: list[str] | None, *, module: str, doc: str,
-          resumable: set[str], check: Any) -> C:
-    """A trainer's ``main`` preamble: the config from the command line (:func:`parse_config`,
-    ``python -m <module>``, the first paragraph of ``doc`` as description), ``check(cfg)``
-    (raises ValueError naming a setting), warnings-level logging. Returns the config."""
-    cfg = parse_config(cls, argv, prog=f"python -m {module}", description=doc.split("\n\n")[0],
-                       resumable=resumable)
-    check(cfg)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    return cfg
-
-
-def parse_config(cls: type[C], argv: list[str] | None, *, prog: str, description: str,
-                 resumable: set[str]) -> C:
-    """Build the dataclass ``cls`` from command-line flags (one ``--flag`` per field, its
-    docstring as help); on ``--resume`` start from ``run_dir/config.json`` and apply only the
-    flags in ``resumable``. ``cls`` needs ``run_dir: str`` and ``resume: bool`` fields."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
-    docs = field_docs(cls)
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        kind = argparse.BooleanOptionalAction if isinstance(f.default, bool) else None
-        typ = None if kind else (str if f.default is None else type(f.default))
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, action=kind,
-                            help=f"{docs.get(f.name, '')} (default: {f.default})"
-                            .replace("%", "%%"),  # argparse formats help with %
-                            type=typ, default=argparse.SUPPRESS)
-    given = vars(parser.parse_args(argv))
-    run_dir = Path(given.get("run_dir", getattr(cls, "run_dir", "")))
-    if not given.get("resume"):
-        if run_dir.exists() and any(run_dir.iterdir()):
-            parser.error(f"{run_dir} already holds a run: pass --resume or another --run-dir")
-        return cls(**given)
-    if not (run_dir / "config.json").exists():
-        parser.error(f"--resume: {run_dir} holds no run (no config.json)")
-    saved = json.loads((run_dir / "config.json").read_text())
-    clash = {k: (saved[k], v) for k, v in given.items() if k not in resumable and saved[k] != v}
-    if clash:
-        parser.error(f"--resume keeps the run's settings; these differ from {run_dir}/config.json "
-                     f"(saved, given): {clash}")
-    return cls(**{**saved, **given})
+#: ``curve(path, history)``: draws the run's curve (PNG) from its metrics rows.
+CurveFn = Callable[[Path, list[dict[str, Any]]], None]
 
 
 def rng_states(rng: np.random.Generator) -> dict[str, Any]:
-    """torch, numpy (``rng``) and Python RNG states, for ``torch.save``."""
+    """torch (CPU and, where present, every CUDA device), numpy (``rng``) and Python RNG
+    states, for ``torch.save``."""
     import torch
 
-    return {"torch": torch.get_rng_state(), "numpy": rng.bit_generator.state,
-            "python": random.getstate()}
+    out = {"torch": torch.get_rng_state(), "numpy": rng.bit_generator.state,
+           "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
 
 
 def set_rng_states(states: dict[str, Any], rng: np.random.Generator) -> None:
@@ -86,6 +61,8 @@ def set_rng_states(states: dict[str, Any], rng: np.random.Generator) -> None:
     torch.set_rng_state(states["torch"])
     rng.bit_generator.state = states["numpy"]
     random.setstate(states["python"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -98,8 +75,8 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 def restore_metrics(path: Path, history: list[dict[str, Any]], key: str) -> None:
     """Make ``metrics.jsonl`` hold exactly the checkpoint's rows (``history``, keyed by
-    ``key``): drop lines of steps that never committed (and a line cut by a crash); a
-    committed step whose line was lost is restored from ``history``."""
+    ``key``): drop lines of units that never committed (and a line cut by a crash); a
+    committed unit whose line was lost is restored from ``history``."""
     logged: dict[int, str] = {}
     for line in (path.read_text().splitlines() if path.exists() else []):
         try:
@@ -110,22 +87,149 @@ def restore_metrics(path: Path, history: list[dict[str, Any]], key: str) -> None
     write_atomic(path, "".join(line + "\n" for line in lines).encode())
 
 
-def pyplot() -> Any:
-    """``matplotlib.pyplot`` on the non-interactive Agg backend (no display needed)."""
-    import matplotlib
+@dataclass
+class Run:
+    """An open run directory (see the module docstring); made by :func:`open_run`.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Attributes:
+        dir: the run directory.
+        unit: the loop unit's word (``step``, ``iteration``, ``generation``).
+        buf: the replay buffer, writable (None in a process that does not own the run,
+            e.g. a rank > 0 of a distributed run).
+        ckpts: the checkpoints, ``ckpt/<unit>-<N>``.
+        done: the last complete unit (0 for a new run).
+        checkpoint: the checkpoint directory of ``done`` (None: nothing to restore).
+        history: the metrics rows of the complete units, oldest first.
+        curve: draws ``curve.png`` from ``history`` after each commit (None: no curve).
+    """
 
-    return plt
+    dir: Path
+    unit: str
+    buf: ReplayBuffer | None
+    ckpts: Checkpoints
+    done: int = 0
+    checkpoint: Path | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    curve: CurveFn | None = None
+    _saver: ThreadPoolExecutor | None = None
+    _pending: Future[None] | None = None
+
+    @property
+    def key(self) -> str:
+        """The buffer-commit metadata key naming the complete unit: ``trainer_<unit>``."""
+        return f"trainer_{self.unit}"
+
+    @property
+    def resumed(self) -> bool:
+        """Whether a checkpoint was found to continue from."""
+        return self.checkpoint is not None
+
+    def load_state(self) -> dict[str, Any]:
+        """The JSON trainer state of :attr:`checkpoint` (its ``history`` becomes
+        :attr:`history`, and ``metrics.jsonl`` is rebuilt from it).
+
+        Raises:
+            RuntimeError: there is no checkpoint to load.
+            rlbuffers.CorruptCheckpointError: a file of the checkpoint fails its checksum.
+        """
+        if self.checkpoint is None:
+            raise RuntimeError(f"{self.dir}: no complete {self.unit} to resume from")
+        state = load_state(self.checkpoint)
+        self.history = list(state.get("history", []))
+        if self.buf is not None:
+            restore_metrics(self.dir / "metrics.jsonl", self.history, self.unit)
+        return state
+
+    def commit(self, n: int, row: dict[str, Any], *, state: dict[str, Any],
+               torch_files: dict[str, Any] | None = None,
+               writers: dict[str, Callable[[Path], None]] | None = None,
+               metadata: dict[str, Any] | None = None) -> None:
+        """Complete unit ``n``: checkpoint (``torch_files``: ``torch.save``d objects;
+        ``writers``: ``{file name: write(path)}``; ``state``: plain data, saved as JSON with
+        ``history`` added), buffer commit naming ``n`` (plus ``metadata``), prune, then
+        ``row`` (with ``seconds_commit`` and ``commit_bytes`` added) into the history,
+        ``metrics.jsonl`` and the curve."""
+        t0 = time.perf_counter()
+        self.ckpts.write(n, torch_files=torch_files or {}, writers=writers or {},
+                         state={**state, "history": self.history + [row]})
+        assert self.buf is not None, "only the process that owns the run commits"
+        report = self.buf.save(metadata={self.key: n, **(metadata or {})})
+        self.ckpts.prune(n)
+        self.done = n
+        row["seconds_commit"] = time.perf_counter() - t0
+        row["commit_bytes"] = report.bytes_written
+        self.history.append(row)
+        with open(self.dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.curve is not None:
+            self.curve(self.dir / "curve.png", self.history)
+
+    def commit_in_background(self, n: int, row: dict[str, Any], **kwargs: Any) -> None:
+        """:meth:`commit` on a worker thread, one at a time (the previous one is waited for
+        first). The caller must not change what the checkpoint reads (weights, optimizer
+        state, buffer) before :meth:`wait`; pass ``state`` as a deep copy."""
+        self.wait()
+        if self._saver is None:
+            self._saver = ThreadPoolExecutor(1, thread_name_prefix="commit")
+        self._pending = self._saver.submit(self.commit, n, row, **kwargs)
+
+    def wait(self) -> None:
+        """Wait for a background commit; re-raise its error."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def interrupted_message(self, argv_hint: str = "") -> str:
+        """The line printed on Ctrl-C: the last complete unit and how to continue."""
+        last = self.buf.metadata.get(self.key, 0) if self.buf is not None else self.done
+        return (f"interrupted; {self.unit} {last} is the last complete one: continue with "
+                f"--resume --run-dir {self.dir}{argv_hint}")
+
+    def close(self) -> None:
+        """Wait for a background commit, then close the buffer."""
+        try:
+            self.wait()
+        finally:
+            if self._saver is not None:
+                self._saver.shutdown(wait=True)
+                self._saver = None
+            if self.buf is not None:
+                self.buf.close()
+                self.buf = None
 
 
-def save_figure(fig: Any, path: Path) -> None:
-    """Save ``fig`` as ``path`` (PNG) through a temporary file and a rename, then close it."""
-    import matplotlib.pyplot as plt
+def open_run(cfg: Any, *, unit: str, create: Callable[[Path], None],
+             curve: CurveFn | None = None, owner: bool = True) -> Run:
+    """Create the run directory of ``cfg`` (a dataclass with ``run_dir``, ``resume`` and
+    ``keep_checkpoints``) or reopen it.
 
-    fig.tight_layout()
-    tmp = path.with_name("tmp-" + path.name)
-    fig.savefig(tmp)
-    plt.close(fig)
-    os.replace(tmp, path)
+    A new run: ``config.json``, ``ckpt/`` and what ``create(dir)`` writes there (it must make
+    ``dir/buffer``, e.g. with ``ReplayBuffer.create``) appear at once or not at all. Resuming
+    (``cfg.resume``): the buffer opens writable at its last commit, whose ``trainer_<unit>``
+    names the last complete unit; checkpoints of units that never committed are pruned.
+    ``owner=False`` (a process that shares the run, e.g. rank > 0): nothing is created or
+    pruned (the owner does that first), the buffer is read for its last commit and closed.
+
+    Raises:
+        FileExistsError: a new run's directory is not empty.
+        rlbuffers.ManifestError and other buffer errors: the buffer cannot be opened.
+    """
+    run_dir = Path(cfg.run_dir)
+    ckpts = Checkpoints(run_dir / "ckpt", prefix=unit, keep=cfg.keep_checkpoints)
+    if not cfg.resume and owner:
+        def make(d: Path) -> None:
+            (d / "ckpt").mkdir()
+            create(d)
+
+        create_run(run_dir, dataclasses.asdict(cfg), make)
+    buf = ReplayBuffer.open(run_dir / "buffer", mode="r+" if owner else "r")
+    done = int(buf.metadata.get(f"trainer_{unit}", 0))
+    if owner:
+        ckpts.prune(done)
+    else:
+        buf.close()
+    run = Run(run_dir, unit, buf if owner else None, ckpts, done, ckpts.latest(done),
+              curve=curve)
+    if run.resumed:
+        log.info("resuming %s at %s %d", run_dir, unit, done)
+    return run

@@ -1,7 +1,7 @@
 """Peak memory of one CRSP training step, optimised vs ``--no-memory-opt``: section ``crsp`` of
 ``docs/benchmarks.md``.
 
-A training step here is the update of all three roles of ``trainers/crsp.py`` on one step's
+A training step here is the update of all three roles of ``trainers/crsp/`` on one step's
 utterances: reference log-probs, the TR-RPG loss and its gradients, gradient clipping and the
 AdamW step of each role (the rollout phase, generation, is the same code on both paths and is
 left out). Both paths get the same utterances, built from real text so that their lengths are
@@ -48,8 +48,9 @@ def synthetic_batches(cfg: Any, tok: Any, n_seeds: int) -> dict[str, Any]:
     prompts rendered with each role's chat template, completions of real text at each role's
     limit, advantages from a seeded normal."""
     from rlbuffers.cache import ByteLRUCache
-    from trainers.crsp import ROLES, Prompts, RoleBatch
-    from trainers.math_tasks import task_problems
+    from trainers.crsp.roles import ROLES, Prompts
+    from trainers.crsp.rollout import RoleBatch
+    from trainers.llm.tasks import task_problems
 
     problems = task_problems(cfg.task, 4 * n_seeds + 8, cfg.seed, cfg.task_config)
     questions = [problems[i]["question"] for i in range(len(problems))]
@@ -87,13 +88,17 @@ def child(path: str, n_seeds: int, threads: int) -> None:
 
     from rlbuffers.memory import AdaptiveMicroBatch, PeakMemory, auto_budget
     from rlbuffers.memory.process import peak_rss_bytes, rss_bytes
-    from trainers.crsp import ROLES, make_model, naive_grads, optimised_grads, role_parameters
-    from trainers.crsp_config import Config
+    from trainers.crsp.config import Config, longest_completion
+    from trainers.crsp.naive import naive_grads
+    from trainers.crsp.roles import ROLES, make_model, role_parameters, set_checkpointing
+    from trainers.crsp.update import optimised_grads
 
     torch.set_num_threads(threads)
-    cfg = Config(memory_opt=path != "naive", seeds_per_step=n_seeds, threads=threads,
+    cfg = Config(memory_opt=path != "naive", seeds_per_step=n_seeds, train_threads=threads,
                  gradient_checkpointing="selective" if path == "selective" else "off")
     model, tok, reference = make_model(cfg)
+    plan = set_checkpointing(model, cfg, None)
+    fixed = cfg.max_prompt_tokens + longest_completion(cfg)
     opts = {r: torch.optim.AdamW(role_parameters(model, r), lr=cfg.lr, weight_decay=0.0)
             for r in ROLES}
     batches = synthetic_batches(cfg, tok, n_seeds)
@@ -109,15 +114,15 @@ def child(path: str, n_seeds: int, threads: int) -> None:
     t0 = time.perf_counter()
     with PeakMemory() as pm:
         if cfg.memory_opt:
-            grads = optimised_grads(model, batches, cfg, tok.pad_token_id, amb, step_role)
+            grads = optimised_grads(model, batches, cfg.packing(cfg.pack_tokens),
+                                    cfg.policy_loss(), tok.pad_token_id, amb, step_role)
         else:
-            grads = naive_grads(model, reference, batches, cfg, tok.pad_token_id)
+            grads = naive_grads(model, reference, batches, cfg.policy_loss(), cfg.temperature,
+                                fixed, tok.pad_token_id)
             for role in grads:
                 step_role(role)
     seconds = time.perf_counter() - t0
-    fixed = cfg.max_prompt_tokens + cfg.max_completion_tokens
     rows = sum(len(b.completions) for b in batches.values())
-    plan = model.checkpoint_plan
     print("RESULT " + json.dumps({
         "load_rss_mib": load_rss / MIB, "load_peak_mib": load_peak / MIB,
         "step_peak_mib": pm.peak_rss_bytes / MIB, "step_extra_mib": pm.peak_extra_rss_bytes / MIB,
@@ -126,8 +131,8 @@ def child(path: str, n_seeds: int, threads: int) -> None:
         "completion_tokens": int(sum(len(c) for b in batches.values() for c in b.completions)),
         "naive_logits_mib": rows * fixed * model.config.vocab_size * 4 / MIB,
         "vocab": model.config.vocab_size, "fixed_tokens": fixed,
-        "checkpointed": plan["layers"] if plan else [],
-        "checkpoint_saving_mib": plan["saving_bytes"] / MIB if plan else 0.0,
+        "checkpointed": plan["layers"],
+        "checkpoint_saving_mib": plan.get("saving_bytes", 0) / MIB,
         "losses": {r: g["loss"] for r, g in grads.items()}}), flush=True)
 
 
@@ -223,7 +228,7 @@ def main() -> None:
         child(a.child, int(a.seeds), a.threads)
         return
     from tools.bench.report import stamp, write_section
-    from trainers.crsp_config import Config
+    from trainers.crsp.config import Config
 
     cfg = Config()
     parts = [bench_size(int(n), a.runs, a.threads, int(a.limit_gib * 2**30))

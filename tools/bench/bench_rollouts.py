@@ -5,8 +5,9 @@
    steps each, so 6 episode jobs per generation), each run a fresh ``python -m trainers.erl``
    process, configurations taken in turn, ``--runs`` runs each: 1 worker in process, 1 Ray
    worker, 2 Ray workers. Per run the medians over generations 2.. of the rollout phase
-   (``rollout_seconds``: the 6 episodes, weights out, transitions into the buffer), the TD3
-   update phase (``update_seconds``; it stays in the learner's process) and the generation;
+   (``seconds_rollout``: the 6 episodes, weights out, transitions into the buffer), the TD3
+   update phase (``seconds_update``; it stays in the learner's process) and the generation
+   (its four phases: rollout, update, evolve, commit);
    then the median over runs. Generation 1 holds the workers' start-up and is left out.
 2. Ray's overhead on 2 local actors: round trip of an empty job, and seconds per MiB of a
    returned array (the slope over 1, 8 and 64 MiB).
@@ -53,7 +54,9 @@ def erl_run(args: list[str], generations: int) -> dict[str, Any]:
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
         wall = time.perf_counter() - t0
         rows = [json.loads(x) for x in Path(f"{tmp}/run/metrics.jsonl").read_text().splitlines()]
-    later = rows[1:]
+    later = [{"rollout_seconds": r["seconds_rollout"], "update_seconds": r["seconds_update"],
+              "gen_seconds": sum(r[f"seconds_{p}"] for p in ("rollout", "update", "evolve",
+                                                             "commit"))} for r in rows[1:]]
     return {**{k: statistics.median(r[k] for r in later)
                for k in ("rollout_seconds", "update_seconds", "gen_seconds")},
             "process_seconds": wall, "fitness": [r["fitness"] for r in rows],
@@ -111,7 +114,9 @@ def one_generation(cfg: Any, pool: Any, scratch: Path, kill_after: float | None
     import torch
 
     from rlbuffers import ReplayBuffer
-    from trainers import erl
+    from trainers.erl.rollout import Actor
+    from trainers.erl.td3 import Learner
+    from trainers.erl.train import buffer_fields, collect
 
     env = gym.make(cfg.env, max_episode_steps=cfg.max_episode_steps)
     obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
@@ -119,18 +124,18 @@ def one_generation(cfg: Any, pool: Any, scratch: Path, kill_after: float | None
     env.close()
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    population = [erl.Actor(obs_dim, act_dim, cfg.hidden, low, high)
+    population = [Actor(obs_dim, act_dim, cfg.hidden, low, high)
                   for _ in range(cfg.pop_size)]
-    learner = erl.Learner(obs_dim, act_dim, cfg, low, high)
+    learner = Learner(obs_dim, act_dim, cfg, low, high)
     trainer = {"generation": 0, "env_steps": 0, "episodes": 0, "wall_seconds": 0.0}
-    buf = ReplayBuffer.create(scratch, capacity=100_000, fields=erl.buffer_fields(obs_dim, act_dim),
+    buf = ReplayBuffer.create(scratch, capacity=100_000, fields=buffer_fields(obs_dim, act_dim),
                               seed=cfg.seed)
     timer = None
     if kill_after is not None:
         timer = threading.Timer(kill_after, lambda: ray.kill(pool.actor(0), no_restart=True))
         timer.start()
     t0 = time.perf_counter()
-    erl.collect(cfg, pool, population, learner, buf, rng, trainer)
+    collect(cfg, pool, population, learner, buf, rng, trainer)
     seconds = time.perf_counter() - t0
     if timer is not None:
         timer.join()
@@ -140,10 +145,11 @@ def one_generation(cfg: Any, pool: Any, scratch: Path, kill_after: float | None
 
 
 def killed_worker() -> dict[str, Any]:
-    from trainers import erl
+    from trainers.erl.config import Config
+    from trainers.erl.train import make_pool
 
-    cfg = erl.Config(workers=2, rollout_backend="ray")
-    pool = erl.make_pool(cfg)
+    cfg = Config(workers=2, rollout_backend="ray")
+    pool = make_pool(cfg)
     with tempfile.TemporaryDirectory(prefix="bench-rollouts-kill-") as tmp:
         one_generation(cfg, pool, Path(tmp) / "warm", None)  # actors started, envs made
         plain, rows = one_generation(cfg, pool, Path(tmp) / "plain", None)

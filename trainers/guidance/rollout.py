@@ -1,7 +1,7 @@
-"""The rollout side of the guidance trainer (``trainers/guidance.py``): the agent and guidance
-policies (two LoRA adapters over one base model, or the seed's separate copies) and the episode
-job that rollout workers run (imported by name on Ray workers, like ``trainers/erl_rollout.py``):
-turn 1, hint, turn 2."""
+"""The rollout side of the guidance trainer: the agent and guidance policies (two LoRA adapters
+over one base model, or the seed's separate copies), the episode job that rollout workers run
+(imported by name on Ray workers: turn 1, hint, turn 2) and phase 1, the jobs of an iteration
+on a rollout pool."""
 
 from __future__ import annotations
 
@@ -14,14 +14,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainers.generation import generate
-from trainers.guidance_config import Config
-from trainers.lm import load_causal_lm
-from trainers.math_tasks import SYSTEM, render
+from rlbuffers.rollouts.pool import RolloutPool
+from trainers.guidance.config import Config
+from trainers.llm.generation import generate
+from trainers.llm.model import load_causal_lm, lora_config, model_dir
+from trainers.llm.settings import Sampling
+from trainers.llm.tasks import SYSTEM, render
 
 ROLES = ("agent", "guidance")
 TURN_ROLE = ("agent", "guidance", "agent")  # utterance k of an episode is written by ...
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 GUIDE_SYSTEM = ("You are a math tutor. Read the problem and the student's answer, then write one "
                 "short hint that helps the student check or fix it. Do not give the final answer.")
 
@@ -101,25 +102,22 @@ class Policies:
 def make_policies(cfg: Config, naive: bool) -> tuple[Policies, Any, Path]:
     """Load the base and add the adapters (each initialised from its own seed, so both layouts
     start from the same weights); naive: two more full copies of the base."""
-    from peft import LoraConfig, get_peft_model
-
-    from trainers.lm import smollm2_dir
+    from peft import get_peft_model
 
     warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated")  # peft
-    model_dir = Path(cfg.model) if cfg.model else smollm2_dir()
-    base, tok = load_causal_lm(model_dir)
-    lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
-                      target_modules=LORA_TARGETS)
+    path = model_dir(cfg.model)
+    base, tok = load_causal_lm(path)
+    lora = lora_config(cfg.lora_rank, cfg.lora_alpha)
     torch.manual_seed(cfg.seed)
     agent = get_peft_model(base, lora, adapter_name="agent")
     torch.manual_seed(cfg.seed + 1)
     if not naive:
         agent.add_adapter("guidance", lora)
         agent.set_adapter("agent")
-        return Policies({"agent": agent, "guidance": agent}), tok, model_dir
-    guidance = get_peft_model(load_causal_lm(model_dir)[0], lora, adapter_name="guidance")
-    reference = load_causal_lm(model_dir)[0].eval().requires_grad_(False)
-    return Policies({"agent": agent, "guidance": guidance}, reference), tok, model_dir
+        return Policies({"agent": agent, "guidance": agent}), tok, path
+    guidance = get_peft_model(load_causal_lm(path)[0], lora, adapter_name="guidance")
+    reference = load_causal_lm(path)[0].eval().requires_grad_(False)
+    return Policies({"agent": agent, "guidance": guidance}, reference), tok, path
 
 
 # ------------------------------------------------------------------------------------------
@@ -137,19 +135,20 @@ def worker_policies(cfg: Config) -> tuple[Policies, Any]:
     return POLICIES[cfg.run_dir]
 
 
-def play(policies: Policies, tok: Any, questions: list[str], cfg: Config,
-         greedy: bool = False) -> dict[str, Any]:
-    """Episodes of ``questions``: turn 1, hint, turn 2, each batched over the episodes
-    (``greedy``: argmax decoding, for evaluation).
+def play(policies: Policies, tok: Any, questions: list[str], sampling: Sampling, *,
+         max_answer_tokens: int, max_hint_tokens: int, greedy: bool = False) -> dict[str, Any]:
+    """Episodes of ``questions``: turn 1, hint, turn 2, each batched over the episodes, the
+    answers at most ``max_answer_tokens`` long and the hint ``max_hint_tokens`` (``greedy``:
+    argmax decoding, for evaluation).
     Returns ``observations``, ``actions`` (int32 token arrays), ``texts`` and ``truncated``,
     each a list per episode of its 3 utterances."""
     encode = lambda text: np.asarray(tok.encode(text, add_special_tokens=False))  # noqa: E731
     obs, acts, texts, cut = [], [], [], []
     prompts = [encode(render(tok, q)) for q in questions]
     for turn, role in enumerate(TURN_ROLE):
-        max_new = cfg.max_hint_tokens if role == "guidance" else cfg.max_answer_tokens
-        out = generate(policies.use(role), tok, prompts, cfg, n_per_prompt=1, max_new=max_new,
-                       greedy=greedy)
+        max_new = max_hint_tokens if role == "guidance" else max_answer_tokens
+        out = generate(policies.use(role), tok, prompts, sampling, n_per_prompt=1,
+                       max_new=max_new, greedy=greedy)
         obs.append(prompts)
         acts.append([c for c, _ in out])
         cut.append([t for _, t in out])
@@ -166,6 +165,13 @@ def play(policies: Policies, tok: Any, questions: list[str], cfg: Config,
             "texts": per_episode(texts), "truncated": per_episode(cut)}
 
 
+def rng_devices(model: torch.nn.Module) -> list[int]:
+    """The CUDA device indices whose RNG sampling with ``model`` draws from (for
+    ``torch.random.fork_rng``: a seeded job leaves the caller's RNG states as they were)."""
+    dev = next(model.parameters()).device
+    return [dev.index or 0] if dev.type == "cuda" else []
+
+
 def episode_job(weights: dict[str, Any], cfg: Config, questions: list[str],
                 seed: int) -> dict[str, Any]:
     """A rollout job: load the current adapter weights, play ``questions`` with torch's RNG
@@ -173,6 +179,27 @@ def episode_job(weights: dict[str, Any], cfg: Config, questions: list[str],
     policies, tok = worker_policies(cfg)
     for role in ROLES:
         policies.load_adapter_state(role, weights[role])
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=rng_devices(policies.models["agent"])):
         torch.manual_seed(seed)
-        return play(policies, tok, questions, cfg)
+        return play(policies, tok, questions, cfg.utterance_sampling(),
+                    max_answer_tokens=cfg.max_answer_tokens,
+                    max_hint_tokens=cfg.max_hint_tokens)
+
+
+def collect(pool: RolloutPool, policies: Policies, questions: list[str], cfg: Config,
+            iteration: int) -> list[dict[str, Any]]:
+    """Phase 1: the episodes of ``questions`` as jobs of ``cfg.episodes_per_job`` on ``pool``
+    (each seeded by (seed, iteration, job), so the episodes do not depend on --workers), the
+    adapter weights shared once; episodes (dicts of :func:`play`'s per-episode lists) come
+    back job by job, in order."""
+    pool.set_weights({role: policies.adapter_state(role) for role in ROLES})
+    n = cfg.episodes_per_job
+    ids = [pool.submit(episode_job, cfg, questions[j:j + n],
+                       int(np.random.SeedSequence([cfg.seed, iteration, j // n])
+                           .generate_state(1)[0]))
+           for j in range(0, len(questions), n)]
+    episodes: list[dict[str, Any]] = []
+    for job_id in ids:
+        data = pool.results([job_id])[0].data
+        episodes += [{k: data[k][e] for k in data} for e in range(len(data["texts"]))]
+    return episodes

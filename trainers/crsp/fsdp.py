@@ -1,10 +1,11 @@
-"""CRSP's update with the shared base sharded across ranks (PyTorch FSDP2, ``fully_shard``):
-gloo on CPU, NCCL on GPU. The frozen weights of every decoder layer are a sharded unit, so a
-rank holds ``1 / world`` of them (SmolLM2-135M: 79% of the parameters; the tied embeddings /
-LM head stay replicated); the roles' adapters are replicated (ignored by FSDP, a few MB).
-Each rank runs its share of a role's packed rows; the adapter gradients are summed across
-ranks, which makes them the 1-rank gradients of the whole batch. Roles stay sequential, as in
-the 1-rank path.
+"""CRSP's update with the shared base sharded across ranks (PyTorch FSDP2, ``fully_shard``): gloo
+with CPU tensors, NCCL with CUDA ones (``distributed_backend``; under torchrun with CUDA each
+rank trains on ``cuda:LOCAL_RANK``). The frozen weights of every decoder layer are a sharded
+unit, so a rank holds ``1 / world`` of them (SmolLM2-135M: 79% of the parameters; the tied
+embeddings / LM head stay replicated); the roles' adapters are replicated (ignored by FSDP, a few
+MB). Each rank runs its share of a role's packed rows; the adapter gradients are summed across
+ranks, which makes them the 1-rank gradients of the whole batch. Roles stay sequential, as in the
+1-rank path.
 
 Collectives must match across ranks, so every rank runs the same number of micro-batches:
 ranks short of rows run a copy of a row with zero loss weight (exact zero gradients).
@@ -20,7 +21,8 @@ against a 1-rank run.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -28,15 +30,11 @@ import numpy as np
 import torch
 
 from rlbuffers.memory import AdaptiveMicroBatch
-from trainers.crsp import (
-    ROLES,
-    RoleBatch,
-    activate,
-    role_gradients,
-    role_parameters,
-    role_tensors,
-)
-from trainers.crsp_config import Config
+from trainers.crsp.roles import ROLES, activate, role_parameters
+from trainers.crsp.rollout import RoleBatch
+from trainers.crsp.update import role_gradients, role_tensors
+from trainers.llm.device import distributed_backend, resolve_device, to_device
+from trainers.llm.settings import Packing, PolicyLoss
 
 
 def shard_base(model: Any) -> list[Any]:
@@ -55,12 +53,28 @@ def shard_base(model: Any) -> list[Any]:
     return units
 
 
-def init_distributed() -> tuple[int, int]:
+def rank_device(spec: str) -> torch.device:
+    """``--device`` of a ``torchrun`` rank: ``resolve_device(spec)``, except that a CUDA
+    device becomes ``cuda:LOCAL_RANK`` (one GPU per rank).
+
+    Raises:
+        ValueError: ``resolve_device``'s, for a device that is not there.
+    """
+    device = resolve_device(spec)
+    if device.type == "cuda":
+        device = resolve_device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
+    return device
+
+
+def init_distributed(device: torch.device) -> tuple[int, int]:
     """The process group of a ``torchrun`` launch (``RANK``, ``WORLD_SIZE`` and the
-    rendezvous from its environment): NCCL with CUDA, gloo otherwise. Returns (rank, world)."""
+    rendezvous from its environment) for tensors on ``device``: NCCL with a CUDA device (made
+    the current one), gloo otherwise (``distributed_backend``). Returns (rank, world)."""
     import torch.distributed as dist
 
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(distributed_backend(device))
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -95,19 +109,16 @@ def unsharded_for_rollout(units: list[Any], rank: int) -> Iterator[None]:
             unit.set_reshard_after_forward(True)
 
 
-def rollout_on_rank0(t: Any, seeds: list[dict[str, Any]], score_answer: Any, version: int
-                     ) -> tuple[dict[str, RoleBatch], dict[str, Any]]:
-    """:func:`trainers.crsp.rollout` run by rank 0 on unsharded weights; its role batches and
-    metrics are broadcast, so every rank updates on the same rollout. The reward state (the
-    novelty sketch, the running statistics) advances on rank 0, which checkpoints it."""
+def rollout_on_rank0(units: list[Any], run_rollout: Callable[[], Any]) -> Any:
+    """``run_rollout()`` (``trainers.crsp.rollout.rollout`` of the step) run by rank 0 on
+    unsharded weights; its result (role batches and metrics) is broadcast, so every rank
+    updates on the same rollout. The reward state (the novelty sketch, the running
+    statistics) advances on rank 0, which checkpoints it."""
     import torch.distributed as dist
 
-    from trainers.crsp import rollout
-
     rank = dist.get_rank()
-    with unsharded_for_rollout(t.fsdp_units, rank):
-        out = [rollout(t.cfg, t.model, t.tok, t.prompts, seeds, score_answer, t.sketch,
-                       t.stats, version) if rank == 0 else None]
+    with unsharded_for_rollout(units, rank):
+        out = [run_rollout() if rank == 0 else None]
     dist.broadcast_object_list(out, src=0)
     return out[0]
 
@@ -145,15 +156,17 @@ def local_rows(batch: dict[str, torch.Tensor], rank: int, world: int, n_tokens: 
     return out
 
 
-def sharded_grads(model: Any, batches: dict[str, RoleBatch], cfg: Config, pad_id: int,
-                  amb: AdaptiveMicroBatch, on_role: Any = lambda role: None
-                  ) -> dict[str, dict[str, Any]]:
-    """:func:`trainers.crsp.optimised_grads` on this rank's rows of every role: per role the
-    loss and the flat reference / behaviour log-probs of the whole batch (summed across
-    ranks), gradients in the sharded parameters' ``.grad``, then ``on_role(role)``."""
+def sharded_grads(model: Any, batches: dict[str, RoleBatch], packing: Packing,
+                  loss: PolicyLoss, pad_id: int, amb: AdaptiveMicroBatch,
+                  on_role: Any = lambda role: None) -> dict[str, dict[str, Any]]:
+    """:func:`trainers.crsp.update.optimised_grads` on this rank's rows of every role: per
+    role the loss and the flat reference / behaviour log-probs of the whole batch (summed
+    across ranks; CPU), gradients in the sharded parameters' ``.grad``, then
+    ``on_role(role)``."""
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
+    device = model.device
     out = {}
     for role in ROLES:
         b = batches[role]
@@ -161,14 +174,15 @@ def sharded_grads(model: Any, batches: dict[str, RoleBatch], cfg: Config, pad_id
             continue
         activate(model, role)
         n = sum(len(c) for c in b.completions)
-        batch = local_rows(role_tensors(b, cfg, pad_id), rank, world, n)
-        res = role_gradients(model, amb, batch, cfg, n + 1)  # slot n: the padding rows'
-        flat = torch.stack([res["ref"], res["behaviour"]])
+        batch = to_device(local_rows(role_tensors(b, packing, pad_id), rank, world, n), device)
+        res = role_gradients(model, amb, batch, packing, loss, n + 1)  # slot n: padding's
+        flat = torch.stack([res["ref"], res["behaviour"]]).to(device)
         flat[:, n] = 0.0  # the padding rows' scratch slot
         dist.all_reduce(flat)
-        loss = torch.tensor([res["loss"]], dtype=torch.float64)
-        dist.all_reduce(loss)
-        out[role] = {**res, "loss": float(loss[0]), "ref": flat[0, :n],
+        flat = flat.cpu()
+        total = torch.tensor([res["loss"]], dtype=torch.float64, device=device)
+        dist.all_reduce(total)
+        out[role] = {**res, "loss": float(total[0]), "ref": flat[0, :n],
                      "behaviour": flat[1, :n]}
         sync_adapter_grads(model, role)
         on_role(role)
@@ -176,10 +190,10 @@ def sharded_grads(model: Any, batches: dict[str, RoleBatch], cfg: Config, pad_id
 
 
 def gather_grads(model: Any) -> dict[str, np.ndarray]:
-    """Full (unsharded) gradients of every parameter that has one, by name."""
+    """Full (unsharded) gradients of every parameter that has one, by name (CPU arrays)."""
     out = {}
     for name, p in model.named_parameters():
         if p.grad is not None:
             g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-            out[name] = g.detach().numpy().copy()
+            out[name] = g.detach().cpu().numpy().copy()
     return out

@@ -1,0 +1,140 @@
+"""Trainer settings as command-line flags: the base every trainer's ``Config`` extends, the
+flags built from a dataclass (one ``--flag`` per field, its docstring as help), ``--resume``
+keeping the run's settings, validation that names the flag, and the log level."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import json
+import logging
+import textwrap
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+C = TypeVar("C")
+
+#: Loggers of libraries the trainers use, kept at WARNING whatever the trainer's level.
+QUIET_LOGGERS = ("transformers", "peft", "urllib3", "filelock", "matplotlib", "PIL", "ray",
+                 "torch", "datasets", "fsspec", "httpx", "numcodecs", "zarr", "asyncio", "OpenGL")
+
+
+@dataclass
+class RunConfig:
+    """Fields every trainer has: where the run lives, its seed, how many checkpoints it
+    keeps, resuming, and how much it logs."""
+
+    run_dir: str = "runs/run"
+    """Directory of the run: config.json, buffer/, ckpt/, metrics.jsonl, curve.png."""
+    seed: int = 0
+    """Seed of the data, the sampling and the models' new parameters."""
+    keep_checkpoints: int = 2
+    """Complete checkpoints kept in run_dir/ckpt."""
+    resume: bool = False
+    """Continue the run in --run-dir from its last complete step (its settings are kept)."""
+    quiet: bool = False
+    """Log warnings only (the memory plan and per-phase figures are not printed)."""
+    verbose: bool = False
+    """Log debug messages of rlbuffers and the trainer."""
+
+
+#: Settings of :class:`RunConfig` that a resumed run may change.
+RUN_RESUMABLE = frozenset({"run_dir", "resume", "quiet", "verbose"})
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of a dataclass and of its dataclass bases (for
+    ``--help``); a subclass's docstring wins for a field it declares again."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass) or klass is object:
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body  # type: ignore[attr-defined]
+        docs.update({a.target.id: b.value.value for a, b in zip(body, body[1:], strict=False)
+                     if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name)
+                     and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)})
+    return docs
+
+
+def check_rules(c: Any, rules: Mapping[str, tuple[bool, str]]) -> None:
+    """Raise ValueError for the first rule that fails: ``{field: (ok, expected)}``.
+
+    Raises:
+        ValueError: ``--flag: expected <expected>, got <value>``.
+    """
+    for name, (ok, expected) in rules.items():
+        if not ok:
+            raise ValueError(f"--{name.replace('_', '-')}: expected {expected}, got "
+                             f"{getattr(c, name)!r}")
+
+
+def check_run(c: RunConfig) -> None:
+    """Validate the :class:`RunConfig` fields (ValueError naming the flag)."""
+    check_rules(c, {"keep_checkpoints": (c.keep_checkpoints >= 1, ">= 1"),
+                    "quiet": (not (c.quiet and c.verbose), "not both --quiet and --verbose")})
+
+
+def parse_config(cls: type[C], argv: list[str] | None, *, prog: str, description: str,
+                 resumable: set[str] | frozenset[str]) -> C:
+    """Build the dataclass ``cls`` from command-line flags (one ``--flag`` per field, its
+    docstring as help); on ``--resume`` start from ``run_dir/config.json`` and apply only the
+    flags in ``resumable`` (fields added since the run was created take their defaults).
+
+    Raises:
+        SystemExit: argparse's error (exit code 2) for an unknown flag, a bad value, a run
+            directory that already holds a run without ``--resume``, or a changed setting
+            that ``resumable`` does not allow.
+    """
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    docs = field_docs(cls)
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        kind = argparse.BooleanOptionalAction if isinstance(f.default, bool) else None
+        typ = None if kind else (str if f.default is None else type(f.default))
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, action=kind,
+                            help=f"{docs.get(f.name, '')} (default: {f.default})"
+                            .replace("%", "%%"),  # argparse formats help with %
+                            type=typ, default=argparse.SUPPRESS)
+    given = vars(parser.parse_args(argv))
+    run_dir = Path(given.get("run_dir", getattr(cls, "run_dir", "")))
+    if not given.get("resume"):
+        if run_dir.exists() and any(run_dir.iterdir()):
+            parser.error(f"{run_dir} already holds a run: pass --resume or another --run-dir")
+        return cls(**given)
+    if not (run_dir / "config.json").exists():
+        parser.error(f"--resume: {run_dir} holds no run (no config.json)")
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    saved = {k: v for k, v in json.loads((run_dir / "config.json").read_text()).items()
+             if k in names}
+    clash = {k: (saved[k], v) for k, v in given.items()
+             if k not in resumable and k in saved and saved[k] != v}
+    if clash:
+        parser.error(f"--resume keeps the run's settings; these differ from {run_dir}/config.json "
+                     f"(saved, given): {clash}")
+    return cls(**{**saved, **given})
+
+
+def set_log_level(quiet: bool = False, verbose: bool = False) -> None:
+    """Trainers log at INFO (the memory plan, budgets, per-phase peaks), WARNING with
+    ``quiet``, DEBUG with ``verbose``; the libraries in :data:`QUIET_LOGGERS` stay at
+    WARNING."""
+    level = logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", force=True)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def start(cls: type[C], argv: list[str] | None, *, module: str, doc: str,
+          resumable: set[str] | frozenset[str], check: Callable[[C], None]) -> C:
+    """A trainer's ``main`` preamble: the config from the command line (:func:`parse_config`,
+    ``python -m <module>``, the first paragraph of ``doc`` as description), ``check(cfg)``
+    (raises ValueError naming a flag), the log level of ``--quiet`` / ``--verbose``. Returns
+    the config."""
+    cfg = parse_config(cls, argv, prog=f"python -m {module}", description=doc.split("\n\n")[0],
+                       resumable=resumable)
+    check(cfg)
+    set_log_level(getattr(cfg, "quiet", False), getattr(cfg, "verbose", False))
+    return cfg

@@ -1,0 +1,3 @@
+from trainers.crsp.train import main
+
+main()

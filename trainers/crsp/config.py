@@ -1,0 +1,97 @@
+"""Settings of the CRSP trainer: the LLM trainers' shared fields (``LLMConfig``) plus CRSP's
+own (``python -m trainers.crsp --help`` lists them all)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainers.config import check_rules
+from trainers.llm.config import LLM_RESUMABLE, LLMConfig, check_llm
+
+
+@dataclass
+class Config(LLMConfig):
+    """CRSP's settings (the base's fields, then these)."""
+
+    run_dir: str = "runs/crsp"
+    """Directory for the rollout buffer, checkpoints, seed prompts, metrics.jsonl, curve.png."""
+    train_size: int = 1000
+    """Seed problems generated from the task (seed --seed)."""
+    steps: int = 10
+    """Total training steps (a resumed run may raise it)."""
+    seeds_per_step: int = 2
+    """Seed problems per step; the proposer writes one new problem from each."""
+    solver_samples: int = 4
+    """Solver attempts per problem (seed and proposed): the solvability band needs several."""
+    critiques_per_problem: int = 2
+    """Solver attempts per problem that the critic judges (the first ones)."""
+    max_prompt_tokens: int = 320
+    """Seed prompts longer than this are left out of the order; longer role prompts are cut
+    from the left (the count is logged as truncated prompts)."""
+    proposer_tokens: int = 96
+    """Completion limit of the proposer."""
+    solver_tokens: int = 96
+    """Completion limit of the solver."""
+    critic_tokens: int = 48
+    """Completion limit of the critic."""
+    length_target: int = 64
+    """Target completion length of the length reward (tokens)."""
+    alpha0: float = 0.5
+    """Weight of the intrinsic rewards (creativity, length) at step 0."""
+    alpha_decay: float = 0.95
+    """alpha(step) = alpha0 * alpha_decay ** step."""
+    sketch_capacity: int = 1024
+    """Problems the novelty sketch remembers (MinHash signatures in a ring)."""
+    sketch_perm: int = 64
+    """MinHash permutations per signature."""
+    memory_opt: bool = True
+    """False (--no-memory-opt): the original path, the comparison baseline: a full copy of the
+    model as reference, full [B, T, V] logits, all roles' graphs at once, one full batch,
+    every sequence padded to the fixed length."""
+    pack_tokens: int = 512
+    """Tokens per packed row (shared-prefix packing); >= longest prompt + completion."""
+    micro_batch_tokens: int = 512
+    """Tokens per micro-batch (whole rows); halved by AdaptiveMicroBatch under pressure.
+    0: planned at start from the measured cost of 1 and 2 rows and --memory-budget (the
+    most rows that fit; one row with --memory-budget none)."""
+    seed_shuffle_buffer: int = 64
+    """Seed problems shuffled together by the streaming reader (``rlbuffers.stream``: an
+    ``IndexSource`` permuting the token store per pass, then a ``BlockShuffle`` of this many
+    samples; resumable from a few integers). 0 or 1: the per-pass permutation only."""
+    prompt_cache_bytes: int = 16 << 20
+    """Byte bound of the LRU cache of tokenized role prompts."""
+    tensor_summary: bool = False
+    """After every step, log the live tensors by owner (parameter, gradient, optimizer
+    state, other), dtype and device and store them in metrics.jsonl as ``tensors``; without
+    it, ``kill -USR1 PID`` asks for one after the current step."""
+    buffer_capacity: int = 4096
+    """Utterances the rollout buffer keeps (all roles)."""
+
+
+def longest_completion(c: Config) -> int:
+    """The longest completion limit of the three roles (tokens): what generation sizes its
+    batches for and what the naive path pads to (with ``max_prompt_tokens``)."""
+    return max(c.proposer_tokens, c.solver_tokens, c.critic_tokens)
+
+
+#: Settings a resumed run may change; the rest must match the run's config.json.
+RESUMABLE = LLM_RESUMABLE | {"steps", "tensor_summary"}
+
+
+def check_config(c: Config) -> None:
+    """Raise ValueError naming the first setting out of range (the base's, then CRSP's)."""
+    check_llm(c)
+    longest = c.max_prompt_tokens + longest_completion(c)
+    check_rules(c, {
+        "steps": (c.steps >= 1, ">= 1"),
+        "seeds_per_step": (c.seeds_per_step >= 1, ">= 1"),
+        "seed_shuffle_buffer": (c.seed_shuffle_buffer >= 0, ">= 0"),
+        "solver_samples": (c.solver_samples >= 2, ">= 2 (the solvability band)"),
+        "critiques_per_problem": (0 <= c.critiques_per_problem <= c.solver_samples,
+                                  "in [0, --solver-samples]"),
+        "lora_rank": (c.lora_rank >= 1, ">= 1 (roles are adapters)"),
+        "alpha_decay": (0 < c.alpha_decay <= 1, "in (0, 1]"),
+        "micro_batch_tokens": (c.micro_batch_tokens >= 0, ">= 0 (0: planned)"),
+        "pack_tokens": (c.pack_tokens >= longest,
+                        f">= --max-prompt-tokens + the longest completion ({longest})"),
+    })

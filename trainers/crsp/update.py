@@ -1,0 +1,126 @@
+"""CRSP's update on the memory-optimised path: per role, one after another, the reference
+log-probs (the shared base with adapters disabled) and the TR-RPG loss (the clipped surrogate
+with a k3 KL penalty: ``trainers.llm.policy_loss.accumulate_gradients``) backpropagated over
+shared-prefix packed rows micro-batch by micro-batch into that role's adapter; and the
+micro-batch size planned from a measured cost and the memory budget."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlbuffers.memory import AdaptiveMicroBatch
+from rlbuffers.memory.budget import plan_micro_batch, probe_activation_bytes
+from trainers.crsp.config import Config
+from trainers.crsp.roles import ROLES, activate
+from trainers.crsp.rollout import RoleBatch
+from trainers.llm.device import to_device
+from trainers.llm.packed_logprobs import packed_batch, packed_logprobs, packed_reference_logprobs
+from trainers.llm.policy_loss import accumulate_gradients
+from trainers.llm.settings import Packing, PolicyLoss
+
+log = logging.getLogger("trainers.crsp.update")
+MIB = 2**20
+
+
+def role_tensors(b: RoleBatch, packing: Packing, pad_id: int) -> dict[str, torch.Tensor]:
+    """Packed rows of one role (shared prefix, CPU tensors ``[R, pack_tokens]``), with
+    per-token ``advantage`` and sequence-mean ``weight`` (mean over each completion's tokens,
+    then over the role's completions)."""
+    comps = b.completions
+    per_token = {"advantage": [np.full(len(c), a, np.float32) for c, a in
+                               zip(comps, b.advantage, strict=True)],
+                 "weight": [np.full(len(c), 1.0 / (len(c) * len(comps)), np.float32)
+                            for c in comps]}
+    return packed_batch(b.prompts, b.groups, packing, pad_id, per_token)
+
+
+def optimised_grads(model: Any, batches: dict[str, RoleBatch], packing: Packing,
+                    loss: PolicyLoss, pad_id: int, amb: AdaptiveMicroBatch,
+                    on_role: Any = lambda role: None) -> dict[str, dict[str, Any]]:
+    """Per role, one after another: reference log-probs (adapters off), then the TR-RPG loss
+    backpropagated micro-batch by micro-batch into that role's adapter (``.grad``), then
+    ``on_role(role)`` (the trainer's optimizer step of that role: the next role's
+    micro-batches start from zeroed gradients). Batches go to the model's device. Returns
+    per role ``accumulate_gradients``' statistics with ``ref`` and ``behaviour`` (flat
+    float32[n tokens], CPU)."""
+    out = {}
+    for role in ROLES:
+        b = batches[role]
+        if not b.completions:
+            continue
+        activate(model, role)
+        batch = to_device(role_tensors(b, packing, pad_id), model.device)
+        out[role] = role_gradients(model, amb, batch, packing, loss,
+                                   sum(len(c) for c in b.completions))
+        on_role(role)
+    return out
+
+
+def role_gradients(model: Any, amb: AdaptiveMicroBatch, batch: dict[str, torch.Tensor],
+                   packing: Packing, loss: PolicyLoss, n_tokens: int) -> dict[str, Any]:
+    """The active role's step on packed ``batch``: reference log-probs (adapters off), then
+    the TR-RPG loss backpropagated micro-batch by micro-batch into its adapter's ``.grad``.
+    Returns ``accumulate_gradients``' statistics and ``ref`` (float32[n_tokens], flat, CPU)."""
+    ref = packed_reference_logprobs(model, batch, packing, None, n_tokens=n_tokens)
+    mask = batch["mask"]
+    batch["ref"] = torch.zeros_like(batch["advantage"])
+    batch["ref"][mask] = ref.to(mask.device)[batch["index"][mask]]
+    model.train()
+    res = accumulate_gradients(model, amb, batch, loss, packing, n_tokens,
+                               record_behaviour=True)
+    return {**res, "ref": ref}
+
+
+def plan_micro_batch_tokens(model: Any, cfg: Config, packing: Packing, pad_id: int,
+                            budget_bytes: int) -> int:
+    """Tokens per update micro-batch from the measured budget: the peak extra memory of a
+    micro-batch of 1 and of 2 full packed rows (``pack_tokens`` each, forward + backward
+    through the chunked log-probs) is measured (``probe_activation_bytes``) and
+    ``plan_micro_batch`` takes the most rows that fit ``budget_bytes``, up to the rows of
+    the largest role's batch at these settings. Gradients are zeroed afterwards.
+
+    Raises:
+        MemoryBudgetError: not even one row fits the budget.
+    """
+    half = cfg.pack_tokens // 2
+    activate(model, ROLES[0])
+    model.train()
+
+    def make_batch(n: int) -> dict[str, torch.Tensor]:
+        b = RoleBatch()
+        for _ in range(n):  # a prompt and two completions fill one row
+            comp = np.full(half // 2, 3, np.int64)
+            b.add(np.full(cfg.pack_tokens - 2 * len(comp), 3, np.int64),
+                  [(comp, False), (comp, False)])
+        b.advantage = np.ones(len(b.completions), np.float32)
+        return to_device(role_tensors(b, packing, pad_id), model.device)
+
+    def step(batch: dict[str, torch.Tensor]) -> None:
+        lp = packed_logprobs(model, batch, packing)
+        (lp * batch["weight"][batch["mask"]]).sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    cost = probe_activation_bytes(step, make_batch, sizes=(1, 2))
+    solver = 2 * cfg.seeds_per_step * cfg.solver_samples * (cfg.max_prompt_tokens
+                                                            + cfg.solver_tokens)
+    plan = plan_micro_batch(budget_bytes, cost=cost,
+                            target_batch=max(1, -(-solver // cfg.pack_tokens)))
+    log.info("micro-batch plan: %s per row, budget %.0f MiB: %d row(s) of %d tokens",
+             cost, budget_bytes / MIB, plan.micro_batch, cfg.pack_tokens)
+    return plan.micro_batch * cfg.pack_tokens
+
+
+def micro_batches(model: Any, cfg: Config, packing: Packing, pad_id: int,
+                  budget: int | None) -> AdaptiveMicroBatch:
+    """The update's micro-batching: ``--micro-batch-tokens`` tokens, or planned (0) from
+    ``budget`` bytes (one row of ``--pack-tokens`` without a budget)."""
+    tokens = cfg.micro_batch_tokens
+    if tokens == 0 and budget is not None and cfg.memory_opt:
+        tokens = plan_micro_batch_tokens(model, cfg, packing, pad_id, budget)
+        log.info("micro-batches of %d tokens planned from the budget", tokens)
+    return AdaptiveMicroBatch(model, budget_bytes=budget, grow_after=10,
+                              max_tokens=tokens or cfg.pack_tokens, tokens_key="real")

@@ -1,0 +1,3 @@
+from trainers.erl.train import main
+
+main()

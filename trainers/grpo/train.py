@@ -1,0 +1,306 @@
+"""GRPO on a small causal LM (CPU or GPU): rollouts in an rlbuffers replay buffer, chunked
+log-probs.
+
+Group Relative Policy Optimization (Shao et al. 2024, "DeepSeekMath", Sec. 4.1, Eq. 3): for
+each prompt, sample a group of G completions, score them, and use each completion's reward
+relative to its group (``(r - mean) / std``) as the advantage of all its tokens in a clipped
+surrogate (PPO, Schulman et al. 2017, Eq. 7) with a KL penalty to a reference policy (the k3
+estimator, Schulman 2020, "Approximating KL divergence").
+
+What rlbuffers does here:
+
+- every completion goes into a ``ReplayBuffer`` (ragged prompt / completion ids, behaviour and
+  reference log-probs per token; reward, advantage, group, policy version, step) committed
+  every step; ``--num-iterations mu > 1`` re-reads whole groups from it with a
+  ``GroupSampler`` and reuses them with the importance ratio against the stored behaviour
+  log-probs (the paper's mu inner iterations);
+- prompts are tokenized once into a memory-mapped token store and read in a seeded,
+  resumable order;
+- groups are packed (best-fit decreasing, the prompt once per row, no padding inside a row)
+  into rows of up to ``--micro-batch-tokens`` (a longer group alone in a row of up to
+  ``--pack-tokens``); per-token log-probs come from the chunked ``token_logprobs`` (never the
+  ``[B, T, V]`` logits); ``AdaptiveMicroBatch`` runs the rows as micro-batches under
+  ``--memory-budget`` with gradient accumulation;
+- the reference policy is the same weights with LoRA adapters disabled (``--lora-rank``), or,
+  in full fine-tuning, the initial weights memory-mapped from the run directory only while
+  reference log-probs are computed (right after generation; stored in the buffer), so no
+  second model sits in memory during the update;
+- every step is an atomic checkpoint (``rlbuffers.checkpoint``) whose commit point is the
+  buffer commit: ``--resume`` after ``kill -9`` continues from the last complete step.
+
+Output in ``--run-dir``: ``metrics.jsonl`` (one line per step), ``curve.png``, ``eval.json``
+(held-out accuracy before and after), ``buffer/`` (``rlbuffers inspect`` works on it).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from rlbuffers import ReplayBuffer
+from rlbuffers.memory import AdaptiveMicroBatch, MemoryMonitor
+from rlbuffers.memory.placement import PlacementPlan
+from rlbuffers.memory.process import reuse_heap
+from rlbuffers.memory.reference import reference_bytes_saved
+from rlbuffers.stream.token_store import TokenStore
+from trainers.common import Run, open_run, rng_states, set_rng_states, write_atomic
+from trainers.config import start
+from trainers.curves import Series, plot_curve
+from trainers.grpo.config import RESUMABLE, Config, check_config
+from trainers.grpo.evaluate import evaluate
+from trainers.grpo.policy import (
+    gradient_checkpointing,
+    load_weights,
+    make_policy,
+    place_policy,
+    save_weights,
+    write_reference,
+)
+from trainers.grpo.rewards import score_group
+from trainers.grpo.rollout import buffer_fields, group_sampler, per_token_inputs, rollout_rows
+from trainers.grpo.update import reuse_iteration, update
+from trainers.llm.device import resolve_device, to_device
+from trainers.llm.generation import generate
+from trainers.llm.packed_logprobs import lm_parts, packed_batch, packed_reference_logprobs
+from trainers.llm.policy_loss import group_advantages
+from trainers.llm.prompts import next_prompts, prompt_store
+from trainers.llm.settings import Sampling, parse_budget
+from trainers.llm.tasks import asdiv_problems, task_problems
+from trainers.phases import Phases
+
+MIB = 2**20
+log = logging.getLogger("trainers.grpo")
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = start(Config, argv, module="trainers.grpo", doc=__doc__, resumable=RESUMABLE,
+                check=check_config)
+    torch.set_num_threads(cfg.train_threads or os.cpu_count() or 1)
+    if cfg.reuse_heap:  # large blocks reused within a phase (no page faults), trimmed after
+        reuse_heap()
+    device = resolve_device(cfg.device)
+    monitor = MemoryMonitor(device=device)
+
+    # ----- setup: the policy, the run (prompts, reference weights, buffer), the plan -----
+    model, tok, model_dir = make_policy(cfg)
+    lora = cfg.lora_rank > 0
+
+    run = open_run(cfg, unit="step", create=run_files(cfg, model, tok, model_dir),
+                   curve=lambda path, history: curve(path, history, cfg.task))
+    buf = run.buf
+    assert buf is not None
+    reference = None if lora else run.dir / "reference.pt"
+    model, placement = place_policy(model, device)
+    device = next(model.parameters()).device
+    budget = parse_budget(cfg.memory_budget, device)
+    checkpointing = gradient_checkpointing(model, cfg, budget)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, fused=True)  # one kernel
+    amb = AdaptiveMicroBatch(model, budget_bytes=budget, grow_after=10,
+                             max_tokens=cfg.micro_batch_tokens, tokens_key="real")
+    plan = memory_plan(cfg, device, budget, placement, checkpointing)
+    packing = cfg.packing(cfg.pack_tokens, cfg.train_dtype)
+    rng = np.random.default_rng(cfg.seed)
+    trainer: dict[str, Any] = {"step": 0, "groups": 0, "data": {"epoch": 0, "position": 0},
+                               "eval": {}}
+    if run.resumed:  # the last complete step's weights, optimizer, RNG and trainer state
+        trainer = restore(run, model, lora, opt, rng, amb, monitor)
+    if lora:
+        monitor.record_saving("shared_reference", reference_bytes_saved(model))
+    store = TokenStore(run.dir / "prompts")
+    problems = task_problems(cfg.task, cfg.train_size, cfg.seed, cfg.task_config)
+    held_out, asdiv = held_out_sets(cfg)
+    g = cfg.group_size
+
+    # ----- the loop: generate, score, reference, update (mu iterations), buffer, commit -----
+    try:
+        if cfg.evaluate and "before" not in trainer["eval"] and trainer["step"] == 0:
+            trainer["eval"]["before"] = evaluate(model, tok, sampling(cfg, device), held_out, asdiv)
+            print(f"held-out accuracy before: {json.dumps(trainer['eval']['before'])}",
+                  flush=True)
+        bar = tqdm(total=cfg.steps, initial=trainer["step"], desc="GRPO steps", unit="step")
+        while trainer["step"] < cfg.steps:
+            t0 = time.perf_counter()
+            step, row = trainer["step"] + 1, {"step": trainer["step"] + 1}
+            phases = Phases(monitor, row)
+            indices = next_prompts(store, cfg.max_prompt_tokens, cfg.prompts_per_step,
+                                   cfg.seed, trainer["data"])
+            prompts = [np.asarray(store[i], np.int64) for i in indices]
+
+            with phases("generate"):
+                torch.set_num_threads(cfg.generate_threads)
+                rollouts = generate(model, tok, prompts, sampling(cfg, device), n_per_prompt=g)
+                torch.set_num_threads(cfg.train_threads or os.cpu_count() or 1)
+            completions = [c for c, _ in rollouts]
+            truncated = np.array([t for _, t in rollouts])
+            comp_lens = [len(c) for c in completions]
+            n_tok = sum(comp_lens)
+
+            with phases("score"):
+                texts = tok.batch_decode(completions, skip_special_tokens=True)
+                scores = score_group(problems, indices, texts, g, cfg.format_reward)
+                adv, flat_groups = group_advantages(scores["reward"], g, cfg.scale_rewards)
+            groups = [completions[i:i + g] for i in range(0, len(completions), g)]
+            per_token = per_token_inputs(comp_lens, adv, cfg.loss_norm, cfg.max_completion_tokens)
+            batch = to_device(packed_batch(prompts, groups, packing, tok.pad_token_id, per_token,
+                                           row_tokens=cfg.micro_batch_tokens), device)
+
+            ref = None
+            if cfg.beta:
+                with phases("reference"):
+                    ref = packed_reference_logprobs(model, batch, packing, reference)
+                mask = batch["mask"]
+                batch["ref"] = torch.zeros_like(batch["advantage"])
+                batch["ref"][mask] = ref.to(device)[batch["index"][mask]]
+
+            with phases("save_wait"):  # the previous step's checkpoint reads the weights
+                run.wait()
+            with phases("update"):
+                upd = update(model, opt, amb, batch, cfg, n_tok, record_behaviour=True)
+            behaviour = upd.pop("behaviour").numpy()
+
+            with phases("buffer"):
+                buf.extend(rollout_rows(prompts, completions, truncated, scores, adv, behaviour,
+                                        None if ref is None else ref.numpy(), group_size=g,
+                                        first_group=trainer["groups"], step=step))
+            trainer["groups"] += len(prompts)
+            for _ in range(cfg.num_iterations - 1):
+                with phases("update"):
+                    upd = reuse_iteration(cfg, model, opt, amb, buf, tok.pad_token_id, device)
+
+            row.update({"reward_mean": float(scores["reward"].mean()),
+                        "reward_std": float(scores["reward"].std()),
+                        "accuracy": float((scores["correctness"] == 1.0).mean()),
+                        "format_rate": float(scores["formatted"].mean()),
+                        "zero_std_groups": flat_groups,
+                        "truncated_fraction": float(truncated.mean()),
+                        "completion_tokens_mean": float(np.mean(comp_lens)),
+                        "completion_tokens": n_tok,
+                        "tokens_per_s": n_tok / max(row["seconds_generate"], 1e-9),
+                        "packed_rows": int(len(batch["input_ids"])), **upd})
+            # What the chunked head saved: fp32 logits and their gradient over the packed tokens
+            saved = 2 * 4 * int(batch["mask"].numel()) * lm_parts(model)[1].shape[0]
+            monitor.record_saving("chunked_logprobs", saved)
+            row["memory_saved_bytes"] = saved
+            row.update({**plan, "micro_batch_tokens": amb.max_tokens})
+            trainer["step"] = step
+            row["step_seconds"] = time.perf_counter() - t0
+            row["peak_rss_bytes"] = phases.peak_rss_bytes()
+            phases.log("step", step)
+
+            # Checkpoint + buffer commit in the background, overlapping the next step's
+            # generation (weights, optimizer state and buffer stay unchanged until run.wait()).
+            run.commit_in_background(
+                step, row, state=copy.deepcopy({"trainer": trainer,
+                                                "micro_batch": amb.state_dict(),
+                                                "monitor": monitor.state_dict()}),
+                torch_files={"optimizer.pt": opt.state_dict(), "rng.pt": rng_states(rng)},
+                writers={"weights.safetensors": lambda p: save_weights(model, lora, p)})
+            bar.set_postfix(progress(row))
+            bar.update(1)
+        run.wait()
+        bar.close()
+        if cfg.evaluate and "after" not in trainer["eval"]:
+            trainer["eval"]["after"] = evaluate(model, tok, sampling(cfg, device), held_out, asdiv)
+            print(f"held-out accuracy after: {json.dumps(trainer['eval']['after'])}", flush=True)
+        write_atomic(run.dir / "eval.json", json.dumps(trainer["eval"], indent=1).encode())
+    except KeyboardInterrupt:
+        run.wait()
+        sys.exit(run.interrupted_message())
+    finally:
+        run.close()
+
+
+def sampling(cfg: Config, device: torch.device) -> Sampling:
+    """The rollouts' :class:`Sampling`, its memory budget read now on ``device`` (``auto``
+    follows the free memory at each generate call)."""
+    return cfg.sampling(cfg.max_completion_tokens, device, generate_dtype=cfg.generate_dtype,
+                        packed_weights=cfg.packed_weights)
+
+
+def run_files(cfg: Config, model: Any, tok: Any, model_dir: Path) -> Callable[[Path], None]:
+    """What a new run directory holds besides ``config.json`` and ``ckpt/`` (``open_run``'s
+    ``create``): the tokenized prompts, the initial weights as the reference policy (full
+    fine-tuning with a KL term) and the empty rollout buffer."""
+    def create(d: Path) -> None:
+        prompt_store(cfg.task, cfg.train_size, cfg.seed, cfg.task_config, tok, model_dir,
+                     d / "prompts")
+        if cfg.beta and not cfg.lora_rank:
+            write_reference(model, d / "reference.pt")
+        ReplayBuffer.create(d / "buffer", capacity=cfg.buffer_groups * cfg.group_size,
+                            fields=buffer_fields(), seed=cfg.seed,
+                            sampler=group_sampler(cfg.group_size,
+                                                  cfg.reuse_groups or cfg.prompts_per_step))\
+            .close()
+
+    return create
+
+
+def restore(run: Run, model: Any, lora: bool, opt: torch.optim.Optimizer,
+            rng: np.random.Generator, amb: AdaptiveMicroBatch, monitor: MemoryMonitor
+            ) -> dict[str, Any]:
+    """Load the run's last complete step into the policy, the optimizer, the RNGs, the
+    micro-batch controller and the monitor (``run.history`` and ``metrics.jsonl`` too);
+    returns the trainer state (step, groups, prompt order, evaluations)."""
+    assert run.checkpoint is not None
+    load_weights(model, lora, run.checkpoint / "weights.safetensors")
+    opt.load_state_dict(torch.load(run.checkpoint / "optimizer.pt", weights_only=True))
+    set_rng_states(torch.load(run.checkpoint / "rng.pt", weights_only=False), rng)
+    state = run.load_state()
+    amb.load_state_dict(state["micro_batch"])
+    monitor.load_state_dict(state["monitor"])
+    return dict(state["trainer"])
+
+
+def held_out_sets(cfg: Config) -> tuple[Any, list[dict[str, Any]]]:
+    """The held-out task problems (a disjoint seed; empty with ``--eval-size 0``) and the
+    ASDiv problems (``--eval-asdiv``)."""
+    held_out = task_problems(cfg.task, cfg.eval_size, cfg.seed + 1_000_003, cfg.task_config) \
+        if cfg.eval_size else []
+    return held_out, asdiv_problems(cfg.eval_asdiv) if cfg.eval_asdiv else []
+
+
+def memory_plan(cfg: Config, device: torch.device, budget: int | None,
+                placement: PlacementPlan, checkpointing: dict[str, Any]) -> dict[str, Any]:
+    """Log (INFO) the run's memory plan: the budget, where the policy lives, the
+    checkpointed layers, the micro-batch and generation plan, the buffer's capacity. Returns
+    its numbers for the metrics rows."""
+    policy_bytes = placement.bytes_per_device.get(placement.device["policy"], 0)
+    log.info("memory plan: budget %s on %s; policy %s MiB (weights, gradients, AdamW) on "
+             "%s; gradient checkpointing %s (%d layers); update micro-batches of up to %d "
+             "tokens (rows of up to %d); generation batches of up to %d sequences; buffer "
+             "capacity %d completions (%d groups of %d)",
+             "none" if budget is None else f"{budget / MIB:,.0f} MiB", device,
+             f"{policy_bytes / MIB:,.1f}", placement.device["policy"], checkpointing["mode"],
+             len(checkpointing["layers"]), cfg.micro_batch_tokens, cfg.pack_tokens,
+             cfg.generation_batch, cfg.buffer_groups * cfg.group_size, cfg.buffer_groups,
+             cfg.group_size)
+    return {"memory_budget_bytes": budget, "policy_bytes": policy_bytes,
+            "checkpointed_layers": len(checkpointing["layers"])}
+
+
+def curve(path: Path, history: list[dict[str, Any]], task: str) -> None:
+    """``curve.png``: rollout reward and accuracy per step, the KL on the right axis."""
+    plot_curve(path, history, x="step", xlabel="step",
+               series=[Series("reward_mean", "reward (mean)"),
+                       Series("accuracy", "accuracy (rollouts)"),
+                       Series("kl", "KL", right=True)],
+               ylabel="reward / accuracy", title=f"GRPO on {task}", right_label="KL")
+
+
+def progress(row: dict[str, Any]) -> dict[str, str]:
+    """The progress bar's figures of a step's row."""
+    return {"reward": f"{row['reward_mean']:.3f}", "acc": f"{row['accuracy']:.2f}",
+            "kl": f"{row['kl']:.4f}", "len": f"{row['completion_tokens_mean']:.0f}",
+            "tok/s": f"{row['tokens_per_s']:.1f}", "peak": f"{row['peak_rss_bytes'] / MIB:.0f}M"}

@@ -1,0 +1,3 @@
+from trainers.guidance.train import main
+
+main()

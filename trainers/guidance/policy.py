@@ -1,0 +1,140 @@
+"""The token-level policy gradient of each adapter (ArCHer, Zhou et al. 2024, Sec. 4): every
+action token of an utterance gets the utterance's advantage, ``-A log pi + beta k3`` with the
+k3 estimator of the KL to the reference (Schulman 2020, "Approximating KL divergence"); the
+utterance batches, their log-probs through the chunked LM head, the reference's log-probs, and
+the micro-batch plan of a step."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlbuffers.memory import AdaptiveMicroBatch, token_logprobs
+from rlbuffers.memory.budget import StepCost, plan_micro_batch
+from rlbuffers.memory.errors import MemoryBudgetError
+from trainers.guidance.config import Config
+from trainers.guidance.rollout import Policies
+from trainers.llm.policy_loss import clip_and_step
+
+log = logging.getLogger("trainers.guidance.policy")
+MIB = 2**20
+
+
+def utterance_batch(obs: list[np.ndarray], acts: list[np.ndarray], pad_id: int,
+                    advantage: np.ndarray) -> dict[str, torch.Tensor]:
+    """Observation + action per row, right-padded, on the CPU: ``input_ids``,
+    ``attention_mask``, ``target`` (bool, action tokens), ``weight`` (``1 / (len(a) N)`` at
+    action tokens: mean over tokens, then over utterances), ``index`` (flat action-token
+    index), ``ref`` (float32, filled later), all ``[N, T]``; ``advantage`` float32[N]."""
+    n, width = len(obs), max(len(o) + len(a) for o, a in zip(obs, acts, strict=True))
+    out = {"input_ids": torch.full((n, width), pad_id, dtype=torch.long),
+           "attention_mask": torch.zeros((n, width), dtype=torch.long),
+           "target": torch.zeros((n, width), dtype=torch.bool),
+           "weight": torch.zeros((n, width)), "index": torch.zeros((n, width), dtype=torch.long),
+           "ref": torch.zeros((n, width)), "advantage": torch.as_tensor(advantage).float()}
+    k = 0
+    for i, (o, a) in enumerate(zip(obs, acts, strict=True)):
+        p, c = len(o), len(a)
+        out["input_ids"][i, :p + c] = torch.from_numpy(np.concatenate([o, a]).astype(np.int64))
+        out["attention_mask"][i, :p + c] = 1
+        out["target"][i, p:p + c] = True
+        out["weight"][i, p:p + c] = 1.0 / (max(c, 1) * n)
+        out["index"][i, p:p + c] = torch.arange(k, k + c)
+        k += c
+    return out
+
+
+def utterance_logprobs(model: Any, micro: dict[str, torch.Tensor], *, chunk_tokens: int,
+                       temperature: float) -> torch.Tensor:
+    """Log-probs (float32[n], on ``micro``'s device) of the action tokens (``micro['target']``,
+    row-major) from the decoder's hidden states through the chunked LM head (no ``[B, T, V]``
+    logits); the model may live on another device than ``micro``."""
+    width = int(micro["attention_mask"].sum(1).max())
+    dev = model.get_output_embeddings().weight.device
+    ids, att = micro["input_ids"][:, :width].to(dev), micro["attention_mask"][:, :width].to(dev)
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=att,
+                                 use_cache=False).last_hidden_state
+    rows, cols = micro["target"][:, :width].nonzero(as_tuple=True)
+    rows, cols = rows.to(dev), cols.to(dev)
+    head = model.get_output_embeddings()
+    return token_logprobs(hidden[rows, cols - 1][None], head.weight, ids[rows, cols][None],
+                          chunk_tokens=chunk_tokens, lm_head_bias=head.bias,
+                          temperature=temperature)[0].to(micro["target"].device)
+
+
+@torch.no_grad()
+def utterance_reference_logprobs(policies: Policies, batch: dict[str, torch.Tensor], rows: int,
+                                 *, chunk_tokens: int, temperature: float) -> None:
+    """Fill ``batch['ref']`` at action tokens with the reference policy's log-probs (the base
+    with adapters disabled, or the naive layout's copy), ``rows`` rows at a time."""
+    with policies.reference() as ref:
+        ref.eval()
+        for r in range(0, len(batch["input_ids"]), rows):
+            micro = {k: v[r:r + rows] for k, v in batch.items()}
+            batch["ref"][r:r + rows][micro["target"]] = utterance_logprobs(
+                ref, micro, chunk_tokens=chunk_tokens, temperature=temperature)
+
+
+def policy_step(policies: Policies, role: str, opt: torch.optim.Optimizer,
+                amb: AdaptiveMicroBatch, batch: dict[str, torch.Tensor],
+                cfg: Config) -> dict[str, Any]:
+    """One optimizer step of ``role``'s adapter: per action token ``-A logp + beta k3(ref,
+    logp)``, weighted by ``batch['weight']`` (mean over tokens, then over utterances), in
+    ``amb``'s micro-batches; gradients clipped to ``cfg.max_grad_norm``. Returns ``loss``,
+    ``kl`` (mean k3), ``grad_norm``, ``micro_batch`` and ``retries``."""
+    model = policies.use(role)
+    model.train()
+    rows = len(batch["input_ids"])
+    kl = torch.zeros(int(batch["target"].sum()), device=batch["target"].device)
+
+    def step_fn(micro: dict[str, torch.Tensor]) -> torch.Tensor:
+        m = micro["target"]
+        lp = utterance_logprobs(model, micro, chunk_tokens=cfg.chunk_tokens,
+                                temperature=cfg.temperature)
+        per = -micro["advantage"][:, None].expand(m.shape)[m] * lp
+        if cfg.beta:
+            d = micro["ref"][m] - lp
+            k3 = torch.exp(d) - d - 1
+            per = per + cfg.beta * k3
+            kl[micro["index"][m]] = k3.detach()
+        # AdaptiveMicroBatch scales by len(micro) / rows: this makes the sum over all rows.
+        return (per * micro["weight"][m]).sum() * rows / len(m)
+
+    stats = amb.run(batch, step_fn)
+    norm = clip_and_step(policies.adapter_params(role), opt, cfg.max_grad_norm)
+    return {"loss": stats.loss, "kl": float(kl.mean()), "grad_norm": norm,
+            "micro_batch": stats.micro_batch, "retries": stats.retries}
+
+
+def micro_batches(role: str, model: Any, budget: int | None, items: int, tokens_per_item: int,
+                  chunk_tokens: int) -> tuple[AdaptiveMicroBatch, dict[str, Any]]:
+    """The micro-batches of ``role``'s policy steps (``items`` utterances of at most
+    ``tokens_per_item`` tokens) from ``plan_micro_batch`` under ``budget`` bytes (a cost per
+    token estimated from the model's shape: fp32 activations of each decoder layer, plus one
+    LM-head chunk of ``chunk_tokens`` of logits and gradients), halved by
+    ``AdaptiveMicroBatch`` if the measured peak goes over it; whole batches when ``budget``
+    is None. Returns it and the plan as plain data (logged at INFO)."""
+    if budget is None:
+        plan: dict[str, Any] = {"budget_bytes": None, "micro_batch": items, "items": items}
+        amb = AdaptiveMicroBatch(model)
+    else:
+        c = model.config
+        per_token = 4 * c.num_hidden_layers * (10 * c.hidden_size + 4 * c.intermediate_size)
+        cost = StepCost(fixed_bytes=3 * 4 * chunk_tokens * c.vocab_size,
+                        bytes_per_token=per_token)
+        try:
+            size = plan_micro_batch(budget, cost=cost, target_batch=items,
+                                    tokens_per_item=tokens_per_item).micro_batch
+        except MemoryBudgetError:
+            size = 1
+        plan = {"budget_bytes": budget, "micro_batch": size, "items": items,
+                "fixed_bytes": cost.fixed_bytes, "bytes_per_token": per_token}
+        amb = AdaptiveMicroBatch(model, max_micro_batch=size, budget_bytes=budget,
+                                 grow_after=10)
+    log.info("micro-batch plan %s: %d of %d utterances (<= %d tokens each), budget %s",
+             role, plan["micro_batch"], items, tokens_per_item,
+             "none" if budget is None else f"{budget / MIB:,.0f} MiB")
+    return amb, plan

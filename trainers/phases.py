@@ -1,0 +1,64 @@
+"""Per-phase seconds and peak memory of one loop unit (step, iteration, generation), in its
+metrics row and in the log at INFO: ``rollout 3.2 s 1,204 MiB | update 5.1 s 1,870 MiB``.
+
+Peak figures are ``rlbuffers.memory.MemoryMonitor`` phase peaks: the process's RSS sampled
+while the phase runs (and, with a CUDA device, ``torch.cuda.max_memory_allocated`` over the
+phase); the heap is trimmed when a phase ends, so freed activations do not count in the next
+phase's peak.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rlbuffers.memory import MemoryMonitor
+from rlbuffers.memory.process import trim_heap
+
+log = logging.getLogger("trainers.phases")
+MIB = 2**20
+
+
+class Phases:
+    """``with phases("update"):`` records the block's seconds (``seconds_<name>``, summed
+    when a phase runs several times) and peak RSS (``peak_rss_<name>_bytes``, the largest;
+    ``cuda_peak_<name>_bytes`` with a CUDA monitor) into ``row``."""
+
+    def __init__(self, monitor: MemoryMonitor, row: dict[str, Any]) -> None:
+        self.monitor, self.row = monitor, row
+        self.names: list[str] = []
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        with self.monitor.phase(name) as pk:
+            yield
+            trim_heap()
+        row = self.row
+        row[f"seconds_{name}"] = row.get(f"seconds_{name}", 0.0) + time.perf_counter() - t0
+        row[f"peak_rss_{name}_bytes"] = max(row.get(f"peak_rss_{name}_bytes", 0),
+                                            pk.peak_rss_bytes)
+        if pk.cuda_peak_bytes:
+            row[f"cuda_peak_{name}_bytes"] = max(row.get(f"cuda_peak_{name}_bytes", 0),
+                                                 pk.cuda_peak_bytes)
+        if name not in self.names:
+            self.names.append(name)
+
+    def peak_rss_bytes(self) -> int:
+        """The largest phase peak of the row so far (0 before any phase)."""
+        return max((self.row[f"peak_rss_{n}_bytes"] for n in self.names), default=0)
+
+    def log(self, unit: str, n: int) -> str:
+        """Log (INFO) and return the unit's line: each phase's seconds and peak."""
+        parts = []
+        for name in self.names:
+            cuda = self.row.get(f"cuda_peak_{name}_bytes")
+            parts.append(f"{name} {self.row[f'seconds_{name}']:.1f} s "
+                         f"{self.row[f'peak_rss_{name}_bytes'] / MIB:,.0f} MiB"
+                         + (f" (cuda {cuda / MIB:,.0f} MiB)" if cuda else ""))
+        line = f"{unit} {n}: " + " | ".join(parts)
+        log.info(line)
+        return line
