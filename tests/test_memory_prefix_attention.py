@@ -122,3 +122,20 @@ def test_bad_plans_are_named():
     with pytest.raises(ValueError, match=r"prefix_plan: planned for 1 rows of 8 tokens, got 1 "
                                          r"rows of 5"):
         model.model(input_ids=torch.from_numpy(b["input_ids"][:, :5]), prefix_plan=plan)
+
+
+def test_under_autocast_the_output_has_the_attention_dtype():
+    """Under bf16 autocast, sdpa returns bf16 while the rotated query stays fp32 (on CUDA it
+    did: ``index_copy_`` of bf16 pieces into an fp32 row failed): the rows are assembled in
+    the pieces' dtype, as the library's sdpa returns them."""
+    from rlbuffers.memory.prefix_attention import prefix_attention
+
+    b = pack_shared_prefix([np.array([1, 2, 3])], [[np.array([4, 5]), np.array([6])]], 12, 0)
+    plan = plan_prefix_attention(b["block"], b["parent"], b["real"])
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 12, 8) for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = prefix_attention(torch.nn.Module(), q, k, v, None, prefix_plan=plan)
+    want, _ = prefix_attention(torch.nn.Module(), q, k, v, None, prefix_plan=plan)
+    assert out.dtype == torch.bfloat16 and want.dtype == torch.float32
+    assert torch.allclose(out.float(), want, atol=3e-2)

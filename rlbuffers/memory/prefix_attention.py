@@ -171,7 +171,7 @@ def prefix_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
                 dropout_p=dropout, scale=scaling, enable_gqa=gqa)  # [n, H, C, D]
             pieces.append(out.transpose(0, 1).reshape(h, n * c, d)[:, g.valid])
         got = torch.cat(pieces, dim=1)
-        outs.append(query.new_zeros(h, t, d).index_copy(1, prefix_plan.order[b], got))
+        outs.append(got.new_zeros(h, t, d).index_copy(1, prefix_plan.order[b], got))
     return torch.stack(outs).transpose(1, 2).contiguous(), None
 
 
