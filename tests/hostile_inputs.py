@@ -157,7 +157,7 @@ def _tar(members: list[tarfile.TarInfo | tuple[tarfile.TarInfo, bytes]], fmt) ->
 def _header(name: str, size: int, kind: bytes) -> bytes:
     info = tarfile.TarInfo(name)
     info.size, info.type = size, kind
-    return info.tobuf(format=tarfile.USTAR_FORMAT)
+    return info.tobuf(format=tarfile.GNU_FORMAT)
 
 
 def c1_pax_zero_length() -> bytes:

@@ -112,7 +112,8 @@ class _SourceFactory:
             return ShardSource(self.urls, seed=c.seed, slot=slot, num_slots=num_slots,
                                first_pass=first_pass, cycle=cycle, shuffle_shards=c.shuffle_shards,
                                uneven=c.uneven_shards, on_error=c.on_error,
-                               expected_samples=counts, markers=True)
+                               expected_samples=counts, markers=True,
+                               max_record_bytes=c.max_record_bytes)
         return IndexSource(self.data, seed=c.seed, shuffle=c.shuffle_shards, slot=slot,
                            num_slots=num_slots, first_pass=first_pass, cycle=cycle,
                            uneven=c.uneven_shards, markers=True)

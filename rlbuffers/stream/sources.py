@@ -13,6 +13,7 @@ from rlbuffers.intmath import ceil_div
 from rlbuffers.stream.errors import ShardError
 from rlbuffers.stream.reading import iter_shard
 from rlbuffers.stream.stages import Count, PassEnd, Stage, check_kind
+from rlbuffers.stream.tario import MAX_RECORD_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ class ShardSource(Stage):
             what each shard yields; ``None``: each shard looks up its own manifest.
         markers: yield :class:`~rlbuffers.stream.stages.Count` and ``PassEnd`` markers among
             the samples (the loader's pipeline counts and cuts windows with them).
+        max_record_bytes: largest tar member read (see :func:`~rlbuffers.stream.iter_shard`).
 
     State: ``{pass, shard, offset}``: shard index in this slot's list and samples read from it.
     """
@@ -81,8 +83,10 @@ class ShardSource(Stage):
     def __init__(self, urls: Sequence[str], *, seed: int = 0, slot: int = 0, num_slots: int = 1,
                  first_pass: int = 0, cycle: bool = False, shuffle_shards: bool = True,
                  uneven: UnevenPolicy = "wrap", on_error: Literal["raise", "warn"] = "raise",
-                 expected_samples: dict[str, int] | None = None, markers: bool = False) -> None:
+                 expected_samples: dict[str, int] | None = None, markers: bool = False,
+                 max_record_bytes: int = MAX_RECORD_BYTES) -> None:
         self.urls = list(urls)
+        self.max_record_bytes = max_record_bytes
         self.seed = int(seed)
         self.slot, self.num_slots = int(slot), int(num_slots)
         self.cycle = cycle
@@ -135,7 +139,8 @@ class ShardSource(Stage):
         expected = None if known is None else known.get(url)
         try:
             for sample in iter_shard(url, skip_samples=self._offset, expected_samples=expected,
-                                     find_manifest=known is None):
+                                     find_manifest=known is None,
+                                     max_record_bytes=self.max_record_bytes):
                 self._offset += 1
                 yield sample
         except ShardError as exn:
