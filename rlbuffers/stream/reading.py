@@ -21,6 +21,7 @@ import braceexpand
 import fsspec
 
 from rlbuffers.stream.errors import ShardError
+from rlbuffers.stream.state_schema import ManifestError, check_manifest
 from rlbuffers.stream.tario import (
     END_MARKER_NAME,
     MAX_RECORD_BYTES,
@@ -125,7 +126,12 @@ def _shard_name(url: str) -> str:
 
 def read_manifest_at(parent: str) -> dict[str, Any] | None:
     """The ``shards.json`` in directory or URL prefix ``parent``, or None if there is none
-    or it cannot be read (local paths and fsspec URLs alike; ``pipe:`` has none)."""
+    or it cannot be read (local paths and fsspec URLs alike; ``pipe:`` has none).
+
+    Raises:
+        ManifestError: it is there and parses, but is not a shard manifest (key, expected and
+            actual value named; see :func:`~rlbuffers.stream.state_schema.check_manifest`).
+    """
     if parent.startswith("pipe:"):
         return None
     where = f"{parent}/{MANIFEST_NAME}" if "://" in parent else os.path.join(parent,
@@ -133,13 +139,15 @@ def read_manifest_at(parent: str) -> dict[str, Any] | None:
     try:
         if "://" in where:
             with fsspec.open(where, "rb") as f:
-                return json.loads(f.read())
-        return json.loads(Path(where).read_bytes())
+                manifest = json.loads(f.read())
+        else:
+            manifest = json.loads(Path(where).read_bytes())
     except (OSError, ValueError):
         return None
     except Exception as exn:  # a remote store's own error types: no manifest to check
         logger.debug("no readable %s at %s (%s)", MANIFEST_NAME, parent, _cause(exn))
         return None
+    return check_manifest(manifest, where)
 
 
 def manifest_entries(urls: Iterable[str]) -> dict[str, dict[str, Any]]:
@@ -270,12 +278,17 @@ def iter_shard(url: str, *, skip_samples: int = 0, expected_samples: int | None 
 
 
 def read_manifest(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """The ``shards.json`` manifest written by :func:`write_shards`.
+    """The ``shards.json`` manifest written by :func:`write_shards`, checked.
 
     Raises:
-        ShardError: the directory has no manifest.
+        ShardError: the directory has no manifest. ManifestError (a ``ShardError``): it is
+            not JSON, or not a shard manifest (key, expected and actual value named).
     """
     path = Path(out_dir) / MANIFEST_NAME
     if not path.exists():
         raise ShardError(f"shard directory {str(out_dir)!r}: no {MANIFEST_NAME}")
-    return json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_bytes())
+    except ValueError as exn:
+        raise ManifestError(f"{path}: expected JSON, got {exn}") from None
+    return check_manifest(manifest, str(path))

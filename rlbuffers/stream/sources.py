@@ -13,6 +13,7 @@ from rlbuffers.intmath import ceil_div
 from rlbuffers.stream.errors import ShardError
 from rlbuffers.stream.reading import iter_shard
 from rlbuffers.stream.stages import Count, PassEnd, Stage, check_kind
+from rlbuffers.stream.state_schema import state_int
 from rlbuffers.stream.tario import MAX_RECORD_BYTES
 
 logger = logging.getLogger(__name__)
@@ -96,6 +97,7 @@ class ShardSource(Stage):
         self.expected_samples = expected_samples
         self.markers = markers
         self._failure: Count | None = None
+        self.first_pass = int(first_pass)
         self._pass, self._shard, self._offset = int(first_pass), 0, 0
         split_shards(self.urls, self.slot, self.num_slots, uneven=uneven)  # validate early
         extra = len(self.urls) % self.num_slots
@@ -156,9 +158,21 @@ class ShardSource(Stage):
                 "offset": self._offset}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``; checked against this source's shards (see
+        :mod:`rlbuffers.stream.state_schema`).
+
+        Raises:
+            StreamStateError: a key missing, of another type, or out of range: ``pass`` (this
+                source's first pass unless it cycles), ``shard`` (at most the slot's shard
+                count in that pass), ``offset`` (at most that shard's known sample count).
+        """
         check_kind(state, "shards")
-        self._pass, self._shard, self._offset = (
-            int(state["pass"]), int(state["shard"]), int(state["offset"]))
+        pass_ = _source_pass(state, "shards", self.first_pass, self.cycle)
+        shards = self.shards_for_pass(pass_)
+        shard = state_int(state, "shard", "shards", high=len(shards))
+        known = (self.expected_samples or {}).get(shards[shard]) if shard < len(shards) else 0
+        offset = state_int(state, "offset", "shards", high=known)
+        self._pass, self._shard, self._offset = pass_, shard, offset
 
 
 class IndexSource(Stage):
@@ -182,6 +196,7 @@ class IndexSource(Stage):
         self.slot, self.num_slots = int(slot), int(num_slots)
         self.cycle, self.uneven = cycle, uneven
         self.markers = markers
+        self.first_pass = int(first_pass)
         self._pass, self._position = int(first_pass), 0
 
     def _count(self) -> int:
@@ -208,5 +223,20 @@ class IndexSource(Stage):
         return {"kind": "index", "pass": self._pass, "position": self._position}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``.
+
+        Raises:
+            StreamStateError: ``pass`` or ``position`` missing, not an int, or out of range
+                (``position`` at most this slot's item count).
+        """
         check_kind(state, "index")
-        self._pass, self._position = int(state["pass"]), int(state["position"])
+        pass_ = _source_pass(state, "index", self.first_pass, self.cycle)
+        self._pass, self._position = pass_, state_int(state, "position", "index",
+                                                      high=self._count())
+
+
+def _source_pass(state: dict[str, Any], kind: str, first_pass: int, cycle: bool) -> int:
+    """The state's ``pass``: the source's first pass, or a later one when it cycles."""
+    if cycle:
+        return state_int(state, "pass", kind, low=first_pass)
+    return state_int(state, "pass", kind, low=first_pass, high=first_pass)
