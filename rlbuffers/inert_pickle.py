@@ -24,8 +24,10 @@ raises :class:`~rlbuffers.errors.UnsafePickleError`:
 - amplification: ``bytes(n)``, ``bytearray(n)``, ``set(range(n))`` and the like are charged
   to a memory budget (``memory_budget`` bytes, which also counts every byte read into
   memory) and an object budget (``max_objects``) before they run;
-- nesting: at most ``max_depth`` open ``MARK`` s (the result is never walked recursively
-  here; callers must not walk it recursively either).
+- nesting: at most ``max_depth`` open ``MARK`` s and tuples (or frozensets) nested at most
+  ``max_depth`` deep (hashing a deeper one recurses in C without a limit); lists and dicts
+  built through the memo may nest deeper, so callers must not walk the result recursively
+  without a guard (Python's ``repr`` and ``==`` have one).
 """
 
 from __future__ import annotations
@@ -229,7 +231,7 @@ class MappingUnpickler(pickle._Unpickler):  # the pure-Python one: its opcodes c
             constructors such as ``bytearray(n)`` allocate).
         max_objects: objects the load may create (one per opcode, one per element a
             constructor such as ``set(range(n))`` builds).
-        max_depth: nested ``MARK`` s.
+        max_depth: nested ``MARK`` s, and nested tuples or frozensets.
 
     Raises (from :meth:`load`):
         UnsafePickleError: see the module docstring. Others (``UnpicklingError``,
@@ -275,6 +277,7 @@ class MappingUnpickler(pickle._Unpickler):  # the pure-Python one: its opcodes c
         self._dtypes_used: set[int] = set()
         self._dtypes_built: set[int] = set()
         self._keep: list[Any] = []
+        self._depths: dict[int, tuple[Any, int]] = {}
         self.mapped_bytes = 0
 
     @staticmethod
@@ -449,6 +452,7 @@ class MappingUnpickler(pickle._Unpickler):  # the pure-Python one: its opcodes c
     def load_reduce(self) -> None:
         self.charge(0, 1)
         super().load_reduce()  # type: ignore[misc]
+        self._nested()  # tuple(...) and frozenset(...) calls
 
     def _instantiate(self, klass: Any, args: Any) -> None:
         if not (isinstance(klass, type) and issubclass(klass, InertObject)):
@@ -509,6 +513,42 @@ class MappingUnpickler(pickle._Unpickler):  # the pure-Python one: its opcodes c
                                     f"data, got {got}")
         self.charge(nbytes, 1, f"numpy array {shape} {d}")
 
+    def _nested(self) -> None:
+        """Record the nesting depth of the tuple or frozenset just pushed; refuse it beyond
+        ``max_depth`` (hashing a deeply nested tuple, as a dict key does, recurses in C
+        without a limit: a 1 MB pickle of 10**6 nested tuples crashes the standard
+        unpickler)."""
+        obj = self.stack[-1]
+        if not isinstance(obj, (tuple, frozenset)) or not obj:
+            return
+        depths = self._depths  # depth >= 2 only; leaves count 1
+        depth = 1 + max((depths[id(x)][1] if id(x) in depths else 1 for x in obj
+                         if isinstance(x, (tuple, frozenset)) and x), default=0)
+        if depth > self.max_depth:
+            raise UnsafePickleError(f"the pickle nests tuples more than {self.max_depth} deep")
+        if depth > 1:
+            depths[id(obj)] = (obj, depth)  # the object is kept, so its id stays its own
+
+    def load_tuple(self) -> None:
+        super().load_tuple()  # type: ignore[misc]
+        self._nested()
+
+    def load_tuple1(self) -> None:
+        super().load_tuple1()  # type: ignore[misc]
+        self._nested()
+
+    def load_tuple2(self) -> None:
+        super().load_tuple2()  # type: ignore[misc]
+        self._nested()
+
+    def load_tuple3(self) -> None:
+        super().load_tuple3()  # type: ignore[misc]
+        self._nested()
+
+    def load_frozenset(self) -> None:
+        super().load_frozenset()  # type: ignore[misc]
+        self._nested()
+
     def load_mark(self) -> None:
         if len(self.metastack) >= self.max_depth:
             raise UnsafePickleError(f"the pickle nests more than {self.max_depth} levels")
@@ -528,6 +568,11 @@ class MappingUnpickler(pickle._Unpickler):  # the pure-Python one: its opcodes c
     dispatch[pickle.NEWOBJ_EX[0]] = load_newobj_ex  # type: ignore[assignment]
     dispatch[pickle.BUILD[0]] = load_build  # type: ignore[assignment]
     dispatch[pickle.MARK[0]] = load_mark  # type: ignore[assignment]
+    dispatch[pickle.TUPLE[0]] = load_tuple  # type: ignore[assignment]
+    dispatch[pickle.TUPLE1[0]] = load_tuple1  # type: ignore[assignment]
+    dispatch[pickle.TUPLE2[0]] = load_tuple2  # type: ignore[assignment]
+    dispatch[pickle.TUPLE3[0]] = load_tuple3  # type: ignore[assignment]
+    dispatch[pickle.FROZENSET[0]] = load_frozenset  # type: ignore[assignment]
     dispatch[pickle.FRAME[0]] = load_frame  # type: ignore[assignment]
 
 

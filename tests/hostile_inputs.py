@@ -136,12 +136,17 @@ def u4_dtype_cycle() -> bytes:
             b"\x86sK\x08K\x01K\x00tb.")
 
 
+def u4_deep_tuple(depth=1_000_000) -> bytes:
+    """U4: a dict keyed by a tuple nested ``depth`` deep (1 MB): hashing it recurses in C."""
+    return b"\x80\x04}" + b")" + b"\x85" * depth + b"Ns."
+
+
 def hostile_pickles() -> dict[str, bytes]:
     """Every malicious pickle above, by finding (small ones only)."""
     return {"S1": s1_object_dtype_scalar(), "S3-bytearray8": s3_bytearray8_claim(),
             "S3-bytearray": s3_bytearray_call(), "S3-set-range": s3_set_of_range(),
             "S4": s4_zero_stride(), "S5": s5_no_buffer(), "U4": u4_self_reference(),
-            "U4-dtype": u4_dtype_cycle()}
+            "U4-dtype": u4_dtype_cycle(), "U4-deep-tuple": u4_deep_tuple()}
 
 
 # -- tar shards -----------------------------------------------------------------------------

@@ -140,6 +140,9 @@ def test_numpy_arrays_and_scalars_still_round_trip(shape, dtype, protocol):
 
 def test_u4_self_referencing_pickles_end_in_convert_error(child_results):
     _refused(child_results["U4-dtype"], "refers to itself")
+    _refused(child_results["U4-deep-tuple"], "nests tuples more than 1000 deep")
+    nested = pickle.dumps({((((1,),),),): [[[[2]]]]}, 4)  # shallow nesting still loads
+    assert MappingUnpickler(io.BytesIO(nested), None).load() == {((((1,),),),): [[[[2]]]]}
     rc, got = child_results["U4"]
     assert rc == 0 and got is not None and got[0] == "ConvertError", got
 
