@@ -59,7 +59,7 @@ import numpy as np
 
 from rlbuffers.buffer import ReplayBuffer
 from rlbuffers.compression import DEFAULT_CODEC
-from rlbuffers.errors import BufferExistsError, RLBuffersError
+from rlbuffers.errors import BufferExistsError, RLBuffersError, UnsafePickleError
 from rlbuffers.inert_pickle import MEMORY_BUDGET, InertObject, MappingUnpickler
 from rlbuffers.spec import FieldSpec
 
@@ -210,6 +210,8 @@ def _why(e: BaseException) -> str:
     """A short reason for an unpickling failure (some exceptions carry no message)."""
     if isinstance(e, EOFError) or "exhausted before end of frame" in str(e):
         return "it ends too early: truncated?"
+    if isinstance(e, UnsafePickleError) and "are left in" in str(e):  # or a forged length
+        return "it ends too early: truncated?"  # the claim itself: in the cause
     if isinstance(e, MemoryError):
         return "a length field asks for more memory than there is: corrupt?"
     return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__

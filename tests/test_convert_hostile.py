@@ -36,7 +36,7 @@ try:
     b = load_sb3_pickle(path)
     out = ["loaded", None, str(getattr(b.observations, "shape", None))]
 except Exception as e:
-    out = [type(e).__name__, type(e.__cause__).__name__, str(e)]
+    out = [type(e).__name__, type(e.__cause__).__name__, f"{e} | {e.__cause__}"]
 print(json.dumps(out))
 """
 
