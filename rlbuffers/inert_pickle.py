@@ -137,6 +137,24 @@ def _multiarray() -> tuple[Any, Any]:
     return multiarray, numeric
 
 
+#: dtype kinds a pickle may rebuild: no objects, no datetimes (whose pickled state numpy
+#: trusts to carry their unit: a state without one crashed numpy).
+_KINDS = "biufcSUV"
+
+
+def _kinds(d: np.dtype) -> set[str]:
+    """The kinds of ``d`` and of every field and subarray base in it (iterative)."""
+    out, todo = set(), [d]
+    while todo and len(out) < 64:
+        x = todo.pop()
+        out.add(x.kind)
+        if x.subdtype is not None:
+            todo.append(x.subdtype[0])
+        if x.fields:
+            todo.extend(f[0] for f in x.fields.values())
+    return out
+
+
 def _canonical_dtype(d: np.dtype) -> np.dtype:
     """The dtype numpy builds itself for ``d``'s layout (flags computed, not pickled)."""
     if d.names is not None:
@@ -160,6 +178,9 @@ def check_dtype(d: Any, what: str = "dtype") -> np.dtype:
     if d.hasobject or d.kind == "O" or "O" in d.str:
         raise UnsafePickleError(f"{what}: object dtypes are refused (they hold pointers), "
                                 f"got {d!r}")
+    if _kinds(d) - set(_KINDS):
+        raise UnsafePickleError(f"{what}: expected a dtype of kinds {_KINDS!r} (numbers, "
+                                f"bools, bytes, str, structs of these), got {d!r}")
     try:
         ref = _canonical_dtype(d)
     except (TypeError, ValueError, KeyError, RecursionError) as e:
@@ -184,6 +205,40 @@ def _count(shape: tuple[int, ...]) -> int:
     for k in shape:
         n *= k
     return n
+
+
+def _check_dtype_state(state: Any) -> None:
+    """Refuse a dtype state numpy itself would not write: ``(3, byteorder, subarray, names,
+    fields, elsize, alignment, flags)`` (version 4: and a metadata dict), every part of its
+    type (numpy's ``__setstate__`` crashes on some others)."""
+    def bad(why: str) -> UnsafePickleError:
+        return UnsafePickleError(f"numpy dtype state: {why}, got {state!r:.120}")
+
+    if not isinstance(state, tuple) or len(state) not in (8, 9) or state[0] != len(state) - 5:
+        raise bad("expected a version-3 8-tuple or version-4 9-tuple")
+    _, order, sub, names, fields, elsize, align, flags = state[:8]
+    if order not in ("<", ">", "|", "="):
+        raise bad("byteorder: expected one of < > | =")
+    if sub is not None and not (isinstance(sub, tuple) and len(sub) == 2
+                                and isinstance(sub[0], np.dtype)):
+        raise bad("subarray: expected None or (dtype, shape)")
+    if sub is not None:
+        _shape(sub[1], "numpy dtype subarray shape")
+    if (names is None) != (fields is None):
+        raise bad("names and fields: expected both or neither")
+    if names is not None and not _plain_fields(names, fields):
+        raise bad("names and fields: expected a tuple of str naming (dtype, offset[, title])")
+    if not all(type(v) is int for v in (elsize, align, flags)) or flags < 0:
+        raise bad("elsize, alignment, flags: expected ints")
+    if len(state) == 9 and not (state[8] is None or isinstance(state[8], dict)):
+        raise bad("metadata: expected None or a dict")
+
+
+def _plain_fields(names: Any, fields: Any) -> bool:
+    return (isinstance(names, tuple) and isinstance(fields, dict)
+            and all(type(n) is str for n in names) and set(names) <= set(fields)
+            and all(isinstance(v, tuple) and len(v) in (2, 3) and isinstance(v[0], np.dtype)
+                    and type(v[1]) is int and v[1] >= 0 for v in fields.values()))
 
 
 def _dtypes_in(state: Any) -> list[np.dtype]:
@@ -479,6 +534,9 @@ class MappingUnpickler(pickle._Unpickler):  # the pure-Python one: its opcodes c
         if isinstance(inst, np.dtype):
             # A dtype state names other dtypes (fields, subarray base): each must be complete
             # (never rebuilt later) and none may lead back here, or numpy recurses for ever.
+            if _kinds(inst) - set(_KINDS):
+                raise UnsafePickleError(f"numpy dtype state on {inst!r:.40}: refused")
+            _check_dtype_state(self.stack[-1])
             inner = _dtypes_in(self.stack[-1])
             if id(inst) in self._dtypes_used or id(inst) in self._dtypes_built or any(
                     d is inst for d in inner):

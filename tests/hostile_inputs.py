@@ -141,12 +141,26 @@ def u4_deep_tuple(depth=1_000_000) -> bytes:
     return b"\x80\x04}" + b")" + b"\x85" * depth + b"Ns."
 
 
+def fuzz_dtype_states() -> dict[str, bytes]:
+    """Dtype states the pickle fuzzer found crashing numpy's ``dtype.__setstate__``: a
+    timedelta dtype without its unit, and states of the wrong length."""
+    return {
+        "fuzz-m8-state": _dumps(_Reduce(np.dtype, ("m8", False, True),
+                                        (3, "<", None, None, None, -1, -1, 0)), 2),
+        "fuzz-short-state": _dumps(_Reduce(np.dtype, ("f4", False, True),
+                                           (3, "<", None, -1, -1, 0)), 2),
+        "fuzz-void-state": _dumps(_Reduce(np.dtype, ("V8", False, True),
+                                          (3, "|", None, ("a",), 1, 0)), 2),
+    }
+
+
 def hostile_pickles() -> dict[str, bytes]:
     """Every malicious pickle above, by finding (small ones only)."""
     return {"S1": s1_object_dtype_scalar(), "S3-bytearray8": s3_bytearray8_claim(),
             "S3-bytearray": s3_bytearray_call(), "S3-set-range": s3_set_of_range(),
             "S4": s4_zero_stride(), "S5": s5_no_buffer(), "U4": u4_self_reference(),
-            "U4-dtype": u4_dtype_cycle(), "U4-deep-tuple": u4_deep_tuple()}
+            "U4-dtype": u4_dtype_cycle(), "U4-deep-tuple": u4_deep_tuple(),
+            **fuzz_dtype_states()}
 
 
 # -- tar shards -----------------------------------------------------------------------------

@@ -138,6 +138,11 @@ def test_numpy_arrays_and_scalars_still_round_trip(shape, dtype, protocol):
     assert got["s"] == ref["s"] and got["f"] == np.float32(1.5)
 
 
+@pytest.mark.parametrize("name", ["fuzz-m8-state", "fuzz-short-state", "fuzz-void-state"])
+def test_dtype_states_that_crashed_numpy_are_refused(child_results, name):
+    _refused(child_results[name], "dtype")
+
+
 def test_u4_self_referencing_pickles_end_in_convert_error(child_results):
     _refused(child_results["U4-dtype"], "refers to itself")
     _refused(child_results["U4-deep-tuple"], "nests tuples more than 1000 deep")
