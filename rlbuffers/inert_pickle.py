@@ -557,9 +557,11 @@ class MappingUnpickler(pickle._Unpickler):  # the pure-Python one: its opcodes c
             super().load_build()  # type: ignore[misc]
 
     def _check_array_state(self, state: Any) -> None:
-        if not (isinstance(state, tuple) and len(state) in (4, 5)):
-            raise UnsafePickleError(f"numpy array state: expected (version, shape, dtype, "
-                                    f"fortran, data), got {type(state).__name__}")
+        if not (isinstance(state, tuple) and len(state) in (4, 5)
+                and (len(state) == 4 or type(state[0]) is int and state[0] == 1)
+                and type(state[-2]) is bool):
+            raise UnsafePickleError(f"numpy array state: expected (1, shape, dtype, fortran, "
+                                    f"data), got {state!r:.120}")
         shape = _shape(state[-4], "numpy array shape")
         d = check_dtype(state[-3], "numpy array dtype")
         data = state[-1]
