@@ -411,7 +411,11 @@ def convert_sb3(
         FileNotFoundError: no such pickle. ConvertError: not an SB3 replay-buffer pickle.
         BufferExistsError: ``out_path`` is not empty and ``overwrite`` is False, or it holds
         something other than an rlbuffers buffer (checked before the pickle is read).
+        ValueError: ``out_path`` is a URL.
     """
+    if "://" in os.fspath(out_path):
+        raise ValueError(f"out_path: expected a local directory, got the URL {out_path!s} "
+                         "(convert locally, then copy the buffer)")
     out = Path(out_path)
     os.stat(pickle_path)  # a missing pickle is named first (FileNotFoundError)
     _check_out(out, overwrite)

@@ -213,3 +213,6 @@ def test_d3_overwrite_replaces_a_buffer_once_the_new_one_is_complete(tmp_path):
     convert_sb3(tmp_path / "five.pkl", empty).close()  # an empty directory is fine
     with pytest.raises(BufferExistsError, match="not empty"):
         convert_sb3(tmp_path / "five.pkl", empty)
+    with pytest.raises(ValueError, match="expected a local directory"):
+        convert_sb3(tmp_path / "five.pkl", "s3://bucket/buf")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["buf", "empty", "five.pkl", "rb.pkl"]
