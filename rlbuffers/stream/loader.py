@@ -128,10 +128,13 @@ def _data_difference(mine: dict[str, Any], theirs: Any) -> str | None:
         if theirs.get(key) != mine.get(key):
             return (f"state 'data.{key}': expected {mine.get(key)!r} (this loader), got "
                     f"{theirs.get(key)!r}: the state belongs to another data set")
-    if theirs.get("sha256") == mine.get("sha256"):
+    shards = theirs.get("shards") or []
+    if theirs.get("sha256") == mine.get("sha256") and shards == mine.get("shards", shards):
         return None
-    for i, (a, b) in enumerate(zip(mine.get("shards", []), theirs.get("shards") or [],
-                                   strict=False)):
+    if not isinstance(shards, list):
+        return (f"state 'data.shards': expected a list of [name, samples, bytes], got "
+                f"{type(shards).__name__} {shards!r:.60}")
+    for i, (a, b) in enumerate(zip(mine.get("shards", []), shards, strict=False)):
         if a != b:
             return (f"state 'data.shards[{i}]': expected [name, samples, bytes] {a} (this "
                     f"loader), got {b}: the state belongs to another shard set")

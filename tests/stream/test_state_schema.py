@@ -62,6 +62,9 @@ def _tampered(state: dict, edit) -> dict:
     (lambda s: s.update(slot_batches=[9]), "slot_batches", "expected a sum of 3"),
     (lambda s: s.update(version="2"), "version", "got str '2'"),
     (lambda s: s.update(config=None), "config", "expected a dict"),
+    (lambda s: s["data"].update(shards=1.5), "data.shards", "got float 1.5"),  # fuzz found
+    (lambda s: s["data"]["shards"][0].__setitem__(1, 10**6), "data.shards[0]",
+     "expected [name, samples, bytes]"),
     (lambda s: s["counters"]["total"].update(shards_cut=-1), "counters.total.shards_cut",
      "got -1"),
     (lambda s: s["counters"].update(epoch={"bogus": 1}), "counters.epoch", "bogus"),

@@ -158,7 +158,8 @@ def _worker(target: str, start: int, seed: int, workdir: str, address_space: int
         try:
             fuzz.check(data)
             out.write(f"ok {i}\n")
-        except Finding as f:
+        except Finding as f:  # saved here: the parent reads it after this worker moved on
+            Path(workdir, f"finding-{i}.bin").write_bytes(data)
             out.write("finding " + json.dumps({"index": i, "what": str(f)}) + "\n")
         out.flush()
         i += 1
@@ -211,9 +212,13 @@ def run(target: str, description: str, argv: list[str] | None = None) -> int:
 
 
 def _save(work: Path, out: Path, index: int) -> Path:
+    """Keep the input of finding ``index`` (the worker's own copy, else its current input:
+    a worker that died or hung was on it)."""
     saved = out / f"finding-{index}.bin"
-    if (work / "current.bin").exists():
-        saved.write_bytes((work / "current.bin").read_bytes())
+    for src in (work / f"finding-{index}.bin", work / "current.bin"):
+        if src.exists():
+            saved.write_bytes(src.read_bytes())
+            break
     return saved
 
 
