@@ -21,8 +21,12 @@ The pickle is read with a restricted unpickler (:mod:`rlbuffers.inert_pickle`): 
 arrays, dtypes and plain containers are rebuilt for real; every other class or function the
 pickle names (SB3's buffer classes, gymnasium spaces, ``torch.device``) becomes an inert
 stand-in that only records its arguments and state. So neither Stable-Baselines3, gymnasium
-nor torch needs to be installed, and no code named by the pickle runs (it is still wise to
-convert only pickles you trust).
+nor torch needs to be installed, and no code named by the pickle runs. What a hostile pickle
+could still make numpy or Python do is refused before it happens (object dtypes and forged
+dtype states, arrays without data or with strides of the pickle's choosing, lengths beyond the
+file, allocations beyond ``memory_budget``, cycles of dtypes, too many objects): see
+:mod:`rlbuffers.inert_pickle`. ``--overwrite`` replaces only an rlbuffers buffer, and only once
+the new one is complete (see :func:`convert_sb3`).
 
 RNG state: a trained model's action space (and observation space, once sampled) carries a
 numpy ``Generator`` (gymnasium's ``_np_random``), pickled through numpy's
@@ -44,6 +48,8 @@ import gzip
 import logging
 import operator
 import os
+import shutil
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,8 +59,8 @@ import numpy as np
 
 from rlbuffers.buffer import ReplayBuffer
 from rlbuffers.compression import DEFAULT_CODEC
-from rlbuffers.errors import RLBuffersError
-from rlbuffers.inert_pickle import InertObject, MappingUnpickler
+from rlbuffers.errors import BufferExistsError, RLBuffersError, UnsafePickleError
+from rlbuffers.inert_pickle import MEMORY_BUDGET, InertObject, MappingUnpickler
 from rlbuffers.spec import FieldSpec
 
 log = logging.getLogger(__name__)
@@ -125,20 +131,29 @@ def _open(path: Path) -> tuple[IO[bytes], Path | None]:
     return f, path
 
 
-def load_sb3_pickle(path: str | os.PathLike[str]) -> SB3Buffer:
+def load_sb3_pickle(path: str | os.PathLike[str], *,
+                    memory_budget: int = MEMORY_BUDGET) -> SB3Buffer:
     """Read an SB3 ``save_replay_buffer`` pickle (plain or gzip-compressed).
 
     Large arrays of a protocol-5 pickle are memory-mapped read-only from the file (no copy in
     RAM); see the module docstring. Stable-Baselines3 need not be installed.
 
+    Args:
+        memory_budget: bytes the pickle may make this process hold (read into memory, not
+            mapped, or allocated by what it calls); default 16 GiB. A hostile pickle cannot
+            make the load allocate more than this, nor more than its own size per opcode.
+
     Raises:
-        FileNotFoundError: no such file. ConvertError: not a pickle, or a pickle of something
-        other than an SB3 replay buffer (e.g. a ``RolloutBuffer``), or inconsistent shapes.
+        FileNotFoundError: no such file. ConvertError: not a pickle, a pickle the restricted
+        unpickler refuses (its ``__cause__`` an :class:`~rlbuffers.errors.UnsafePickleError`:
+        object dtypes, arrays without data or with forged strides, lengths beyond the file,
+        budgets exceeded; see :mod:`rlbuffers.inert_pickle`), a pickle of something other than
+        an SB3 replay buffer (e.g. a ``RolloutBuffer``), or inconsistent shapes.
     """
     p = Path(path)
     f, mappable = _open(p)
     with f:
-        up = MappingUnpickler(f, mappable)
+        up = MappingUnpickler(f, mappable, memory_budget=memory_budget)
         try:
             obj = up.load()
         except OSError as e:  # a read error is reported as such, a corrupt gzip stream is not
@@ -161,11 +176,13 @@ def load_sb3_pickle(path: str | os.PathLike[str]) -> SB3Buffer:
         )
     try:
         buf = _sb3_from_state(state, kind)
-    except (TypeError, ValueError, AttributeError, OverflowError) as e:
+        buf.mapped_bytes = up.mapped_bytes
+        _check_shapes(p, buf)
+    except ConvertError:
+        raise
+    except (TypeError, ValueError, AttributeError, OverflowError, RecursionError) as e:
         raise ConvertError(f"{p}: {_EXPECTED}, got a pickled {kind} with unexpected "
                            f"attributes ({_why(e)})") from e
-    buf.mapped_bytes = up.mapped_bytes
-    _check_shapes(p, buf)
     return buf
 
 
@@ -193,6 +210,8 @@ def _why(e: BaseException) -> str:
     """A short reason for an unpickling failure (some exceptions carry no message)."""
     if isinstance(e, EOFError) or "exhausted before end of frame" in str(e):
         return "it ends too early: truncated?"
+    if isinstance(e, UnsafePickleError) and "are left in" in str(e):  # or a forged length
+        return "it ends too early: truncated?"  # the claim itself: in the cause
     if isinstance(e, MemoryError):
         return "a length field asks for more memory than there is: corrupt?"
     return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
@@ -211,6 +230,8 @@ def _sb3_from_state(s: dict[str, Any], kind: str) -> SB3Buffer:
     origin = getattr(space, "_origin", None) or type(space).__qualname__
     discrete = origin.rsplit(".", 1)[-1] == "Discrete"
     rewards = s["rewards"]
+    if not isinstance(rewards, np.ndarray):  # before zeros_like walks whatever it is
+        raise TypeError(f"rewards: expected a numpy array, got {type(rewards).__name__}")
     timeouts = s.get("timeouts")
     if timeouts is None or not _truth(s, "handle_timeout_termination", True):
         timeouts = np.zeros_like(rewards)
@@ -350,6 +371,7 @@ def convert_sb3(
     seed: int | None = None,
     overwrite: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    memory_budget: int = MEMORY_BUDGET,
 ) -> ReplayBuffer:
     """Convert an SB3 replay-buffer pickle into a new rlbuffers buffer at ``out_path``.
 
@@ -361,16 +383,25 @@ def convert_sb3(
     new buffer is uniform, seeded with ``seed``. Memory: see the module docstring (bounded for
     protocol-5 pickles, which SB3 writes).
 
+    The new buffer is built in a temporary directory beside ``out_path``
+    (``.<name>.converting-<id>``) and renamed into place once complete, so a conversion that
+    fails or is killed never leaves a partial buffer at ``out_path``, and never removes what
+    was there: with ``overwrite``, an existing buffer is replaced only after the new one is
+    complete (it is renamed aside, the new one renamed in, then the old one deleted).
+
     Note: with ``n_envs > 1`` the environments' transitions interleave (as in SB3), so episode
     numbers (used by ``SequenceSampler``) mix environments; the ``env`` field tells them apart.
 
     Args:
         pickle_path: the file ``model.save_replay_buffer`` wrote (plain or gzip-compressed).
-        out_path: directory of the new buffer.
+        out_path: directory of the new buffer (a local path).
         capacity: ring size in transitions; default SB3's ``buffer_size * n_envs``. When the
             SB3 buffer holds more, only the newest ``capacity`` stay.
-        chunk_transitions, codec, seed, overwrite: as in :meth:`ReplayBuffer.create`.
+        chunk_transitions, codec, seed: as in :meth:`ReplayBuffer.create`.
+        overwrite: replace ``out_path`` if it holds an rlbuffers buffer (``manifest.json``);
+            a directory holding anything else is never replaced (or deleted).
         progress: called as ``progress(done, total)`` (transitions) after every batch.
+        memory_budget: bytes the pickle may make the load hold (see :func:`load_sb3_pickle`).
 
     Returns:
         the new buffer, open read/write, committed once (commit 1) with
@@ -378,36 +409,96 @@ def convert_sb3(
 
     Raises:
         FileNotFoundError: no such pickle. ConvertError: not an SB3 replay-buffer pickle.
-        BufferExistsError: ``out_path`` is not empty and ``overwrite`` is False.
+        BufferExistsError: ``out_path`` is not empty and ``overwrite`` is False, or it holds
+        something other than an rlbuffers buffer (checked before the pickle is read).
+        ValueError: ``out_path`` is a URL.
     """
-    b = load_sb3_pickle(pickle_path)
+    if "://" in os.fspath(out_path):
+        raise ValueError(f"out_path: expected a local directory, got the URL {out_path!s} "
+                         "(convert locally, then copy the buffer)")
+    out = Path(out_path)
+    os.stat(pickle_path)  # a missing pickle is named first (FileNotFoundError)
+    _check_out(out, overwrite)
+    b = load_sb3_pickle(pickle_path, memory_budget=memory_budget)
     total = len(b.time_order()) * b.n_envs
-    buf = ReplayBuffer.create(
-        out_path,
-        capacity=capacity or b.buffer_size * b.n_envs,
-        fields=sb3_fields(b),
-        chunk_transitions=chunk_transitions,
-        codec=codec,
-        seed=seed,
-        overwrite=overwrite,
-    )
-    log.info("converting %s (%s, %d transitions, %d bytes mapped) into %s", pickle_path, b.kind,
-             total, b.mapped_bytes, out_path)
-    done = 0
+    tmp = out.parent / f".{out.name}.converting-{uuid.uuid4().hex[:12]}"
+    log.info("converting %s (%s, %d transitions, %d bytes mapped) into %s (built in %s)",
+             pickle_path, b.kind, total, b.mapped_bytes, out, tmp)
     try:
-        for batch in sb3_batches(b):
-            buf.extend(batch)
-            done += len(batch["reward"])
-            if progress is not None:
-                progress(done, total)
-        meta = {"converted_from": {
-            "format": "stable-baselines3", "class": b.kind, "path": str(pickle_path),
-            "n_envs": b.n_envs, "buffer_size": b.buffer_size, "pos": b.pos, "full": b.full,
-            "optimize_memory_usage": b.next_observations is None, "transitions": total,
-            **{k: float(v) for k, v in b.extra.items()},
-        }}
-        buf.save(metadata=meta)
+        buf = ReplayBuffer.create(
+            tmp,
+            capacity=capacity or b.buffer_size * b.n_envs,
+            fields=sb3_fields(b),
+            chunk_transitions=chunk_transitions,
+            codec=codec,
+            seed=seed,
+        )
+        try:
+            done = 0
+            for batch in sb3_batches(b):
+                buf.extend(batch)
+                done += len(batch["reward"])
+                if progress is not None:
+                    progress(done, total)
+            meta = {"converted_from": {
+                "format": "stable-baselines3", "class": b.kind, "path": str(pickle_path),
+                "n_envs": b.n_envs, "buffer_size": b.buffer_size, "pos": b.pos,
+                "full": b.full, "optimize_memory_usage": b.next_observations is None,
+                "transitions": total, **{k: float(v) for k, v in b.extra.items()},
+            }}
+            buf.save(metadata=meta)
+        finally:
+            buf.close()
+        _swap_in(tmp, out, overwrite)
     except BaseException:
-        buf.close()
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return buf
+    return ReplayBuffer.open(out, mode="r+")
+
+
+#: What ``ReplayBuffer.create`` writes at the root of every buffer.
+_BUFFER_MARK = "manifest.json"
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    """Refuse an ``out`` that is neither absent, an empty directory, nor (with ``overwrite``)
+    an rlbuffers buffer.
+
+    Raises:
+        BufferExistsError: as above (what is there named).
+    """
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise BufferExistsError(f"{out}: expected a directory for the new buffer, got a file")
+    entries = sorted(p.name for p in out.iterdir())
+    if not entries:
+        return
+    if not overwrite:
+        raise BufferExistsError(f"{out}: already exists and is not empty "
+                                "(pass overwrite=True / --overwrite to replace a buffer)")
+    if _BUFFER_MARK not in entries:
+        shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
+        raise BufferExistsError(
+            f"{out}: overwrite replaces only an rlbuffers buffer (a directory with "
+            f"{_BUFFER_MARK}) or an empty directory, got a directory holding {shown}")
+
+
+def _swap_in(tmp: Path, out: Path, overwrite: bool) -> None:
+    """Rename the complete buffer ``tmp`` to ``out``; a buffer already at ``out`` (checked
+    again: nothing else) is renamed aside first and deleted only after the new one is in."""
+    _check_out(out, overwrite)
+    old = None
+    if out.exists() and any(out.iterdir()):
+        old = out.parent / f".{out.name}.replaced-{uuid.uuid4().hex[:12]}"
+        os.rename(out, old)
+    elif out.exists():
+        out.rmdir()  # empty: rename() would replace it, but not on every platform
+    try:
+        os.rename(tmp, out)
+    except BaseException:
+        if old is not None:
+            os.rename(old, out)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

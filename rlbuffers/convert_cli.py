@@ -1,8 +1,8 @@
 """``rlbuffers convert``: migrate another library's saved replay buffer into rlbuffers.
 
 ``rlbuffers convert sb3 PICKLE OUT [--capacity N] [--chunk-transitions N] [--codec C]
-[--seed S] [--overwrite] [--quiet]`` converts the pickle that Stable-Baselines3's
-``model.save_replay_buffer`` wrote (see :mod:`rlbuffers.convert`).
+[--seed S] [--overwrite] [--memory-budget SIZE] [--quiet]`` converts the pickle that
+Stable-Baselines3's ``model.save_replay_buffer`` wrote (see :mod:`rlbuffers.convert`).
 """
 
 from __future__ import annotations
@@ -11,6 +11,12 @@ import argparse
 import sys
 import time
 from typing import Any
+
+
+def _parse_bytes(text: str) -> int:
+    from rlbuffers.stream.cli import _parse_bytes as parse
+
+    return parse(text)
 
 
 def add_convert_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -41,7 +47,12 @@ def add_convert_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="blosc-zstd (default), blosc-lz4, zstd or none")
     s.add_argument("--seed", type=int, default=None, metavar="N",
                    help="seed of the new buffer's RNG")
-    s.add_argument("--overwrite", action="store_true", help="replace an existing buffer at OUT")
+    s.add_argument("--overwrite", action="store_true",
+                   help="replace an existing rlbuffers buffer at OUT (only a buffer or an empty "
+                   "directory; replaced once the new one is complete)")
+    s.add_argument("--memory-budget", type=_parse_bytes, default=None, metavar="SIZE",
+                   help="most memory the pickle may make the load hold, e.g. 4GiB "
+                   "(default 16GiB; memory-mapped arrays do not count)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_convert_sb3)
     return p
@@ -74,6 +85,7 @@ def _convert_sb3(args: argparse.Namespace) -> int:
             chunk_transitions=args.chunk_transitions, codec=codec,
             seed=args.seed,
             overwrite=args.overwrite, progress=progress,
+            **({} if args.memory_budget is None else {"memory_budget": args.memory_budget}),
         )
     finally:
         if bar is not None:

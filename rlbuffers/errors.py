@@ -61,3 +61,11 @@ class SnapshotReclaimedError(RLBuffersError, LookupError):
 
 class CorruptCheckpointError(RLBuffersError, OSError):
     """A checkpoint file is missing or fails the crc32c recorded when it was written."""
+
+
+class UnsafePickleError(RLBuffersError, ValueError):
+    """A pickle asks the restricted unpickler (:mod:`rlbuffers.inert_pickle`) for something it
+    refuses: an object dtype or a dtype state that differs from what numpy computes, a scalar
+    or array whose bytes do not match its dtype and shape, an array without its data or with
+    other strides than numpy's own, a length beyond the bytes left in the file, more memory
+    than its budget, more objects than its limit, or nesting deeper than its limit."""

@@ -22,6 +22,9 @@ _LAZY = {
     "StreamConfig": "rlbuffers.stream.config",
     "ShardError": "rlbuffers.stream.errors",
     "StreamStateError": "rlbuffers.stream.errors",
+    "RecordTooLargeError": "rlbuffers.stream.tario",
+    "ManifestError": "rlbuffers.stream.state_schema",
+    "TarFormatError": "rlbuffers.stream.tario",
     "TokenStoreError": "rlbuffers.stream.errors",
     "StreamLoader": "rlbuffers.stream.loader",
     "build_pipeline": "rlbuffers.stream.loader",
@@ -61,10 +64,12 @@ __getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [
-    "IGNORE_INDEX", "BlockShuffle", "IndexSource", "MapStage", "Pack", "Packing", "PadBatch",
-    "Padding", "Row",
+    "IGNORE_INDEX", "BlockShuffle", "IndexSource", "ManifestError", "MapStage", "Pack",
+    "Packing", "PadBatch",
+    "Padding", "RecordTooLargeError", "Row",
     "RowBatch", "ShardError", "ShardSource", "Stage", "StreamConfig", "StreamLoader",
-    "StreamStateError", "TextTokenizer", "TokenStore", "TokenStoreError", "TokenStoreWriter",
+    "StreamStateError", "TarFormatError", "TextTokenizer", "TokenStore", "TokenStoreError",
+    "TokenStoreWriter",
     "Tokenize", "WindowStage", "block_causal_mask", "budget_batches", "build_pipeline",
     "build_token_store", "collate", "content_key", "dtype_for_vocab", "iter_input_samples",
     "iter_shard", "open_shard", "pack_bfd", "padded_length", "read_manifest",

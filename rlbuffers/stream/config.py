@@ -17,6 +17,9 @@ from rlbuffers.stream.padding import AttentionKind
 
 SPEED_ONLY_FIELDS = ("read_ahead_tokenize_batches", "read_ahead_batch_windows")
 """Config fields that change speed, never the batches: left out of the state's fingerprint."""
+UNFINGERPRINTED_FIELDS = (*SPEED_ONLY_FIELDS, "max_record_bytes")
+"""Left out of the state's fingerprint: speed only, or a safety limit (which raises rather
+than changing any batch)."""
 
 
 def check_int(owner: str, name: str, value: Any, *, low: int, optional: bool = False) -> None:
@@ -141,6 +144,12 @@ class StreamConfig:
     on_error: Literal["raise", "warn"] = "raise"
     """Unreadable shard or malformed sample: raise :class:`~rlbuffers.stream.ShardError`, or
     log it, skip the sample (or the unreadable rest of the shard) and count it in the stats."""
+    max_record_bytes: int = 256 * 2**20
+    """Largest tar member (record) read from a shard, in bytes (default 256 MiB): a larger
+    one raises :class:`~rlbuffers.stream.ShardError` (``RecordTooLargeError``) naming the
+    shard, the record and both sizes before any of it is read. Tokenizing a record costs
+    several times its size in RAM (see docs/stream.md), so this bounds the loader's memory
+    against one oversized or forged record. Not part of the state's fingerprint."""
 
     def __post_init__(self) -> None:
         owner = "StreamConfig"
@@ -153,6 +162,7 @@ class StreamConfig:
             check_int(owner, name, getattr(self, name), low=0)
         check_int(owner, "batches_per_epoch", self.batches_per_epoch, low=1, optional=True)
         check_int(owner, "seed", self.seed, low=0)
+        check_int(owner, "max_record_bytes", self.max_record_bytes, low=1)
         check_bool(owner, "shuffle_shards", self.shuffle_shards)
         if not isinstance(self.text_field, str):
             raise ValueError(f"StreamConfig.text_field: expected a str, got {self.text_field!r}")
@@ -178,7 +188,7 @@ class StreamConfig:
         loader state must match. Read-ahead fields are left out (speed only)."""
         out: dict[str, Any] = {"mode": self.mode}
         for f in dataclasses.fields(self):
-            if f.name in SPEED_ONLY_FIELDS:
+            if f.name in UNFINGERPRINTED_FIELDS:
                 continue
             value = getattr(self, f.name)
             if f.name == "batching":

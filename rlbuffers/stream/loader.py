@@ -25,6 +25,7 @@ from rlbuffers.stream.padding import collate
 from rlbuffers.stream.reading import resolve_shards, shard_table
 from rlbuffers.stream.sources import IndexSource, ShardSource
 from rlbuffers.stream.stages import BlockShuffle, Count, Marker, Stage
+from rlbuffers.stream.state_schema import state_counters, state_dict_of, state_int, state_list
 from rlbuffers.stream.tokenize import TextTokenizer, Tokenize
 from rlbuffers.stream.workers import worker_loader
 
@@ -112,7 +113,8 @@ class _SourceFactory:
             return ShardSource(self.urls, seed=c.seed, slot=slot, num_slots=num_slots,
                                first_pass=first_pass, cycle=cycle, shuffle_shards=c.shuffle_shards,
                                uneven=c.uneven_shards, on_error=c.on_error,
-                               expected_samples=counts, markers=True)
+                               expected_samples=counts, markers=True,
+                               max_record_bytes=c.max_record_bytes)
         return IndexSource(self.data, seed=c.seed, shuffle=c.shuffle_shards, slot=slot,
                            num_slots=num_slots, first_pass=first_pass, cycle=cycle,
                            uneven=c.uneven_shards, markers=True)
@@ -126,10 +128,13 @@ def _data_difference(mine: dict[str, Any], theirs: Any) -> str | None:
         if theirs.get(key) != mine.get(key):
             return (f"state 'data.{key}': expected {mine.get(key)!r} (this loader), got "
                     f"{theirs.get(key)!r}: the state belongs to another data set")
-    if theirs.get("sha256") == mine.get("sha256"):
+    shards = theirs.get("shards") or []
+    if theirs.get("sha256") == mine.get("sha256") and shards == mine.get("shards", shards):
         return None
-    for i, (a, b) in enumerate(zip(mine.get("shards", []), theirs.get("shards") or [],
-                                   strict=False)):
+    if not isinstance(shards, list):
+        return (f"state 'data.shards': expected a list of [name, samples, bytes], got "
+                f"{type(shards).__name__} {shards!r:.60}")
+    for i, (a, b) in enumerate(zip(mine.get("shards", []), shards, strict=False)):
         if a != b:
             return (f"state 'data.shards[{i}]': expected [name, samples, bytes] {a} (this "
                     f"loader), got {b}: the state belongs to another shard set")
@@ -207,13 +212,16 @@ class StreamLoader:
             return None
         return n // self._slots_n + (slot < n % self._slots_n) - self._slot_batches[slot]
 
-    def _build(self, slot: int) -> Stage:
+    def _build(self, slot: int, state: dict[str, Any] | None = None,
+               epoch: int | None = None) -> Stage:
+        """The pipeline of ``slot`` (default: at this loader's epoch and saved state)."""
+        if epoch is None:
+            epoch, state = self._epoch, self._states[slot]
         cycle = self.config.batches_per_epoch is not None
         source = self._factory(self.rank * self._slots_n + slot, self.world_size * self._slots_n,
-                               0 if cycle else self._epoch, cycle)
+                               0 if cycle else epoch, cycle)
         pipe = build_pipeline(source, self.tokenizer, self.config,
-                              epoch=0 if cycle else self._epoch)
-        state = self._states[slot]
+                              epoch=0 if cycle else epoch)
         if state is not None:
             pipe.load_state_dict(state)
         return pipe
@@ -344,34 +352,54 @@ class StreamLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly where ``state`` was taken, on the next ``iter()``.
 
+        The state is checked against the schema of :mod:`rlbuffers.stream.state_schema`
+        (every key's type and range, and each slot's cursor against this loader's shards)
+        before anything changes: a state that fails leaves the loader as it was.
+
         Raises:
-            StreamStateError: not a loader state, or taken with another configuration, rank,
-                world size or worker count, or over another data set: other shards (names,
-                sample counts or bytes), another order, or a sequence of another length
-                (what differs is named). A state over re-sharded data is refused too, since
-                no cursor into the old shards maps exactly onto the new ones.
+            StreamStateError: not a loader state, a key missing, of another type or out of
+                range (the key, the expected and the actual value named), or taken with
+                another configuration, rank, world size or worker count, or over another
+                data set: other shards (names, sample counts or bytes), another order, or a
+                sequence of another length (what differs is named). A state over re-sharded
+                data is refused too, since no cursor into the old shards maps exactly onto
+                the new ones.
         """
         if not isinstance(state, dict) or state.get("kind") != "stream_loader":
             raise StreamStateError("state 'kind': expected 'stream_loader', got "
                                    f"{state.get('kind') if isinstance(state, dict) else state!r}")
-        mine = self._fingerprint()
-        for key, value in mine.items():
-            if state["config"].get(key) != value:
+        version = state_int(state, "version", "", low=1, high=STATE_VERSION) \
+            if "version" in state else 1
+        config = state_dict_of(state.get("config"), "config")
+        for key, value in self._fingerprint().items():
+            if config.get(key) != value:
                 raise StreamStateError(f"state 'config.{key}': expected {value!r} (this loader), "
-                                       f"got {state['config'].get(key)!r}")
-        if state.get("version", 1) < 2:
+                                       f"got {config.get(key)!r}")
+        if version < 2:
             logger.warning("loading a version-1 loader state: it names no data set, so it "
                            "cannot be checked against this loader's shards")
         else:
             differs = _data_difference(self._data, state.get("data"))
             if differs:
                 raise StreamStateError(differs)
-        self._epoch = int(state["epoch"])
-        self._batches = int(state["batches_in_epoch"])
-        self._last_slot = int(state["last_slot"])
-        self._slot_batches = [int(x) for x in state["slot_batches"]]
-        self._states = list(state["slots"])
-        counters = state.get("counters") or {}
-        self._counts = {k: int(counters.get("epoch", {}).get(k, 0)) for k in COUNTERS}
-        self._totals = {k: int(counters.get("total", {}).get(k, 0)) for k in COUNTERS}
+        n = self._slots_n
+        epoch = state_int(state, "epoch", "")
+        quota = self.config.batches_per_epoch
+        batches = state_int(state, "batches_in_epoch", "", high=quota)
+        last_slot = state_int(state, "last_slot", "", low=-1, high=n - 1)
+        slot_batches = [state_int({"slot_batches": x}, "slot_batches", "")
+                        for x in state_list(state, "slot_batches", "", n)]
+        if sum(slot_batches) != batches:
+            raise StreamStateError(f"state 'slot_batches': expected a sum of {batches} "
+                                   f"(batches_in_epoch), got {slot_batches}")
+        slots = state_list(state, "slots", "", n)
+        counters = state_dict_of(state.get("counters") or {}, "counters")
+        counts = state_counters(counters.get("epoch"), COUNTERS, "counters.epoch")
+        totals = state_counters(counters.get("total"), COUNTERS, "counters.total")
+        for slot, slot_state in enumerate(slots):  # each cursor against this loader's data
+            if slot_state is not None:
+                self._build(slot, state_dict_of(slot_state, f"slots[{slot}]"), epoch)
+        self._epoch, self._batches, self._last_slot = epoch, batches, last_slot
+        self._slot_batches, self._states = slot_batches, list(slots)
+        self._counts, self._totals = counts, totals
         self._live.clear()

@@ -21,7 +21,13 @@ import braceexpand
 import fsspec
 
 from rlbuffers.stream.errors import ShardError
-from rlbuffers.stream.tario import END_MARKER_NAME, iter_members, read_end_marker
+from rlbuffers.stream.state_schema import ManifestError, check_manifest
+from rlbuffers.stream.tario import (
+    END_MARKER_NAME,
+    MAX_RECORD_BYTES,
+    iter_members,
+    read_end_marker,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +126,12 @@ def _shard_name(url: str) -> str:
 
 def read_manifest_at(parent: str) -> dict[str, Any] | None:
     """The ``shards.json`` in directory or URL prefix ``parent``, or None if there is none
-    or it cannot be read (local paths and fsspec URLs alike; ``pipe:`` has none)."""
+    or it cannot be read (local paths and fsspec URLs alike; ``pipe:`` has none).
+
+    Raises:
+        ManifestError: it is there and parses, but is not a shard manifest (key, expected and
+            actual value named; see :func:`~rlbuffers.stream.state_schema.check_manifest`).
+    """
     if parent.startswith("pipe:"):
         return None
     where = f"{parent}/{MANIFEST_NAME}" if "://" in parent else os.path.join(parent,
@@ -128,13 +139,15 @@ def read_manifest_at(parent: str) -> dict[str, Any] | None:
     try:
         if "://" in where:
             with fsspec.open(where, "rb") as f:
-                return json.loads(f.read())
-        return json.loads(Path(where).read_bytes())
+                manifest = json.loads(f.read())
+        else:
+            manifest = json.loads(Path(where).read_bytes())
     except (OSError, ValueError):
         return None
     except Exception as exn:  # a remote store's own error types: no manifest to check
         logger.debug("no readable %s at %s (%s)", MANIFEST_NAME, parent, _cause(exn))
         return None
+    return check_manifest(manifest, where)
 
 
 def manifest_entries(urls: Iterable[str]) -> dict[str, dict[str, Any]]:
@@ -203,12 +216,14 @@ def _group_by_keys(members: Iterator[tuple[str, bytes]], url: str
 class _ShardReader:
     """The members of one shard, remembering the end-of-shard marker's count if it has one."""
 
-    def __init__(self, stream: BinaryIO) -> None:
+    def __init__(self, stream: BinaryIO, url: str, max_record_bytes: int) -> None:
         self.stream = stream
+        self.url, self.max_record_bytes = url, max_record_bytes
         self.marker_samples: int | None = None
 
     def __iter__(self) -> Iterator[tuple[str, bytes]]:
-        for name, payload in iter_members(self.stream):
+        for name, payload in iter_members(self.stream, max_record_bytes=self.max_record_bytes,
+                                          where=f"shard {self.url!r}"):
             if name == END_MARKER_NAME:
                 self.marker_samples = read_end_marker(payload)
             elif not (name.startswith("__") and "/" not in name):
@@ -216,7 +231,8 @@ class _ShardReader:
 
 
 def iter_shard(url: str, *, skip_samples: int = 0, expected_samples: int | None = None,
-               find_manifest: bool = True) -> Iterator[dict[str, Any]]:
+               find_manifest: bool = True, max_record_bytes: int = MAX_RECORD_BYTES
+               ) -> Iterator[dict[str, Any]]:
     """The samples of the shard at ``url`` in stored order, after skipping ``skip_samples``
     (skipped samples are still read: tar streams do not seek). A ``jsonl`` member (see
     ``records_per_sample`` of :func:`write_shards`) yields one ``{"json": line}`` sample per
@@ -228,15 +244,20 @@ def iter_shard(url: str, *, skip_samples: int = 0, expected_samples: int | None 
     so must ``expected_samples``, by default (``find_manifest``) the count in a
     ``shards.json`` beside the shard.
 
+    ``max_record_bytes``: the largest tar member read (default 256 MiB); a larger one raises
+    :class:`~rlbuffers.stream.tario.RecordTooLargeError` (a ``ShardError``) naming the shard,
+    the member and both sizes, before it is read.
+
     Raises:
-        ShardError: the shard cannot be opened, is not a complete tar, or holds fewer or more
-            samples than its marker or manifest says (URL named).
+        ShardError: the shard cannot be opened, is not a complete tar, has a record larger
+            than ``max_record_bytes``, or holds fewer or more samples than its marker or
+            manifest says (URL named).
     """
     if expected_samples is None and find_manifest:
         entry = manifest_entries([url]).get(url)
         expected_samples = int(entry["samples"]) if entry else None
     stream = open_shard(url)
-    reader = _ShardReader(stream)
+    reader = _ShardReader(stream, url, max_record_bytes)
     read = skip_samples
     try:
         records = itertools.chain.from_iterable(map(_expand, _group_by_keys(iter(reader), url)))
@@ -257,12 +278,17 @@ def iter_shard(url: str, *, skip_samples: int = 0, expected_samples: int | None 
 
 
 def read_manifest(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """The ``shards.json`` manifest written by :func:`write_shards`.
+    """The ``shards.json`` manifest written by :func:`write_shards`, checked.
 
     Raises:
-        ShardError: the directory has no manifest.
+        ShardError: the directory has no manifest. ManifestError (a ``ShardError``): it is
+            not JSON, or not a shard manifest (key, expected and actual value named).
     """
     path = Path(out_dir) / MANIFEST_NAME
     if not path.exists():
         raise ShardError(f"shard directory {str(out_dir)!r}: no {MANIFEST_NAME}")
-    return json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_bytes())
+    except ValueError as exn:
+        raise ManifestError(f"{path}: expected JSON, got {exn}") from None
+    return check_manifest(manifest, str(path))

@@ -13,6 +13,8 @@ from rlbuffers.intmath import ceil_div
 from rlbuffers.stream.errors import ShardError
 from rlbuffers.stream.reading import iter_shard
 from rlbuffers.stream.stages import Count, PassEnd, Stage, check_kind
+from rlbuffers.stream.state_schema import state_int
+from rlbuffers.stream.tario import MAX_RECORD_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +76,7 @@ class ShardSource(Stage):
             what each shard yields; ``None``: each shard looks up its own manifest.
         markers: yield :class:`~rlbuffers.stream.stages.Count` and ``PassEnd`` markers among
             the samples (the loader's pipeline counts and cuts windows with them).
+        max_record_bytes: largest tar member read (see :func:`~rlbuffers.stream.iter_shard`).
 
     State: ``{pass, shard, offset}``: shard index in this slot's list and samples read from it.
     """
@@ -81,8 +84,10 @@ class ShardSource(Stage):
     def __init__(self, urls: Sequence[str], *, seed: int = 0, slot: int = 0, num_slots: int = 1,
                  first_pass: int = 0, cycle: bool = False, shuffle_shards: bool = True,
                  uneven: UnevenPolicy = "wrap", on_error: Literal["raise", "warn"] = "raise",
-                 expected_samples: dict[str, int] | None = None, markers: bool = False) -> None:
+                 expected_samples: dict[str, int] | None = None, markers: bool = False,
+                 max_record_bytes: int = MAX_RECORD_BYTES) -> None:
         self.urls = list(urls)
+        self.max_record_bytes = max_record_bytes
         self.seed = int(seed)
         self.slot, self.num_slots = int(slot), int(num_slots)
         self.cycle = cycle
@@ -92,6 +97,7 @@ class ShardSource(Stage):
         self.expected_samples = expected_samples
         self.markers = markers
         self._failure: Count | None = None
+        self.first_pass = int(first_pass)
         self._pass, self._shard, self._offset = int(first_pass), 0, 0
         split_shards(self.urls, self.slot, self.num_slots, uneven=uneven)  # validate early
         extra = len(self.urls) % self.num_slots
@@ -135,7 +141,8 @@ class ShardSource(Stage):
         expected = None if known is None else known.get(url)
         try:
             for sample in iter_shard(url, skip_samples=self._offset, expected_samples=expected,
-                                     find_manifest=known is None):
+                                     find_manifest=known is None,
+                                     max_record_bytes=self.max_record_bytes):
                 self._offset += 1
                 yield sample
         except ShardError as exn:
@@ -151,9 +158,21 @@ class ShardSource(Stage):
                 "offset": self._offset}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``; checked against this source's shards (see
+        :mod:`rlbuffers.stream.state_schema`).
+
+        Raises:
+            StreamStateError: a key missing, of another type, or out of range: ``pass`` (this
+                source's first pass unless it cycles), ``shard`` (at most the slot's shard
+                count in that pass), ``offset`` (at most that shard's known sample count).
+        """
         check_kind(state, "shards")
-        self._pass, self._shard, self._offset = (
-            int(state["pass"]), int(state["shard"]), int(state["offset"]))
+        pass_ = _source_pass(state, "shards", self.first_pass, self.cycle)
+        shards = self.shards_for_pass(pass_)
+        shard = state_int(state, "shard", "shards", high=len(shards))
+        known = (self.expected_samples or {}).get(shards[shard]) if shard < len(shards) else 0
+        offset = state_int(state, "offset", "shards", high=known)
+        self._pass, self._shard, self._offset = pass_, shard, offset
 
 
 class IndexSource(Stage):
@@ -177,6 +196,7 @@ class IndexSource(Stage):
         self.slot, self.num_slots = int(slot), int(num_slots)
         self.cycle, self.uneven = cycle, uneven
         self.markers = markers
+        self.first_pass = int(first_pass)
         self._pass, self._position = int(first_pass), 0
 
     def _count(self) -> int:
@@ -203,5 +223,20 @@ class IndexSource(Stage):
         return {"kind": "index", "pass": self._pass, "position": self._position}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``.
+
+        Raises:
+            StreamStateError: ``pass`` or ``position`` missing, not an int, or out of range
+                (``position`` at most this slot's item count).
+        """
         check_kind(state, "index")
-        self._pass, self._position = int(state["pass"]), int(state["position"])
+        pass_ = _source_pass(state, "index", self.first_pass, self.cycle)
+        self._pass, self._position = pass_, state_int(state, "position", "index",
+                                                      high=self._count())
+
+
+def _source_pass(state: dict[str, Any], kind: str, first_pass: int, cycle: bool) -> int:
+    """The state's ``pass``: the source's first pass, or a later one when it cycles."""
+    if cycle:
+        return state_int(state, "pass", kind, low=first_pass)
+    return state_int(state, "pass", kind, low=first_pass, high=first_pass)

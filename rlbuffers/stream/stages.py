@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from rlbuffers.stream.errors import StreamStateError
+from rlbuffers.stream.state_schema import state_dict_of, state_int
 
 
 class Stage(ABC):
@@ -163,7 +164,7 @@ class MapStage(Stage):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_kind(state, "map")
-        self.upstream.load_state_dict(state["upstream"])
+        self.upstream.load_state_dict(state_dict_of(state.get("upstream"), "map.upstream"))
 
 
 class WindowStage(Stage):
@@ -231,6 +232,10 @@ class WindowStage(Stage):
         emit = self.emit
         for outputs, end in self._windows(iter(self.upstream), self._window):
             last = len(outputs) - 1
+            if skip and skip > last:  # a loaded state that emitted more than there is
+                raise StreamStateError(
+                    f"state '{self.kind}.emitted': expected < {len(outputs)} (the outputs of "
+                    f"window {self._window}), got {skip}")
             for i in range(skip, last):
                 self._emitted = i + 1
                 out = outputs[i]
@@ -290,10 +295,11 @@ class WindowStage(Stage):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_kind(state, self.kind)
-        self._window = int(state["window"])
-        self._emitted = int(state["emitted"])
-        self._start = state["upstream"]
-        self.upstream.load_state_dict(self._start)
+        window = state_int(state, "window", self.kind)
+        emitted = state_int(state, "emitted", self.kind)
+        start = state_dict_of(state.get("upstream"), f"{self.kind}.upstream")
+        self.upstream.load_state_dict(start)  # checks it before anything here changes
+        self._window, self._emitted, self._start = window, emitted, start
 
 
 class BlockShuffle(WindowStage):

@@ -92,14 +92,49 @@ class TextTokenizer:
             raise KeyError(f"token {token!r}: not in the vocabulary")
         return int(tid)
 
-    def _encode_uncached(self, texts: list[str]) -> list[np.ndarray]:
+    def _encode_ids(self, texts: list[str]) -> list[np.ndarray]:
         tok = self.tokenizer
         encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
         encs = encode(texts, add_special_tokens=self.add_special_tokens)
+        return [np.array(e.ids, dtype=np.int32) for e in encs]
+
+    def _encode_uncached(self, texts: list[str]) -> list[np.ndarray]:
+        split = self._can_split()
+        long = [i for i, t in enumerate(texts) if split and len(t) > 2 * PIECE_CHARS]
+        if long:
+            short = [i for i in range(len(texts)) if i not in set(long)]
+            out: list[np.ndarray] = [None] * len(texts)  # type: ignore[list-item]
+            for i, ids in zip(short, self._encode_ids([texts[i] for i in short]), strict=True):
+                out[i] = ids
+            for i in long:
+                out[i] = self._encode_long(texts[i])
+        else:
+            out = self._encode_ids(texts)
         if self.eos_token_id is None:
-            return [np.array(e.ids, dtype=np.int32) for e in encs]
-        eos = [self.eos_token_id]
-        return [np.array(e.ids + eos, dtype=np.int32) for e in encs]
+            return out
+        eos = np.array([self.eos_token_id], dtype=np.int32)
+        return [np.concatenate([ids, eos]) for ids in out]
+
+    # -- long texts in pieces -----------------------------------------------------------
+    def _can_split(self) -> bool:
+        """Whether texts may be tokenized in pieces: no special tokens added per call, no
+        truncation or padding configured in the tokenizer (each applies to a whole text)."""
+        tok = self.tokenizer
+        return (not self.add_special_tokens and getattr(tok, "truncation", None) is None
+                and getattr(tok, "padding", None) is None)
+
+    def _encode_long(self, text: str) -> np.ndarray:
+        """Token ids of a long text, tokenized in pieces of about :data:`PIECE_CHARS`
+        characters cut where the tokenizer gives the same ids (see :func:`find_cuts`), a few
+        pieces per batch call: the tokenizer's working memory (~70x the text for HF
+        ``tokenizers``: per-byte alignments, one string per token) is then that of a few
+        pieces, not of the whole text."""
+        cuts = find_cuts(text, self._encode_ids, piece=PIECE_CHARS, window=CUT_WINDOW)
+        bounds = list(zip([0, *cuts], [*cuts, len(text)], strict=True))
+        parts = []
+        for k in range(0, len(bounds), PIECES_PER_CALL):
+            parts += self._encode_ids([text[a:b] for a, b in bounds[k:k + PIECES_PER_CALL]])
+        return np.concatenate(parts) if parts else np.zeros(0, np.int32)
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Token ids of each text: a list of ``int32[n_i]`` arrays (read-only when cached).
@@ -123,6 +158,50 @@ class TextTokenizer:
         state = self.__dict__.copy()
         state["_tok"], state["_pid"] = None, -1
         return state
+
+
+PIECE_CHARS = 64 * 2**10
+"""A text longer than twice this (characters) is tokenized in pieces of about this size."""
+PIECES_PER_CALL = 8
+"""Pieces of one long text per tokenizer batch call (tokenized in parallel)."""
+CUT_WINDOW = 2048
+"""Characters each side of a candidate cut that must tokenize the same cut or whole."""
+
+
+def find_cuts(text: str, encode: Any, *, piece: int = PIECE_CHARS,
+              window: int = CUT_WINDOW, tries: int = 8) -> list[int]:
+    """Positions, about ``piece`` characters apart, where ``text`` can be cut into pieces that
+    tokenize to the same ids as the whole: each is just before a single space that follows a
+    non-space and precedes a non-space (where every whitespace-splitting pre-tokenizer, BPE's
+    byte-level and SentencePiece's metaspace included, puts a boundary), and is kept only if
+    the ``window`` characters on each side give the same ids with ``encode`` (a function
+    ``list[str] -> list[ids]``) cut there as whole. At most ``tries`` candidates per cut; a
+    stretch without a verified one stays in one piece (no cut is ever a guess)."""
+    cuts: list[int] = []
+    start = 0
+    n = len(text)
+    while n - start > 2 * piece:
+        target = start + piece
+        found = None
+        pos = target
+        for _ in range(tries):
+            j = text.rfind(" ", start + piece // 2, pos)
+            if j <= start:
+                break
+            pos = j
+            if text[j - 1].isspace() or text[j + 1].isspace():
+                continue
+            lo, hi = max(start, j - window), min(n, j + window)
+            whole, left, right = encode([text[lo:hi], text[lo:j], text[j:hi]])
+            if np.array_equal(whole, np.concatenate([left, right])):
+                found = j
+                break
+        if found is None:  # no verified cut near here: the next piece starts further on
+            start = target
+            continue
+        cuts.append(found)
+        start = found
+    return cuts
 
 
 def text_of(item: Any, text_field: str) -> str:

@@ -1,0 +1,64 @@
+"""Bounded runs of the issue-32 fuzzers (``tools/fuzz``): the restricted unpickler, the tar
+reader and the stream state loader, each on its seeds (the malicious inputs of the issue)
+unmutated and on hypothesis-driven mutations of them. Only rlbuffers errors may escape, none
+caused by MemoryError or RecursionError, nothing is written outside the target directory, and
+every input finishes within its alarm. ``python -m tools.fuzz.NAME --minutes 10`` runs the
+same properties for longer, under an address-space limit."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tools.fuzz import fuzz_pickle, fuzz_stream_state, fuzz_tar
+from tools.fuzz.common import alarm
+
+TARGETS = {"pickle": (fuzz_pickle, 800), "tar": (fuzz_tar, 2000),
+           "state": (fuzz_stream_state, 1000)}
+
+
+@pytest.fixture(scope="module")
+def fuzzers(tmp_path_factory) -> dict:
+    return {name: mod.Fuzz(tmp_path_factory.mktemp(name)) for name, (mod, _) in TARGETS.items()}
+
+
+def _check(fuzz, data: bytes) -> None:
+    cancel = alarm(20)
+    try:
+        fuzz.check(data)
+    finally:
+        cancel()
+
+
+@pytest.mark.parametrize("name", ["pickle", "tar"])
+def test_seeds_hold_the_property(fuzzers, name):
+    for data in fuzzers[name].seeds:
+        _check(fuzzers[name], data)
+
+
+def test_state_seeds_hold_the_property(fuzzers):
+    fuzz = fuzzers["state"]
+    for c in range(len(fuzz.configs)):
+        rng = random.Random(c)
+        _check(fuzz, fuzz.generate(rng))
+
+
+def _fuzz_test(name: str):
+    @settings(max_examples=TARGETS[name][1], deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                     HealthCheck.too_slow])
+    @given(rng=st.randoms(use_true_random=False))
+    def test(fuzzers, rng):
+        fuzz = fuzzers[name]
+        _check(fuzz, fuzz.generate(rng))
+
+    test.__name__ = f"test_fuzz_{name}"
+    return test
+
+
+test_fuzz_pickle = _fuzz_test("pickle")
+test_fuzz_tar = _fuzz_test("tar")
+test_fuzz_state = _fuzz_test("state")
