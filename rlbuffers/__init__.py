@@ -25,6 +25,7 @@ from rlbuffers.errors import (
     ReadOnlyError,
     RLBuffersError,
     SnapshotReclaimedError,
+    UnsafePickleError,
 )
 from rlbuffers.lazy import lazy_attributes
 
@@ -74,6 +75,7 @@ __all__ = [
     "SequenceSampler",
     "SnapshotReclaimedError",
     "UniformSampler",
+    "UnsafePickleError",
     "register_sampler",
 ]
 

@@ -23,7 +23,7 @@ _LAZY = {
     "ShardError": "rlbuffers.stream.errors",
     "StreamStateError": "rlbuffers.stream.errors",
     "RecordTooLargeError": "rlbuffers.stream.tario",
-    "ManifestError": "rlbuffers.stream.state_schema",
+    "ShardManifestError": "rlbuffers.stream.state_schema",
     "TarFormatError": "rlbuffers.stream.tario",
     "TokenStoreError": "rlbuffers.stream.errors",
     "StreamLoader": "rlbuffers.stream.loader",
@@ -64,7 +64,7 @@ __getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [
-    "IGNORE_INDEX", "BlockShuffle", "IndexSource", "ManifestError", "MapStage", "Pack",
+    "IGNORE_INDEX", "BlockShuffle", "IndexSource", "ShardManifestError", "MapStage", "Pack",
     "Packing", "PadBatch",
     "Padding", "RecordTooLargeError", "Row",
     "RowBatch", "ShardError", "ShardSource", "Stage", "StreamConfig", "StreamLoader",

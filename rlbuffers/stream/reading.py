@@ -21,7 +21,7 @@ import braceexpand
 import fsspec
 
 from rlbuffers.stream.errors import ShardError
-from rlbuffers.stream.state_schema import ManifestError, check_manifest
+from rlbuffers.stream.state_schema import ShardManifestError, check_manifest
 from rlbuffers.stream.tario import (
     END_MARKER_NAME,
     MAX_RECORD_BYTES,
@@ -129,7 +129,7 @@ def read_manifest_at(parent: str) -> dict[str, Any] | None:
     or it cannot be read (local paths and fsspec URLs alike; ``pipe:`` has none).
 
     Raises:
-        ManifestError: it is there and parses, but is not a shard manifest (key, expected and
+        ShardManifestError: it is there and parses, but is not a shard manifest (key, expected and
             actual value named; see :func:`~rlbuffers.stream.state_schema.check_manifest`).
     """
     if parent.startswith("pipe:"):
@@ -281,7 +281,7 @@ def read_manifest(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """The ``shards.json`` manifest written by :func:`write_shards`, checked.
 
     Raises:
-        ShardError: the directory has no manifest. ManifestError (a ``ShardError``): it is
+        ShardError: the directory has no manifest. ShardManifestError (a ``ShardError``): it is
             not JSON, or not a shard manifest (key, expected and actual value named).
     """
     path = Path(out_dir) / MANIFEST_NAME
@@ -290,5 +290,5 @@ def read_manifest(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         manifest = json.loads(path.read_bytes())
     except ValueError as exn:
-        raise ManifestError(f"{path}: expected JSON, got {exn}") from None
+        raise ShardManifestError(f"{path}: expected JSON, got {exn}") from None
     return check_manifest(manifest, str(path))

@@ -85,7 +85,7 @@ def state_counters(value: Any, names: tuple[str, ...], where: str) -> dict[str, 
     return {k: state_int(counts, k, where) if k in counts else 0 for k in names}
 
 
-class ManifestError(ShardError):
+class ShardManifestError(ShardError):
     """A ``shards.json`` is not a shard manifest: the key, what was expected and what was found
     are named."""
 
@@ -96,34 +96,34 @@ def check_manifest(manifest: Any, where: str) -> dict[str, Any]:
     "samples"?: int = the sum}``; shard names are plain file names (no directories).
 
     Raises:
-        ManifestError: it does not (``where``, the key, expected and actual value named).
+        ShardManifestError: it does not (``where``, the key, expected and actual value named).
     """
     if not isinstance(manifest, dict):
-        raise ManifestError(f"{where}: expected a JSON object, got "
+        raise ShardManifestError(f"{where}: expected a JSON object, got "
                             f"{type(manifest).__name__}")
     shards = manifest.get("shards")
     if not isinstance(shards, list):
-        raise ManifestError(f"{where}: 'shards': expected a list, got {shards!r:.60}")
+        raise ShardManifestError(f"{where}: 'shards': expected a list, got {shards!r:.60}")
     total = 0
     for i, entry in enumerate(shards):
         key = f"shards[{i}]"
         if not isinstance(entry, dict):
-            raise ManifestError(f"{where}: '{key}': expected an object, got {entry!r:.60}")
+            raise ShardManifestError(f"{where}: '{key}': expected an object, got {entry!r:.60}")
         name = entry.get("name")
         if not isinstance(name, str) or not name or "/" in name or "\\" in name \
                 or name in (".", ".."):
-            raise ManifestError(f"{where}: '{key}.name': expected a file name, got "
+            raise ShardManifestError(f"{where}: '{key}.name': expected a file name, got "
                                 f"{name!r:.60}")
         for field in ("samples", "bytes"):
             value = entry.get(field)
             if field == "bytes" and value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ManifestError(f"{where}: '{key}.{field}': expected an int >= 0, got "
+                raise ShardManifestError(f"{where}: '{key}.{field}': expected an int >= 0, got "
                                     f"{value!r:.60}")
         total += entry["samples"]
     if "samples" in manifest and (isinstance(manifest["samples"], bool)
                                   or manifest["samples"] != total):
-        raise ManifestError(f"{where}: 'samples': expected {total} (the sum over its shards), "
+        raise ShardManifestError(f"{where}: 'samples': expected {total} (the sum over its shards), "
                             f"got {manifest['samples']!r:.60}")
     return manifest

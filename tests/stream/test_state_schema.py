@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rlbuffers.errors import RLBuffersError
-from rlbuffers.stream import ManifestError, ShardError, StreamLoader, StreamStateError
+from rlbuffers.stream import ShardError, ShardManifestError, StreamLoader, StreamStateError
 from rlbuffers.stream.cli import main as shards_main
 
 from .test_loader import PACK, fingerprint
@@ -107,7 +107,7 @@ def test_u3_bad_manifest_is_refused_on_read(tmp_path: Path, shard_dir, tokenizer
     assert shards_main(["shards", "ls", str(d)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'samples': expected 300" in err and "'abc'" in err
-    with pytest.raises(ManifestError, match="'samples'"):
+    with pytest.raises(ShardManifestError, match="'samples'"):
         StreamLoader.from_shards(d, tokenizer, PACK)
     for edit, words in [
         (lambda m: m["shards"][1].update(samples="12"), "'shards[1].samples': expected an int"),
