@@ -16,15 +16,18 @@ from rlbuffers.errors import (
     BufferClosedError,
     BufferEmptyError,
     BufferExistsError,
+    BufferLockedError,
     CorruptCheckpointError,
     CorruptChunkError,
     FieldError,
     FormatVersionError,
+    ManifestError,
     NotABufferError,
     NotPrioritizedError,
     ReadOnlyError,
     RLBuffersError,
     SnapshotReclaimedError,
+    UnsafePathError,
 )
 from rlbuffers.lazy import lazy_attributes
 
@@ -57,12 +60,14 @@ __all__ = [
     "BufferClosedError",
     "BufferEmptyError",
     "BufferExistsError",
+    "BufferLockedError",
     "CorruptCheckpointError",
     "CorruptChunkError",
     "FieldError",
     "FieldSpec",
     "FormatVersionError",
     "GroupSampler",
+    "ManifestError",
     "NotABufferError",
     "NotPrioritizedError",
     "PrioritizedSampler",
@@ -74,6 +79,7 @@ __all__ = [
     "SequenceSampler",
     "SnapshotReclaimedError",
     "UniformSampler",
+    "UnsafePathError",
     "register_sampler",
 ]
 

@@ -61,3 +61,29 @@ class SnapshotReclaimedError(RLBuffersError, LookupError):
 
 class CorruptCheckpointError(RLBuffersError, OSError):
     """A checkpoint file is missing or fails the crc32c recorded when it was written."""
+
+
+class ManifestError(NotABufferError):
+    """``manifest.json`` (or a kept ``history/g<N>.json``) breaks the manifest schema: a key is
+    missing, of the wrong type, out of range, inconsistent with another key, or with what is
+    on disk (``docs/format.md``). Nothing is written or deleted when it is raised.
+
+    Attributes:
+        key: the offending key (dotted path, e.g. ``fields.obs.shape``).
+        expected: what the schema requires. actual: what the manifest holds (``repr``).
+    """
+
+    def __init__(self, where: str, key: str, expected: str, actual: str) -> None:
+        super().__init__(f"{where}: malformed manifest (key {key!r}: expected {expected}, "
+                         f"got {actual})")
+        self.where, self.key, self.expected, self.actual = where, key, expected, actual
+
+
+class BufferLockedError(RLBuffersError, OSError):
+    """A second writer (``mode="r+"``, ``create``, ``repair``) on a buffer another writer holds
+    open; the message names the holder (pid, host) from the lock file ``writer.lock``."""
+
+
+class UnsafePathError(RLBuffersError, PermissionError):
+    """A path the buffer would write or delete leaves the buffer's directory (a symlink
+    inside it, or a name that resolves elsewhere)."""

@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from rlbuffers.errors import FieldError
+from rlbuffers.errors import FieldError, UnsafePathError
 from rlbuffers.storage.location import LocalLocation, Location
+from rlbuffers.storage.lock import LOCK_FILE
 from rlbuffers.storage.manifest import Manifest
 from rlbuffers.storage.persistent import PersistentTier
 from rlbuffers.storage.reader import ChunkReader
@@ -37,6 +38,32 @@ def default_working_dir(loc: Location) -> Path:
         return loc.root / ".working"
     cache = Path(os.environ.get("RLBUFFERS_CACHE", Path.home() / ".cache" / "rlbuffers"))
     return cache / "working" / hashlib.sha1(loc.url.encode()).hexdigest()[:16]
+
+
+def writer_lock_path(loc: Location, working_dir: Path) -> Path:
+    """The writer lock's file: ``<path>/writer.lock`` for a local buffer; beside the working
+    tier (``<working dir>.lock``, so one writer per machine) for a URL."""
+    if isinstance(loc, LocalLocation):
+        return loc.root / LOCK_FILE
+    return working_dir.parent / f"{working_dir.name}.lock"
+
+
+def working_dir_of(loc: Location, working_dir: str | os.PathLike[str] | None) -> Path:
+    """The working tier's directory: ``working_dir`` as given, else the default, which must
+    not be a symlink (``docs/format.md``, "Symlinks").
+
+    Raises:
+        UnsafePathError: the default ``<path>/.working`` is a symlink.
+    """
+    if working_dir is not None:
+        return Path(working_dir)
+    wdir = default_working_dir(loc)
+    if isinstance(loc, LocalLocation) and wdir.is_symlink():
+        raise UnsafePathError(f"{wdir}: is a symlink (to {os.readlink(wdir)}); rlbuffers does "
+                              "not follow symlinks inside a buffer's directory for writes: "
+                              "remove it, or pass working_dir= to put the working tier "
+                              "elsewhere")
+    return wdir
 
 
 class ReadOnlyStorage:

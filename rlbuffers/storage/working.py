@@ -32,6 +32,7 @@ import numpy as np
 from rlbuffers.intmath import ceil_div
 from rlbuffers.memory.limits import memory_limit_bytes
 from rlbuffers.spec import FieldSpec
+from rlbuffers.storage.location import check_inside
 from rlbuffers.storage.manifest import write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -311,6 +312,7 @@ class WorkingTier:
             path.mkdir(parents=True)
         self.columns: dict[str, Column] = {}
         for name, spec in specs.items():
+            check_inside(path, path / f"{name}.x")  # names are checked; this is the backstop
             if spec.ragged:
                 col: Column = RaggedColumn(
                     path / f"{name}.ragged", spec, capacity, base_chunk_rows, create=create

@@ -32,10 +32,16 @@ import numpy as np
 import zarr
 
 from rlbuffers.compression import DEFAULT_CODEC, zarr_compressors
-from rlbuffers.errors import CorruptChunkError, NotABufferError, SnapshotReclaimedError
+from rlbuffers.errors import (
+    CorruptChunkError,
+    ManifestError,
+    NotABufferError,
+    SnapshotReclaimedError,
+)
 from rlbuffers.intmath import ceil_div
 from rlbuffers.storage.location import Location
 from rlbuffers.storage.manifest import (
+    COMMIT_KEY,
     FORMAT_VERSION,
     HISTORY,
     MANIFEST,
@@ -82,6 +88,20 @@ def _quiet() -> Iterator[None]:
         yield
 
 
+#: Reads of the manifest while a writer keeps committing, before giving up on consistency.
+READ_ATTEMPTS = 20
+
+
+def _numbers(names: list[str], suffix: str) -> list[int]:
+    """The commit numbers of ``g<N><suffix>`` entries of a directory listing."""
+    out = []
+    for n in names:
+        core = n[1 : len(n) - len(suffix)] if n.endswith(suffix) else ""
+        if n.startswith("g") and core.isdigit():
+            out.append(int(core))
+    return out
+
+
 def array_path(name: str, commit: int) -> str:
     """The array (relative to the buffer) holding chunks of ``name`` written by
     ``commit``: ``versions/g<N>/<name>``; commit 0 is ``<name>`` itself (the chunks of
@@ -120,11 +140,7 @@ class ZarrTier:
                 also for a path that is a file, not a directory.
             SnapshotReclaimedError: ``commit`` is not kept any more (or never existed).
         """
-        try:
-            head = read_manifest(loc)
-        except NotADirectoryError:
-            raise NotABufferError(f"{loc}: not an rlbuffers buffer (a file, not a directory)") \
-                from None
+        head = cls._consistent_head(loc)
         if commit is None or commit == head.commit:
             return cls(loc, head)
         try:
@@ -134,6 +150,36 @@ class ZarrTier:
             raise SnapshotReclaimedError(
                 f"{loc}: commit {commit} is not kept; kept: {max(first, 0)}.."
                 f"{head.commit} (keep_commits={head.keep_commits})") from None
+
+    @classmethod
+    def _consistent_head(cls, loc: Location) -> Manifest:
+        """The last commit's manifest, checked against the commits on disk: ``versions/`` and
+        ``history/`` may hold the commit after it (a save that crashed before its commit
+        point), never a later one; a manifest older than that (restored from a backup, or
+        tampered with) would make a writer delete every newer chunk version as uncommitted.
+        A writer committing meanwhile moves the head: read again (bounded).
+
+        Raises:
+            ManifestError: the manifest's commit is older than what is on disk.
+        """
+        for _ in range(READ_ATTEMPTS):
+            try:
+                head = read_manifest(loc)
+            except NotADirectoryError:
+                raise NotABufferError(
+                    f"{loc}: not an rlbuffers buffer (a file, not a directory)") from None
+            on_disk = _numbers(loc.listdir(VERSIONS), "") + _numbers(loc.listdir(HISTORY),
+                                                                     ".json")
+            newest = max(on_disk, default=0)
+            if newest <= head.commit + 1:
+                return head
+            if read_manifest(loc).commit == head.commit:  # not a writer moving on
+                raise ManifestError(
+                    f"{loc}/{MANIFEST}", COMMIT_KEY,
+                    f"at least {newest - 1}: {VERSIONS}/ or {HISTORY}/ hold commit {newest} "
+                    f"(restore {history_file(newest)} as {MANIFEST} if that commit is whole)",
+                    str(head.commit))
+        return head
 
     def reopen(self, commit: int | None = None) -> ZarrTier:
         """The same store as of its last commit now (or of the kept ``commit``)."""
@@ -215,6 +261,7 @@ class ZarrTier:
         dst = array_path(name, commit)
         stage = self._stage_arrays.get(dst)
         if stage is None:
+            self.loc.check_inside(dst)
             if not self.loc.exists(f"{dst}/zarr.json"):
                 self.loc.copy(f"{name}/zarr.json", f"{dst}/zarr.json")
             stage = self._stage_arrays[dst] = self._open(dst, mode="r+")
