@@ -25,7 +25,7 @@ from rlbuffers.storage.location import make_location
 from rlbuffers.storage.lock import WriterLock, probe
 from rlbuffers.storage.manifest import KEEP_COMMITS, Manifest
 from rlbuffers.storage.persistent import PersistentTier
-from rlbuffers.storage.saver import SaveFuture, SaveReport, exit_watch as _exit_watch
+from rlbuffers.storage.saver import SaveFuture, SaveReport, exit_watch
 from rlbuffers.storage.store import (
     ReadOnlyStorage,
     WritableStorage,
@@ -66,7 +66,7 @@ class ReplayBuffer:
             WritableStorage(tier, working_dir_of(loc, working_dir), fresh=fresh))
         self._closed = False
         if mode != "r":
-            _exit_watch.add(self._storage.saver)
+            exit_watch.add(self._storage.saver)
 
     def _load_state(self, m: Manifest, sampler: Sampler | None = None) -> None:
         self._ring: RingState = m.ring

@@ -68,6 +68,7 @@ class Location(ABC):
         """Path of ``rel`` as the filesystem sees it."""
         return f"{self._base}/{rel}" if rel else self._base
 
+    @abstractmethod
     def check_inside(self, rel: str) -> None:
         """Raise :class:`UnsafePathError` if ``rel`` resolves outside the root (local
         directories: symlinks are followed; object stores have none)."""
@@ -238,6 +239,9 @@ class FsspecLocation(Location):
     def zarr_args(self, rel: str = "") -> dict[str, Any]:
         return {"store": f"{self.url.rstrip('/')}/{rel}" if rel else self.url,
                 "storage_options": self.storage_options}
+
+    def check_inside(self, rel: str) -> None:
+        """Nothing to check: object stores have no symlinks, and keys are not resolved."""
 
     def write_atomic(self, rel: str, data: bytes) -> None:
         """One PUT of ``data`` at ``rel``."""

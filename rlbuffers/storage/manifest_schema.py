@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from rlbuffers import samplers
 from rlbuffers.compression import check_codec
 from rlbuffers.errors import FieldError, FormatVersionError, ManifestError, NotABufferError
 from rlbuffers.intmath import ceil_div
@@ -88,7 +89,8 @@ def check_manifest_json(data: dict[str, Any], where: str) -> None:
     Raises:
         ManifestError: the first key that breaks it.
     """
-    for key in REQUIRED:
+    v3 = ("chunks",) if data.get("format_version", 0) >= 3 else ()
+    for key in (*REQUIRED, "field_chunk_transitions", *v3):
         if key not in data:
             raise ManifestError(where, key, "the key to be present", "nothing (missing)")
     capacity = _int(where, data, "capacity", 1, MAX_CAPACITY)
@@ -101,6 +103,16 @@ def check_manifest_json(data: dict[str, Any], where: str) -> None:
         raise _fail(where, "keep_generations" if key == "keep_commits" else key, expected,
                     actual)
     commit = _int(where, data, "generation", 0, MAX_COMMIT)
+    _check_ring(data, where, capacity)
+    _check_records(data, where)
+    specs = _check_specs(data, where)
+    _check_stored(data, where, specs, capacity, base)
+    if "chunks" in data:
+        _check_chunks(data["chunks"], where, specs, data["field_chunk_transitions"], capacity,
+                      commit)
+
+
+def _check_ring(data: dict[str, Any], where: str, capacity: int) -> None:
     total = _int(where, data, "total_added", 0, 2**62)
     _int(where, data, "episodes", 0, total)
     if "cursor" in data and data["cursor"] != total % capacity:
@@ -109,6 +121,9 @@ def check_manifest_json(data: dict[str, Any], where: str) -> None:
     if "size" in data and data["size"] != min(total, capacity):
         raise _fail(where, "size", f"min(total_added, capacity) = {min(total, capacity)}",
                     data["size"])
+
+
+def _check_records(data: dict[str, Any], where: str) -> None:
     at = data["committed_at"]
     if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at) \
             or not 0 <= at < 2**40:
@@ -125,7 +140,17 @@ def check_manifest_json(data: dict[str, Any], where: str) -> None:
     if data["rng"].get("bit_generator") not in BIT_GENERATORS:
         raise _fail(where, "rng.bit_generator", f"one of {BIT_GENERATORS}",
                     data["rng"].get("bit_generator"))
-    specs = _check_specs(data, where)
+    for key, rebuild in (("sampler", samplers.sampler_from_state),
+                         ("rng", samplers.generator_from_state)):
+        try:
+            rebuild(data[key])
+        except Exception as e:  # whatever a sampler's from_state_dict raises on bad state
+            raise _fail(where, key, f"a state the {key} accepts ({type(e).__name__}: "
+                        f"{str(e)[:160]})", data[key]) from None
+
+
+def _check_stored(data: dict[str, Any], where: str, specs: dict[str, FieldSpec], capacity: int,
+                  base: int) -> None:
     stored = data["field_chunk_transitions"]
     if not isinstance(stored, dict) or set(stored) != set(specs):
         raise _fail(where, "field_chunk_transitions", f"a size for each of {sorted(specs)}",
@@ -136,8 +161,6 @@ def check_manifest_json(data: dict[str, Any], where: str) -> None:
         if k % base:
             raise _fail(where, f"field_chunk_transitions.{name}",
                         f"a multiple of chunk_transitions ({base})", k)
-    if "chunks" in data:
-        _check_chunks(data["chunks"], where, specs, stored, capacity, commit)
 
 
 def _check_specs(data: dict[str, Any], where: str) -> dict[str, FieldSpec]:
