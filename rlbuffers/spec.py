@@ -67,8 +67,8 @@ class FieldSpec:
         if any(s is not None and (isinstance(s, bool) or not isinstance(s, (int, np.integer))
                                   or s < 1) for s in shape):
             raise FieldError(
-                f"shape {shape}: sizes must be integers >= 1 or a leading None (a zero-size "
-                "axis stores nothing; a ragged row may still have length 0)"
+                f"shape {shape}: expected sizes that are integers >= 1 or a leading None (a "
+                "zero-size axis stores nothing; a ragged row may still have length 0)"
             )
         if dtype not in SUPPORTED_DTYPES or not dtype.isnative:
             raise FieldError(f"dtype {dtype} ({dtype.str}): not stored; expected one of "
