@@ -50,7 +50,7 @@ class ReplayBuffer:
     def __init__(self, tier: PersistentTier, *, mode: str,
                  working_dir: str | os.PathLike[str] | None = None,
                  fresh: bool = False, sampler: Sampler | None = None,
-                 lock: WriterLock | None = None) -> None:
+                 lock: WriterLock | None = None, pinned: bool = False) -> None:
         m, loc = tier.manifest, tier.loc
         #: the buffer's directory (a ``Path``) or URL (a ``str``)
         self.path: Path | str = loc.path
@@ -62,9 +62,11 @@ class ReplayBuffer:
         self._closed = True
         self._load_state(m, sampler)
         self._storage: ReadOnlyStorage | WritableStorage = (
-            ReadOnlyStorage(tier) if mode == "r" else
+            ReadOnlyStorage(tier, pinned=pinned) if mode == "r" else
             WritableStorage(tier, working_dir_of(loc, working_dir), fresh=fresh))
         self._closed = False
+        if self._storage.manifest is not m:  # a reader whose commit moved on while leasing
+            self._load_state(self._storage.manifest)
         if mode != "r":
             exit_watch.add(self._storage.saver)
 
@@ -169,7 +171,7 @@ class ReplayBuffer:
         loc = make_location(path, dict(storage_options or {}))
         tier = open_tier(loc, commit)  # no buffer, or an invalid one: raised before any lock
         if mode == "r":
-            return cls(tier, mode=mode, working_dir=working_dir)
+            return cls(tier, mode=mode, working_dir=working_dir, pinned=commit is not None)
         # a writer: the lock, then the manifest again (no other writer commits after that)
         return cls._locked(loc, working_dir_of(loc, working_dir), lambda lock: cls(
             open_tier(loc), mode=mode, working_dir=working_dir, lock=lock))

@@ -39,6 +39,7 @@ from rlbuffers.errors import (
     SnapshotReclaimedError,
 )
 from rlbuffers.intmath import ceil_div
+from rlbuffers.storage.lease import leased_commits
 from rlbuffers.storage.location import Location
 from rlbuffers.storage.manifest import (
     COMMIT_KEY,
@@ -310,9 +311,11 @@ class ZarrTier:
         self.abort()
         head = self.manifest
         first_kept = head.commit - head.keep_commits + 1
+        leased = leased_commits(self.loc)  # commits that open readers hold (lease.py)
         history = [g for g in self._history_commits() if g != head.commit]
-        kept = [head] + [self._kept_manifest(g) for g in history if g >= first_kept]
-        dropped = [g for g in history if g < first_kept]
+        kept = [head] + [self._kept_manifest(g) for g in history
+                         if g >= first_kept or g in leased]
+        dropped = [g for g in history if g < first_kept and g not in leased]
         used = {(n, c, e[0]) for m in kept for n, t in (m.chunks or {}).items()
                 for c, e in t.items()}
         reclaimed = self._drop_versions(dropped, used)
