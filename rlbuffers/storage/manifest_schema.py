@@ -112,6 +112,59 @@ def check_manifest_json(data: dict[str, Any], where: str) -> None:
                       commit)
 
 
+def _check_filled(data: dict[str, Any], where: str, specs: dict[str, Any]) -> None:
+    """Every stored chunk holding a filled slot (``[0, size)``) was written by a save, so the
+    chunk table lists it (an unlisted chunk reads as the fill value)."""
+    size = min(data["total_added"], data["capacity"])
+    for name in specs:
+        k = data["field_chunk_transitions"][name]
+        listed = {row[0] for row in data["chunks"].get(name, [])}
+        missing = sorted(set(range(ceil_div(size, k))) - listed)
+        if missing:
+            raise _fail(where, f"chunks.{name}", f"every chunk holding slots [0, {size}) "
+                        f"listed (size = {size})", f"chunks {missing[:5]} not listed")
+
+
+def check_arrays(arrays: dict[str, Any], data: dict[str, Any], where: str) -> None:
+    """Check the manifest (``data``, upgraded and schema-checked) against the arrays' metadata
+    on disk (``arrays``: column -> its ``<column>/zarr.json`` object, or None if missing):
+    shape ``[capacity, *row]``, chunks ``[stored rows, *row]`` and, where recorded, the field
+    spec.
+
+    Raises:
+        ManifestError: a column whose array is missing or disagrees, or a filled chunk the
+        chunk table does not list.
+    """
+    if "chunks" in data:
+        _check_filled(data, where, {**data["fields"], **data["internal"]})
+    for key in ("fields", "internal"):
+        for name, d in data[key].items():
+            spec = FieldSpec.from_dict(d)
+            meta = arrays.get(name)
+            row = [] if spec.ragged else list(spec.row_shape)
+            shape = [data["capacity"], *row]
+            chunks = [data["field_chunk_transitions"][name], *row]
+            if not isinstance(meta, dict):
+                raise _fail(where, f"{key}.{name}", f"a column whose array {name}/zarr.json "
+                            "exists", "no such array")
+            grid = meta.get("chunk_grid")
+            got_chunks = (grid.get("configuration", {}).get("chunk_shape")
+                          if isinstance(grid, dict) else None)
+            recorded = (meta.get("attributes") or {}).get("rlbuffers_field")
+            if meta.get("shape") != shape:
+                raise _fail(where, "capacity" if meta.get("shape", [None])[:1] != shape[:1]
+                            else f"{key}.{name}.shape",
+                            f"the shape of the array {name}/zarr.json, {meta.get('shape')}",
+                            shape)
+            if got_chunks != chunks:
+                raise _fail(where, f"field_chunk_transitions.{name}", "the chunk shape of the "
+                            f"array {name}/zarr.json, {got_chunks}", chunks)
+            if isinstance(recorded, dict) and (recorded.get("shape"), recorded.get("dtype")) \
+                    != (d.get("shape"), FieldSpec.from_dict(d).dtype.str):
+                raise _fail(where, f"{key}.{name}", f"the spec recorded in {name}/zarr.json, "
+                            f"{recorded}", d)
+
+
 def _check_ring(data: dict[str, Any], where: str, capacity: int) -> None:
     total = _int(where, data, "total_added", 0, 2**62)
     _int(where, data, "episodes", 0, total)

@@ -22,6 +22,7 @@ of the chunk table, and the first save writes a format-3 manifest.
 
 from __future__ import annotations
 
+import json
 import logging
 import warnings
 from collections.abc import Iterator
@@ -50,8 +51,10 @@ from rlbuffers.storage.manifest import (
     Manifest,
     history_file,
     read_manifest,
+    upgrade,
     write_manifest,
 )
+from rlbuffers.storage.manifest_schema import check_arrays
 
 if TYPE_CHECKING:
     from zarr.core.array_spec import ArrayConfigParams
@@ -103,6 +106,23 @@ def _numbers(names: list[str], suffix: str) -> list[int]:
     return out
 
 
+def _check_against_arrays(loc: Location, m: Manifest, rel: str) -> None:
+    """:func:`check_arrays` of manifest ``m`` (read from ``rel``) against the arrays at
+    ``loc``."""
+    if m.chunks is None and m.format_version >= 3:
+        return
+    check_arrays({n: _array_meta(loc, n) for n in m.specs},
+                 upgrade(json.loads(json.dumps(m.to_json()))), f"{loc}/{rel}")
+
+
+def _array_meta(loc: Location, name: str) -> Any:
+    """The ``zarr.json`` object of column ``name``'s array, or None if missing or unreadable."""
+    try:
+        return json.loads(loc.read_bytes(f"{name}/zarr.json"))
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
 def array_path(name: str, commit: int) -> str:
     """The array (relative to the buffer) holding chunks of ``name`` written by
     ``commit``: ``versions/g<N>/<name>``; commit 0 is ``<name>`` itself (the chunks of
@@ -145,7 +165,11 @@ class ZarrTier:
         if commit is None or commit == head.commit:
             return cls(loc, head)
         try:
-            return cls(loc, read_manifest(loc, history_file(commit)))
+            kept = read_manifest(loc, history_file(commit))
+            _check_against_arrays(loc, kept, history_file(commit))
+            return cls(loc, kept)
+        except ManifestError:
+            raise
         except NotABufferError:
             first = head.commit - head.keep_commits + 1
             raise SnapshotReclaimedError(
@@ -173,6 +197,7 @@ class ZarrTier:
                                                                      ".json")
             newest = max(on_disk, default=0)
             if newest <= head.commit + 1:
+                _check_against_arrays(loc, head, MANIFEST)
                 return head
             if read_manifest(loc).commit == head.commit:  # not a writer moving on
                 raise ManifestError(
