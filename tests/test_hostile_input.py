@@ -218,3 +218,24 @@ def test_symlinked_history_or_versions_are_not_written_through(tmp_path):
         shutil.move(outside, path / name)
     with ReplayBuffer.open(path, mode="r") as ro:  # the last commit is intact
         assert ro.commit == 2 and len(ro) == 10
+
+
+def test_chunk_size_changed_under_a_working_tier(tmp_path):
+    """Fuzzer finding: ``chunk_transitions`` 4 -> 2 under a trusted working tier made a ragged
+    read mmap a values file of another chunking (ValueError: cannot mmap an empty file)."""
+    path = tmp_path / "buf"
+    with ReplayBuffer.create(path, capacity=16, chunk_transitions=4,
+                             fields={"tok": FieldSpec((None,), "int16"),
+                                     "obs": FieldSpec((3,), "float32")}) as buf:
+        buf.extend({"tok": [np.full(i % 3, i, np.int16) for i in range(7)],
+                    "obs": np.ones((7, 3), np.float32)})
+        buf.save()
+    _edit(path, lambda m: m.update(chunk_transitions=2))
+    with pytest.raises(ManifestError, match=r"key 'field_chunk_transitions.tok'.*ragged"):
+        ReplayBuffer.open(path, mode="r")
+    fixed = _saved(tmp_path / "fixed")  # no ragged field: valid, but the tier is rebuilt
+    _edit(fixed, lambda m: m.update(chunk_transitions=2))
+    with ReplayBuffer.open(fixed) as buf:
+        assert buf.chunk_transitions == 2 and buf[:]["obs"].tolist() == [[0, 0, 0]] * 5
+    state = json.loads((fixed / ".working" / "state.json").read_text())
+    assert state["layout"] == [16, 2]

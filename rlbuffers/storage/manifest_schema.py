@@ -214,6 +214,9 @@ def _check_stored(data: dict[str, Any], where: str, specs: dict[str, FieldSpec],
         if k % base:
             raise _fail(where, f"field_chunk_transitions.{name}",
                         f"a multiple of chunk_transitions ({base})", k)
+        if specs[name].ragged and k != base:
+            raise _fail(where, f"field_chunk_transitions.{name}",
+                        f"chunk_transitions ({base}) for a ragged field", k)
 
 
 def _check_specs(data: dict[str, Any], where: str) -> dict[str, FieldSpec]:
