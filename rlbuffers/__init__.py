@@ -16,16 +16,19 @@ from rlbuffers.errors import (
     BufferClosedError,
     BufferEmptyError,
     BufferExistsError,
+    BufferLockedError,
     CorruptCheckpointError,
     CorruptChunkError,
     FieldError,
     FormatVersionError,
+    ManifestError,
     NotABufferError,
     NotPrioritizedError,
     ReadOnlyError,
     RLBuffersError,
     SnapshotReclaimedError,
     UnsafePickleError,
+    UnsafePathError,
 )
 from rlbuffers.lazy import lazy_attributes
 
@@ -58,12 +61,14 @@ __all__ = [
     "BufferClosedError",
     "BufferEmptyError",
     "BufferExistsError",
+    "BufferLockedError",
     "CorruptCheckpointError",
     "CorruptChunkError",
     "FieldError",
     "FieldSpec",
     "FormatVersionError",
     "GroupSampler",
+    "ManifestError",
     "NotABufferError",
     "NotPrioritizedError",
     "PrioritizedSampler",
@@ -76,6 +81,7 @@ __all__ = [
     "SnapshotReclaimedError",
     "UniformSampler",
     "UnsafePickleError",
+    "UnsafePathError",
     "register_sampler",
 ]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,17 +15,23 @@ import numpy as np
 from rlbuffers import samplers, spec
 from rlbuffers.compression import DEFAULT_CODEC
 from rlbuffers.deprecation import UNSET, renamed_attribute, renamed_keyword
-from rlbuffers.errors import BufferClosedError, ReadOnlyError
+from rlbuffers.errors import BufferClosedError, ManifestError, ReadOnlyError
 from rlbuffers.ring import RingState
 from rlbuffers.samplers import EPISODE_ID, PRIORITY, SampleContext, Sampler
 from rlbuffers.spec import FieldSpec
 from rlbuffers.storage.create import create_tier, positive_int
 from rlbuffers.storage.engine import open_tier
 from rlbuffers.storage.location import make_location
+from rlbuffers.storage.lock import WriterLock, probe
 from rlbuffers.storage.manifest import KEEP_COMMITS, Manifest
 from rlbuffers.storage.persistent import PersistentTier
-from rlbuffers.storage.saver import SaveFuture, SaveReport
-from rlbuffers.storage.store import ReadOnlyStorage, WritableStorage, default_working_dir
+from rlbuffers.storage.saver import SaveFuture, SaveReport, exit_watch
+from rlbuffers.storage.store import (
+    ReadOnlyStorage,
+    WritableStorage,
+    working_dir_of,
+    writer_lock_path,
+)
 
 __all__ = ["ReplayBuffer", "SaveReport"]
 
@@ -43,7 +49,8 @@ class ReplayBuffer:
 
     def __init__(self, tier: PersistentTier, *, mode: str,
                  working_dir: str | os.PathLike[str] | None = None,
-                 fresh: bool = False, sampler: Sampler | None = None) -> None:
+                 fresh: bool = False, sampler: Sampler | None = None,
+                 lock: WriterLock | None = None, pinned: bool = False) -> None:
         m, loc = tier.manifest, tier.loc
         #: the buffer's directory (a ``Path``) or URL (a ``str``)
         self.path: Path | str = loc.path
@@ -51,16 +58,31 @@ class ReplayBuffer:
         self.capacity: int = m.capacity
         self.chunk_transitions: int = m.layout.base_chunk_rows
         self._fields = dict(m.fields)
+        self._lock = lock
+        self._closed = True
         self._load_state(m, sampler)
         self._storage: ReadOnlyStorage | WritableStorage = (
-            ReadOnlyStorage(tier) if mode == "r" else
-            WritableStorage(tier, Path(working_dir or default_working_dir(loc)), fresh=fresh))
+            ReadOnlyStorage(tier, pinned=pinned) if mode == "r" else
+            WritableStorage(tier, working_dir_of(loc, working_dir), fresh=fresh))
         self._closed = False
+        if self._storage.manifest is not m:  # a reader whose commit moved on while leasing
+            self._load_state(self._storage.manifest)
+        if mode != "r":
+            exit_watch.add(self._storage.saver)
 
     def _load_state(self, m: Manifest, sampler: Sampler | None = None) -> None:
         self._ring: RingState = m.ring
-        self.sampler: Sampler = sampler or samplers.sampler_from_state(m.sampler)
-        self._rng = samplers.generator_from_state(m.rng)
+        try:
+            self.sampler: Sampler = sampler or samplers.sampler_from_state(m.sampler)
+        except Exception as e:
+            raise ManifestError(str(self.path), "sampler", "the state_dict() of a registered "
+                                f"sampler ({type(e).__name__}: {e})", repr(m.sampler)[:120]) \
+                from None
+        try:
+            self._rng = samplers.generator_from_state(m.rng)
+        except Exception as e:
+            raise ManifestError(str(self.path), "rng", "a bit_generator.state "
+                                f"({type(e).__name__}: {e})", repr(m.rng)[:120]) from None
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], *, capacity: int,
@@ -95,13 +117,33 @@ class ReplayBuffer:
                                        "keep_commits", keep_commits)
         spec.check_field_specs(fields, SAMPLE_KEYS)
         sampler = sampler or samplers.UniformSampler()
+        loc = make_location(path, dict(storage_options or {}))
+        wdir = working_dir_of(loc, working_dir)
+        if overwrite and isinstance(loc.root, Path):
+            probe(writer_lock_path(loc, wdir))  # never overwrite a buffer a writer has open
         tier = create_tier(
-            make_location(path, dict(storage_options or {})), capacity=capacity, fields=fields,
+            loc, capacity=capacity, fields=fields,
             internal={EPISODE_ID: FieldSpec((), "int64"), **sampler.extra_columns},
             chunk_transitions=chunk_transitions, codec=codec,
             sampler_state=sampler.state_dict(), seed=seed, overwrite=overwrite,
             keep_commits=KEEP_COMMITS if keep_commits is None else keep_commits)
-        return cls(tier, mode="r+", working_dir=working_dir, fresh=True, sampler=sampler)
+        return cls._locked(tier.loc, wdir, lambda lock: cls(
+            tier, mode="r+", working_dir=working_dir, fresh=True, sampler=sampler, lock=lock))
+
+    @classmethod
+    def _locked(cls, loc: Any, wdir: Path,
+                build: Callable[[WriterLock], ReplayBuffer]) -> ReplayBuffer:
+        """``build(lock)`` with the writer lock of ``loc`` taken first, released if ``build``
+        fails."""
+        path = writer_lock_path(loc, wdir)
+        if not isinstance(loc.root, Path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+        lock = WriterLock.acquire(path)
+        try:
+            return build(lock)
+        except BaseException:
+            lock.release()
+            raise
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, mode: str = "r+",
@@ -126,8 +168,13 @@ class ReplayBuffer:
         commit = renamed_keyword("generation", generation, "commit", commit)
         if mode not in ("r", "r+") or (commit is not None and mode != "r"):
             raise ValueError(f"mode: expected 'r' or 'r+' ('r' with commit), got {mode!r}")
-        tier = open_tier(make_location(path, dict(storage_options or {})), commit)
-        return cls(tier, mode=mode, working_dir=working_dir)
+        loc = make_location(path, dict(storage_options or {}))
+        tier = open_tier(loc, commit)  # no buffer, or an invalid one: raised before any lock
+        if mode == "r":
+            return cls(tier, mode=mode, working_dir=working_dir, pinned=commit is not None)
+        # a writer: the lock, then the manifest again (no other writer commits after that)
+        return cls._locked(loc, working_dir_of(loc, working_dir), lambda lock: cls(
+            open_tier(loc), mode=mode, working_dir=working_dir, lock=lock))
 
     def add(self, **transition: Any) -> None:
         """Append one transition (one keyword per field, shapes as in the field specs).
@@ -295,7 +342,11 @@ class ReplayBuffer:
         has seen it. Does not save: changes since the last ``save`` are discarded."""
         if not self._closed:
             self._closed = True
-            self._storage.close()
+            try:
+                self._storage.close()
+            finally:
+                if self._lock is not None:
+                    self._lock.release()
 
     def __enter__(self) -> ReplayBuffer:
         return self

@@ -69,3 +69,29 @@ class UnsafePickleError(RLBuffersError, ValueError):
     or array whose bytes do not match its dtype and shape, an array without its data or with
     other strides than numpy's own, a length beyond the bytes left in the file, more memory
     than its budget, more objects than its limit, or nesting deeper than its limit."""
+
+
+class ManifestError(NotABufferError):
+    """``manifest.json`` (or a kept ``history/g<N>.json``) breaks the manifest schema: a key is
+    missing, of the wrong type, out of range, inconsistent with another key, or with what is
+    on disk (``docs/format.md``). Nothing is written or deleted when it is raised.
+
+    Attributes:
+        key: the offending key (dotted path, e.g. ``fields.obs.shape``).
+        expected: what the schema requires. actual: what the manifest holds (``repr``).
+    """
+
+    def __init__(self, where: str, key: str, expected: str, actual: str) -> None:
+        super().__init__(f"{where}: malformed manifest (key {key!r}: expected {expected}, "
+                         f"got {actual})")
+        self.where, self.key, self.expected, self.actual = where, key, expected, actual
+
+
+class BufferLockedError(RLBuffersError, OSError):
+    """A second writer (``mode="r+"``, ``create``, ``repair``) on a buffer another writer holds
+    open; the message names the holder (pid, host) from the lock file ``writer.lock``."""
+
+
+class UnsafePathError(RLBuffersError, PermissionError):
+    """A path the buffer would write or delete leaves the buffer's directory (a symlink
+    inside it, or a name that resolves elsewhere)."""

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from rlbuffers.storage.engine import open_tier
-from rlbuffers.storage.location import make_location
+from rlbuffers.storage.location import Location, make_location
+from rlbuffers.storage.lock import WriterLock
 from rlbuffers.storage.persistent import PersistentTier
-from rlbuffers.storage.store import default_working_dir
+from rlbuffers.storage.store import working_dir_of, writer_lock_path
 from rlbuffers.storage.working import WorkingTier
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ def repair(
     storage_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Verify the last commit of the buffer at ``path`` and rewrite its damaged chunks from the
-    working tier where it can. Do not run it while a writer has the buffer open.
+    working tier where it can (it takes the writer lock: not while a writer has it open).
 
     Args:
         working_dir: the writer's working tier (default as ``ReplayBuffer.open``).
@@ -42,17 +43,27 @@ def repair(
         "unrepairable": [{field, chunk, reason, why}]}``.
 
     Raises:
-        NotABufferError, FormatVersionError: as ``ReplayBuffer.open``. OSError: the repair
+        NotABufferError, FormatVersionError, ManifestError: as ``ReplayBuffer.open``.
+        BufferLockedError: a writer has the buffer open. OSError: the repair
         commit could not be written (the damaged commit is left as it was).
     """
     loc = make_location(path, storage_options)
+    open_tier(loc)  # no buffer or an invalid manifest: raised before the lock is taken
+    wdir = working_dir_of(loc, working_dir)
+    lock = WriterLock.acquire(writer_lock_path(loc, wdir))
+    try:
+        return _repair(loc, wdir)
+    finally:
+        lock.release()
+
+
+def _repair(loc: Location, wdir: Path) -> dict[str, Any]:
     tier = open_tier(loc)
     m = tier.manifest
     bad = tier.verify()
     report: dict[str, Any] = {"commit": m.commit, "repaired": [], "unrepairable": []}
     if not bad:
         return report
-    wdir = Path(working_dir) if working_dir is not None else default_working_dir(loc)
     why_not, working = _working_tier(wdir, tier)
     good = []
     for name, c, reason in bad:

@@ -12,6 +12,16 @@ from rlbuffers.errors import FieldError
 
 #: Bytes assumed per ragged row when sizing chunks (ragged lengths are unknown up front).
 RAGGED_ROWS_GUESS = 256
+#: The dtypes both tiers round-trip exactly (working tier: raw bytes; persistent tier: Zarr v3
+#: data types), in native byte order. Not stored: longdouble/clongdouble (no Zarr v3 data
+#: type), datetime64/timedelta64, strings, structured and object dtypes.
+SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "complex64", "complex128"))
+#: Largest row of a field (fixed: one transition; ragged: one row along the ragged axis).
+MAX_ROW_BYTES = 2**31
+#: Most axes of a field's shape.
+MAX_NDIM = 32
 
 
 @dataclass(frozen=True)
@@ -31,8 +41,9 @@ class FieldSpec:
             non-finite values are stored like any other (``rlbuffers inspect`` counts them).
 
     Raises:
-        FieldError: ``None`` anywhere but the first axis, a negative size, an object dtype,
-            or ``finite`` on a non-float dtype.
+        FieldError: ``None`` anywhere but the first axis, a size < 1, a dtype the tiers do
+            not store (see :data:`SUPPORTED_DTYPES`), a row over :data:`MAX_ROW_BYTES`, or
+            ``finite`` on a non-float dtype.
     """
 
     shape: tuple[int | None, ...]
@@ -40,16 +51,32 @@ class FieldSpec:
     finite: bool = False
 
     def __post_init__(self) -> None:
-        shape = tuple(self.shape)
-        dtype = np.dtype(self.dtype)
+        try:
+            shape = tuple(self.shape)
+        except TypeError:
+            raise FieldError(f"shape: expected a tuple of sizes, got {self.shape!r}") from None
+        try:
+            dtype = np.dtype(self.dtype)
+        except (TypeError, ValueError, SyntaxError) as e:
+            raise FieldError(f"dtype: expected one of {supported_dtypes()}, got "
+                             f"{self.dtype!r} ({e})") from None
+        if len(shape) > MAX_NDIM:
+            raise FieldError(f"shape {shape}: expected at most {MAX_NDIM} axes")
         if any(s is None for s in shape[1:]):
             raise FieldError(f"shape {shape}: only the first axis may be None (ragged)")
-        if any(s is not None and (not isinstance(s, (int, np.integer)) or s < 0) for s in shape):
+        if any(s is not None and (isinstance(s, bool) or not isinstance(s, (int, np.integer))
+                                  or s < 1) for s in shape):
             raise FieldError(
-                f"shape {shape}: sizes must be non-negative integers or a leading None"
+                f"shape {shape}: expected sizes that are integers >= 1 or a leading None (a "
+                "zero-size axis stores nothing; a ragged row may still have length 0)"
             )
-        if dtype.hasobject or dtype.kind in "OUSV":
-            raise FieldError(f"dtype {dtype}: only numeric and bool dtypes are stored")
+        if dtype not in SUPPORTED_DTYPES or not dtype.isnative:
+            raise FieldError(f"dtype {dtype} ({dtype.str}): not stored; expected one of "
+                             f"{supported_dtypes()} in native byte order")
+        row = int(np.prod([s for s in shape if s is not None], dtype=object) or 1)
+        if row * dtype.itemsize > MAX_ROW_BYTES:
+            raise FieldError(f"shape {shape} {dtype}: a row of {row * dtype.itemsize} bytes; "
+                             f"expected at most {MAX_ROW_BYTES}")
         if self.finite and dtype.kind != "f":
             raise FieldError(f"finite=True: expected a float dtype, got {dtype}")
         object.__setattr__(self, "finite", bool(self.finite))
@@ -85,12 +112,27 @@ class FieldSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FieldSpec:
-        """Inverse of :meth:`to_dict`."""
-        return cls(tuple(d["shape"]), d["dtype"], bool(d.get("finite", False)))
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            FieldError: not a dict of ``shape`` (a list), ``dtype`` (a string) and an
+            optional ``finite`` (a bool), or a spec :class:`FieldSpec` refuses.
+        """
+        if not isinstance(d, dict) or not isinstance(d.get("shape"), list) \
+                or not isinstance(d.get("dtype"), str) \
+                or not isinstance(d.get("finite", False), bool):
+            raise FieldError(f"field spec: expected {{'shape': [...], 'dtype': str, "
+                             f"'finite': bool}}, got {d!r:.200}")
+        return cls(tuple(d["shape"]), d["dtype"], d.get("finite", False))
 
     def describe(self) -> str:
         """Human form, e.g. ``(None, 4) int32``."""
         return f"{tuple(self.shape)} {self.dtype}"
+
+
+def supported_dtypes() -> str:
+    """The names of :data:`SUPPORTED_DTYPES`, for messages."""
+    return ", ".join(str(d) for d in SUPPORTED_DTYPES)
 
 
 def _first(arr: np.ndarray, bad: np.ndarray) -> Any:
@@ -222,12 +264,40 @@ def episode_ends(rows: dict[str, Any], n: int) -> np.ndarray:
     return done
 
 
+#: Longest field name (it is a file name in both tiers).
+MAX_NAME_CHARS = 200
+
+
+def field_name_problem(name: Any, reserved: Sequence[str] = (), internal: bool = False) -> str:
+    """Why ``name`` is not a valid field name (``""`` if it is): the one rule for names given
+    to ``create`` and names read from a manifest. A name is a file name in both tiers, so it
+    must be a non-empty string of at most :data:`MAX_NAME_CHARS` characters, must not start
+    with ``.`` or (user fields) ``_``, must not contain ``/``, ``\\``, NUL or other control
+    characters, and must not be in ``reserved``. Internal columns (``internal``) start with
+    ``_`` and follow the same rule after it."""
+    rule = (f"must be a non-empty string of at most {MAX_NAME_CHARS} characters, must not "
+            "start with '_' or '.', contain '/', '\\' or control characters, or be one of "
+            f"{tuple(reserved)}")
+    if not isinstance(name, str):
+        return rule
+    if internal:
+        if not name.startswith("_"):
+            return "expected an internal column name starting with '_'"
+        name = name[1:]
+    if (not name or len(name) > MAX_NAME_CHARS or name.startswith(("_", "."))
+            or any(ch in name for ch in "/\\") or any(ord(ch) < 32 or ord(ch) == 127
+                                                         for ch in name)
+            or name in reserved):
+        return rule
+    return ""
+
+
 def check_field_specs(fields: Any, reserved: Sequence[str] = ()) -> None:
     """Validate the ``fields`` mapping given to ``ReplayBuffer.create``.
 
     Raises:
-        FieldError: no fields, a value that is not a :class:`FieldSpec`, a name that is empty,
-        starts with ``_`` or ``.``, contains ``/`` or is in ``reserved``, or an episode-end
+        FieldError: no fields, a value that is not a :class:`FieldSpec`, a name that
+        :func:`field_name_problem` refuses, or an episode-end
         flag (``terminated``, ``truncated``, ``done``) that is not ``FieldSpec((), "bool")``.
     """
     if not fields:
@@ -235,11 +305,9 @@ def check_field_specs(fields: Any, reserved: Sequence[str] = ()) -> None:
     for name, spec in fields.items():
         if not isinstance(spec, FieldSpec):
             raise FieldError(f"field {name!r}: expected a FieldSpec, got {type(spec).__name__}")
-        if not name or name.startswith(("_", ".")) or "/" in name or name in reserved:
-            raise FieldError(
-                f"field name {name!r}: must be non-empty, must not start with '_' or '.', "
-                f"contain '/', or be one of {tuple(reserved)}"
-            )
+        problem = field_name_problem(name, reserved)
+        if problem:
+            raise FieldError(f"field name {name!r}: {problem}")
         if name in EPISODE_END_FIELDS and (spec.shape != () or spec.dtype != np.bool_):
             raise FieldError(
                 f"field {name!r}: episode-end flags must be FieldSpec((), 'bool'), "

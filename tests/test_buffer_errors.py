@@ -87,6 +87,7 @@ def test_bad_field_names_and_specs(tmp_path):
 def test_create_refuses_existing(buf, fields):
     with pytest.raises(BufferExistsError, match="overwrite=True"):
         ReplayBuffer.create(buf.path, capacity=10, fields=fields)
+    buf.close()  # one writer at a time: overwrite is refused while a writer has it open
     again = ReplayBuffer.create(buf.path, capacity=5, fields=fields, overwrite=True)
     assert len(again) == 0 and again.capacity == 5
 

@@ -61,6 +61,8 @@ def _save_under(injector: FaultInjector, path) -> tuple[int | None, BaseExceptio
     finally:
         if not injector.crashed:
             buf.close()
+        else:  # the "dead" process's writer lock: the kernel releases a dead process's flock
+            buf._lock.release()
 
 
 def _after(path) -> int:

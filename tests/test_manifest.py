@@ -20,7 +20,7 @@ def _manifest(**kw):
         fields={"x": FieldSpec((None, 2), "int16"), "r": FieldSpec((), "float32")},
         codecs={"x": "zstd", "r": "blosc-zstd"}, internal={"_episode_id": FieldSpec((), "int64")},
         ring=RingState(10, 13, 2), commit=3, committed_at=1.5,
-        sampler={"type": "uniform"}, rng={"bit_generator": "PCG64", "state": {}},
+        sampler={"type": "uniform"}, rng=np.random.PCG64(0).state,
         metadata={"step": 7}, keep_commits=3,
         chunks={"x": {0: (2, 100), 2: (3, 90)}, "r": {0: (3, 12)}, "_episode_id": {}})
     return Manifest(**{**base, **kw})

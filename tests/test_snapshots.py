@@ -59,7 +59,16 @@ def test_kept_commits_open_and_older_ones_are_reclaimed(tmp_path, fields):
     w.close()
 
 
-def test_reader_whose_commit_was_reclaimed_is_told_to_refresh(tmp_path, fields):
+def _without_leases(monkeypatch):
+    """A reader that cannot take a lease (a read-only filesystem, a URL buffer): its commit is
+    kept for keep_commits saves only (tests/test_reader_leases.py covers leased readers)."""
+    from rlbuffers.storage.lease import ReaderLease
+
+    monkeypatch.setattr(ReaderLease, "take", classmethod(lambda cls, loc, commit: None))
+
+
+def test_reader_whose_commit_was_reclaimed_is_told_to_refresh(tmp_path, fields, monkeypatch):
+    _without_leases(monkeypatch)
     path = tmp_path / "b"
     w = _writer(path, fields, keep=1)
     w.extend(make_batch(0, 12))
@@ -82,6 +91,7 @@ def test_commit_reclaimed_between_the_check_and_the_read_is_told_to_refresh(
     SnapshotReclaimedError, and refresh() reads the new commit."""
     from rlbuffers.storage.zarr_tier import ZarrTier
 
+    _without_leases(monkeypatch)
     path = tmp_path / "b"
     w = _writer(path, fields, keep=1)
     w.extend(make_batch(0, 12))

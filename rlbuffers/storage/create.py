@@ -20,6 +20,7 @@ from rlbuffers.storage.engine import new_tier, tier_of
 from rlbuffers.storage.layout import ChunkLayout, plan_stored_chunk_rows
 from rlbuffers.storage.location import LocalLocation, Location, fsync_path
 from rlbuffers.storage.manifest import Manifest
+from rlbuffers.storage.manifest_schema import check_limits
 from rlbuffers.storage.persistent import PersistentTier
 
 #: Target raw bytes of one chunk of the largest field when ``chunk_transitions`` is None.
@@ -64,6 +65,9 @@ def create_tier(
         chunk_transitions = max(1, min(capacity, AUTO_CHUNK_BYTES // max(row, 1)))
     base = positive_int("chunk_transitions", chunk_transitions)
     keep = positive_int("keep_commits", keep_commits)
+    problem = check_limits(capacity, base, keep)
+    if problem:
+        raise ValueError(f"{problem[0]}: expected {problem[1]}, got {problem[2]}")
     codecs = {n: check_codec(codec if isinstance(codec, str) else codec.get(n, DEFAULT_CODEC), n)
               for n in fields}
     if loc.exists() and loc.listdir():
@@ -89,7 +93,11 @@ def create_tier(
     for old in parent.glob(f".{name}.creating-*"):
         shutil.rmtree(old, ignore_errors=True)
     tmp = parent / f".{name}.creating-{uuid.uuid4().hex[:8]}"
-    built = new_tier(LocalLocation(tmp), manifest).manifest
-    os.rename(tmp, loc.root)  # onto a missing or empty directory
+    try:
+        built = new_tier(LocalLocation(tmp), manifest).manifest
+        os.rename(tmp, loc.root)  # onto a missing or empty directory
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed create leaves nothing behind
+        raise
     fsync_path(parent)
     return tier_of(loc, built)

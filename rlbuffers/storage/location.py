@@ -14,7 +14,7 @@ from typing import Any
 
 import fsspec
 
-from rlbuffers.errors import NotABufferError
+from rlbuffers.errors import NotABufferError, UnsafePathError
 
 #: Threads that fsync the files of a save at once (see :meth:`LocalLocation.sync_tree`).
 SYNC_THREADS = 8
@@ -27,6 +27,17 @@ def fsync_path(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def check_inside(base: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
+    """Raise :class:`UnsafePathError` unless ``path``, with every symlink followed, lies in
+    ``base`` (also resolved): the check before any write or delete of the buffer's files."""
+    real_base = os.path.realpath(base)
+    real = os.path.realpath(path)
+    if real != real_base and not real.startswith(real_base.rstrip(os.sep) + os.sep):
+        raise UnsafePathError(f"{path}: resolves to {real}, outside {real_base}; rlbuffers "
+                              "does not write or delete through a symlink that leaves the "
+                              "buffer's directory (docs/format.md, 'Symlinks')")
 
 
 class Location(ABC):
@@ -56,6 +67,11 @@ class Location(ABC):
     def full(self, rel: str = "") -> str:
         """Path of ``rel`` as the filesystem sees it."""
         return f"{self._base}/{rel}" if rel else self._base
+
+    @abstractmethod
+    def check_inside(self, rel: str) -> None:
+        """Raise :class:`UnsafePathError` if ``rel`` resolves outside the root (local
+        directories: symlinks are followed; object stores have none)."""
 
     @abstractmethod
     def zarr_args(self, rel: str = "") -> dict[str, Any]:
@@ -149,9 +165,13 @@ class LocalLocation(Location):
     def zarr_args(self, rel: str = "") -> dict[str, Any]:
         return {"store": self.full(rel)}
 
+    def check_inside(self, rel: str) -> None:
+        check_inside(self.root, self.root / rel)
+
     def write_atomic(self, rel: str, data: bytes) -> None:
         """Replace ``rel`` with ``data`` atomically: temp file, fsync, rename and fsync of the
         directory."""
+        self.check_inside(rel)
         path = self.root / rel
         if not path.parent.is_dir():
             path.parent.mkdir(parents=True)
@@ -165,21 +185,26 @@ class LocalLocation(Location):
         fsync_path(path.parent)
 
     def copy(self, src: str, dst: str) -> None:
+        self.check_inside(dst)
         (self.root / dst).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(self.root / src, self.root / dst)
 
     def move(self, src: str, dst: str) -> None:
         """Rename ``src`` over ``dst``."""
+        self.check_inside(src)
+        self.check_inside(dst)
         (self.root / dst).parent.mkdir(parents=True, exist_ok=True)
         os.replace(self.root / src, self.root / dst)
 
     def remove_file(self, rel: str) -> None:
+        self.check_inside(rel)
         try:
             os.remove(self.root / rel)
         except FileNotFoundError:
             pass
 
     def remove_tree(self, rel: str) -> None:
+        self.check_inside(rel)
         shutil.rmtree(self.root / rel, ignore_errors=True)
 
     def sync_tree(self, rel: str) -> None:
@@ -214,6 +239,9 @@ class FsspecLocation(Location):
     def zarr_args(self, rel: str = "") -> dict[str, Any]:
         return {"store": f"{self.url.rstrip('/')}/{rel}" if rel else self.url,
                 "storage_options": self.storage_options}
+
+    def check_inside(self, rel: str) -> None:
+        """Nothing to check: object stores have no symlinks, and keys are not resolved."""
 
     def write_atomic(self, rel: str, data: bytes) -> None:
         """One PUT of ``data`` at ``rel``."""

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlbuffers.errors import FormatVersionError, NotABufferError
+from rlbuffers.errors import ManifestError, NotABufferError
 from rlbuffers.ring import RingState
 from rlbuffers.spec import FieldSpec
 from rlbuffers.storage.layout import ChunkLayout
 from rlbuffers.storage.location import LocalLocation, Location
+from rlbuffers.storage.manifest_schema import check_manifest_json, check_version
 
 MANIFEST = "manifest.json"
 #: Version of the on-disk format this code writes; it reads this and older. Version 3 keeps
@@ -122,42 +123,37 @@ class Manifest:
         """Parse (and upgrade) a manifest object read from ``where``.
 
         Raises:
-            NotABufferError: not an rlbuffers manifest, or a key is missing or malformed.
+            NotABufferError: not an rlbuffers manifest. ManifestError (a NotABufferError): a
+            key breaks the schema (:mod:`rlbuffers.storage.manifest_schema`).
             FormatVersionError: written by a newer format version.
         """
-        if not isinstance(data, dict) or data.get("format") != "rlbuffers":
-            raise NotABufferError(f"{where}: not an rlbuffers manifest")
-        version = data.get("format_version")
-        if not isinstance(version, int) or version > FORMAT_VERSION:
-            raise FormatVersionError(
-                f"{where}: format version {version} is newer than this rlbuffers reads "
-                f"({FORMAT_VERSION}); upgrade rlbuffers"
-            )
+        version = check_version(data, where, FORMAT_VERSION)
+        data = upgrade(data)
+        check_manifest_json(data, where)
         try:
-            data = upgrade(data)
-            capacity = int(data["capacity"])
+            capacity = data["capacity"]
             return cls(
                 buffer_id=data.get("buffer_id", ""),
-                layout=ChunkLayout(capacity, int(data["chunk_transitions"]),
-                                   {n: int(k) for n, k in data["field_chunk_transitions"].items()}),
+                layout=ChunkLayout(capacity, data["chunk_transitions"],
+                                   dict(data["field_chunk_transitions"])),
                 fields={n: FieldSpec.from_dict(d) for n, d in data["fields"].items()},
                 codecs={n: d["codec"] for n, d in data["fields"].items()},
                 internal={n: FieldSpec.from_dict(d) for n, d in data["internal"].items()},
-                ring=RingState(capacity, int(data["total_added"]), int(data["episodes"])),
-                commit=int(data[COMMIT_KEY]),
+                ring=RingState(capacity, data["total_added"], data["episodes"]),
+                commit=data[COMMIT_KEY],
                 committed_at=float(data["committed_at"]),
                 sampler=dict(data["sampler"]),
                 rng=dict(data["rng"]),
                 metadata=dict(data["metadata"]),
                 chunks=None if version < 3 else {
-                    n: {int(c): (int(g), int(b)) for c, g, b in rows}
-                    for n, rows in data["chunks"].items()},
-                keep_commits=int(data.get(KEEP_COMMITS_KEY, KEEP_COMMITS)),
+                    n: {c: (g, b) for c, g, b in data["chunks"].get(n, [])}
+                    for n in [*data["fields"], *data["internal"]]},
+                keep_commits=data.get(KEEP_COMMITS_KEY, KEEP_COMMITS),
                 format_version=version,
             )
-        except (KeyError, TypeError, ValueError) as e:
-            raise NotABufferError(
-                f"{where}: malformed manifest ({type(e).__name__}: {e})") from None
+        except (KeyError, TypeError, ValueError) as e:  # the schema should have caught it
+            raise ManifestError(where, "?", "a manifest the schema accepts",
+                                f"{type(e).__name__}: {e}") from None
 
 
 def upgrade(data: dict[str, Any]) -> dict[str, Any]:
@@ -168,8 +164,10 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
     """
     data = dict(data)
     if data["format_version"] < 2 or not data.get("field_chunk_transitions"):
-        names = [*data["fields"], *data["internal"]]
-        data["field_chunk_transitions"] = {n: data["chunk_transitions"] for n in names}
+        fields, internal = data.get("fields"), data.get("internal")
+        if isinstance(fields, dict) and isinstance(internal, dict):
+            names = [*fields, *internal]
+            data["field_chunk_transitions"] = {n: data.get("chunk_transitions") for n in names}
     return data
 
 
@@ -206,6 +204,7 @@ def read_manifest(loc: Location, rel: str = MANIFEST) -> Manifest:
         raise
     except FileNotFoundError:
         raise NotABufferError(f"{loc}: not an rlbuffers buffer (no {rel})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise NotABufferError(f"{loc}/{rel}: not a valid manifest ({e})") from None
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, too deep
+        raise ManifestError(f"{loc}/{rel}", "(document)", "a JSON object",
+                            f"unreadable JSON ({type(e).__name__}: {str(e)[:200]})") from None
     return Manifest.from_json(data, f"{loc}/{rel}")

@@ -7,10 +7,14 @@ future, or, if nobody asked the future, by the next ``save``, ``wait`` or ``clos
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import logging
+import os
+import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,6 +27,46 @@ from rlbuffers.storage.save_job import SAVE_RUN_BYTES, SaveJob, rows_nbytes
 from rlbuffers.storage.working import WorkingTier
 
 log = logging.getLogger(__name__)
+
+#: The savers of open writable buffers (weakly held): at interpreter exit their background saves
+#: are finished (see :func:`_finish_saves_at_exit`).
+exit_watch: weakref.WeakSet[Saver] = weakref.WeakSet()
+_failed_at_exit: list[str] = []
+
+
+def _finish_saves_at_exit() -> None:
+    """Wait for every background save still running when the main thread ends, before
+    ``concurrent.futures`` shuts its executors down (after that, the save's own thread pools
+    refuse work and the save fails: "cannot schedule new futures after shutdown"). Registered
+    with ``threading._register_atexit`` after ``concurrent.futures.thread`` registered its own
+    hook, so it runs first (those hooks run last-registered first). A failure nobody saw is
+    printed and makes the exit status 1 (:func:`_exit_status`)."""
+    for saver in list(exit_watch):
+        try:
+            saver.wait()
+        except BaseException as e:
+            msg = (f"rlbuffers: error: a background save of {saver.tier.loc} failed at exit "
+                   f"({type(e).__name__}: {e}); nothing of it was committed")
+            log.error("%s", msg)
+            _failed_at_exit.append(msg)
+
+
+def _exit_status() -> None:
+    """Exit with status 1 if a background save failed at exit (atexit cannot change the
+    status otherwise): flush logging and the standard streams, then ``os._exit(1)``."""
+    if _failed_at_exit:
+        print("\n".join(_failed_at_exit), file=sys.stderr)
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(1)
+
+
+threading._register_atexit(_finish_saves_at_exit)  # type: ignore[attr-defined]
+atexit.register(_exit_status)
 
 
 @dataclass(frozen=True)

@@ -19,15 +19,20 @@ from typing import Any
 
 import numpy as np
 
-from rlbuffers.errors import FieldError
+from rlbuffers.errors import FieldError, SnapshotReclaimedError, UnsafePathError
+from rlbuffers.storage.lease import ReaderLease
 from rlbuffers.storage.location import LocalLocation, Location
-from rlbuffers.storage.manifest import Manifest
+from rlbuffers.storage.lock import LOCK_FILE
+from rlbuffers.storage.manifest import Manifest, read_manifest
 from rlbuffers.storage.persistent import PersistentTier
 from rlbuffers.storage.reader import ChunkReader
 from rlbuffers.storage.saver import SaveFuture, Saver, SaveReport
 from rlbuffers.storage.working import FixedColumn, WorkingTier
 
 log = logging.getLogger(__name__)
+
+#: Tries to lease a commit still in the kept window while a writer commits meanwhile.
+LEASE_ATTEMPTS = 20
 
 
 def default_working_dir(loc: Location) -> Path:
@@ -39,19 +44,73 @@ def default_working_dir(loc: Location) -> Path:
     return cache / "working" / hashlib.sha1(loc.url.encode()).hexdigest()[:16]
 
 
+def writer_lock_path(loc: Location, working_dir: Path) -> Path:
+    """The writer lock's file: ``<path>/writer.lock`` for a local buffer; beside the working
+    tier (``<working dir>.lock``, so one writer per machine) for a URL."""
+    if isinstance(loc, LocalLocation):
+        return loc.root / LOCK_FILE
+    return working_dir.parent / f"{working_dir.name}.lock"
+
+
+def working_dir_of(loc: Location, working_dir: str | os.PathLike[str] | None) -> Path:
+    """The working tier's directory: ``working_dir`` as given, else the default, which must
+    not be a symlink (``docs/format.md``, "Symlinks").
+
+    Raises:
+        UnsafePathError: the default ``<path>/.working`` is a symlink.
+    """
+    if working_dir is not None:
+        return Path(working_dir)
+    wdir = default_working_dir(loc)
+    if isinstance(loc, LocalLocation) and wdir.is_symlink():
+        raise UnsafePathError(f"{wdir}: is a symlink (to {os.readlink(wdir)}); rlbuffers does "
+                              "not follow symlinks inside a buffer's directory for writes: "
+                              "remove it, or pass working_dir= to put the working tier "
+                              "elsewhere")
+    return wdir
+
+
 class ReadOnlyStorage:
     """Reads of one commit (a snapshot: it does not change while the writer saves), from the
     persistent tier, with a decoded-chunk cache of ``cache_max_bytes`` bytes."""
 
-    def __init__(self, tier: PersistentTier, cache_max_bytes: int = 256 * 2**20) -> None:
-        self.tier = tier
+    def __init__(self, tier: PersistentTier, cache_max_bytes: int = 256 * 2**20, *,
+                 pinned: bool = False) -> None:
         self._cache_max_bytes = cache_max_bytes
-        self._reader = ChunkReader(tier, cache_max_bytes)
+        self._lease: ReaderLease | None = None
+        self.tier, self._lease = self._leased(tier, pinned)
+        self._reader = ChunkReader(self.tier, cache_max_bytes)
+
+    @staticmethod
+    def _leased(tier: PersistentTier, pinned: bool) -> tuple[PersistentTier, ReaderLease | None]:
+        """``tier`` (or, unless ``pinned``, the latest commit if ``tier``'s left the kept
+        window before its lease was visible) with a lease on its commit (``lease.py``).
+
+        Raises:
+            SnapshotReclaimedError: ``pinned`` and the commit may be reclaimed already.
+        """
+        for _ in range(LEASE_ATTEMPTS):
+            lease = ReaderLease.take(tier.loc, tier.manifest.commit)
+            if lease is None:
+                return tier, None
+            head = read_manifest(tier.loc)
+            if tier.manifest.commit > head.commit - head.keep_commits:
+                return tier, lease
+            lease.release()
+            if pinned:
+                raise SnapshotReclaimedError(
+                    f"{tier.loc}: commit {tier.manifest.commit} is not kept; kept: "
+                    f"{head.commit - head.keep_commits + 1}..{head.commit}")
+            tier = tier.reopen()
+        return tier, None  # a writer faster than we can lease: read as without leases
 
     def refresh(self) -> None:
-        """Move to the latest commit."""
-        self.tier = self.tier.reopen()
+        """Move to the latest commit (its lease is taken before the old one is released)."""
+        old = self._lease
+        self.tier, self._lease = self._leased(self.tier.reopen(), False)
         self._reader = ChunkReader(self.tier, self._cache_max_bytes)
+        if old is not None:
+            old.release()
 
     @property
     def manifest(self) -> Manifest:
@@ -62,7 +121,9 @@ class ReadOnlyStorage:
         return self._reader.gather(name, slots)
 
     def close(self) -> None:
-        """Nothing to release (the cache goes with the object)."""
+        """Release the lease (the cache goes with the object)."""
+        if self._lease is not None:
+            self._lease.release()
 
 
 class WritableStorage:

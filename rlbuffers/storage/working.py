@@ -11,8 +11,9 @@ Layout of the working directory:
 - ``<field>.ragged/{start,length}.npy`` (int64[capacity]: byte offset and row count of each
   slot) plus ``c<chunk>.bin`` (the values of the slots of one chunk, appended) for ragged
   fields;
-- ``state.json``: the commit this tier mirrors, the chunks changed since, and the
-  boot it was written in (a tier from an earlier boot is rebuilt, so saves need not fsync it).
+- ``state.json``: the commit this tier mirrors, the chunks changed since, its layout
+  (capacity, base chunk rows) and the boot it was written in (a tier from an earlier boot is
+  rebuilt, so saves need not fsync it).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import numpy as np
 from rlbuffers.intmath import ceil_div
 from rlbuffers.memory.limits import memory_limit_bytes
 from rlbuffers.spec import FieldSpec
+from rlbuffers.storage.location import check_inside
 from rlbuffers.storage.manifest import write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -306,11 +308,14 @@ class WorkingTier:
     ) -> None:
         self.path = path
         self.buffer_id = buffer_id
+        #: the layout the files are cut by: a tier of another layout is not this one's
+        self.layout = [capacity, base_chunk_rows]
         if create:
             shutil.rmtree(path, ignore_errors=True)
             path.mkdir(parents=True)
         self.columns: dict[str, Column] = {}
         for name, spec in specs.items():
+            check_inside(path, path / f"{name}.x")  # names are checked; this is the backstop
             if spec.ragged:
                 col: Column = RaggedColumn(
                     path / f"{name}.ragged", spec, capacity, base_chunk_rows, create=create
@@ -348,6 +353,7 @@ class WorkingTier:
         self.state = {
             "buffer_id": self.buffer_id,
             "boot_id": BOOT_ID,
+            "layout": self.layout,
             "commit": commit,
             "dirty_chunks": sorted(set(dirty_chunks)),
         }
@@ -369,9 +375,11 @@ class WorkingTier:
             col.flush()
 
     def trusted(self, buffer_id: str) -> bool:
-        """Whether ``state.json`` speaks for this tier: same buffer, written in this boot."""
+        """Whether ``state.json`` speaks for this tier: same buffer, written in this boot, cut
+        by the same capacity and base chunk."""
         return (self.state.get("buffer_id") == buffer_id
-                and self.state.get("boot_id", "") == BOOT_ID)
+                and self.state.get("boot_id", "") == BOOT_ID
+                and self.state.get("layout") == self.layout)
 
     def close(self) -> None:
         for col in self.columns.values():

@@ -22,6 +22,7 @@ of the chunk table, and the first save writes a format-3 manifest.
 
 from __future__ import annotations
 
+import json
 import logging
 import warnings
 from collections.abc import Iterator
@@ -32,10 +33,17 @@ import numpy as np
 import zarr
 
 from rlbuffers.compression import DEFAULT_CODEC, zarr_compressors
-from rlbuffers.errors import CorruptChunkError, NotABufferError, SnapshotReclaimedError
+from rlbuffers.errors import (
+    CorruptChunkError,
+    ManifestError,
+    NotABufferError,
+    SnapshotReclaimedError,
+)
 from rlbuffers.intmath import ceil_div
+from rlbuffers.storage.lease import leased_commits
 from rlbuffers.storage.location import Location
 from rlbuffers.storage.manifest import (
+    COMMIT_KEY,
     FORMAT_VERSION,
     HISTORY,
     MANIFEST,
@@ -43,8 +51,10 @@ from rlbuffers.storage.manifest import (
     Manifest,
     history_file,
     read_manifest,
+    upgrade,
     write_manifest,
 )
+from rlbuffers.storage.manifest_schema import check_arrays
 
 if TYPE_CHECKING:
     from zarr.core.array_spec import ArrayConfigParams
@@ -80,6 +90,37 @@ def _quiet() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"The data type \(VariableLengthBytes")
         yield
+
+
+#: Reads of the manifest while a writer keeps committing, before giving up on consistency.
+READ_ATTEMPTS = 20
+
+
+def _numbers(names: list[str], suffix: str) -> list[int]:
+    """The commit numbers of ``g<N><suffix>`` entries of a directory listing."""
+    out = []
+    for n in names:
+        core = n[1 : len(n) - len(suffix)] if n.endswith(suffix) else ""
+        if n.startswith("g") and core.isdigit():
+            out.append(int(core))
+    return out
+
+
+def _check_against_arrays(loc: Location, m: Manifest, rel: str) -> None:
+    """:func:`check_arrays` of manifest ``m`` (read from ``rel``) against the arrays at
+    ``loc``."""
+    if m.chunks is None and m.format_version >= 3:
+        return
+    check_arrays({n: _array_meta(loc, n) for n in m.specs},
+                 upgrade(json.loads(json.dumps(m.to_json()))), f"{loc}/{rel}")
+
+
+def _array_meta(loc: Location, name: str) -> Any:
+    """The ``zarr.json`` object of column ``name``'s array, or None if missing or unreadable."""
+    try:
+        return json.loads(loc.read_bytes(f"{name}/zarr.json"))
+    except (OSError, ValueError, RecursionError):
+        return None
 
 
 def array_path(name: str, commit: int) -> str:
@@ -120,20 +161,51 @@ class ZarrTier:
                 also for a path that is a file, not a directory.
             SnapshotReclaimedError: ``commit`` is not kept any more (or never existed).
         """
-        try:
-            head = read_manifest(loc)
-        except NotADirectoryError:
-            raise NotABufferError(f"{loc}: not an rlbuffers buffer (a file, not a directory)") \
-                from None
+        head = cls._consistent_head(loc)
         if commit is None or commit == head.commit:
             return cls(loc, head)
         try:
-            return cls(loc, read_manifest(loc, history_file(commit)))
+            kept = read_manifest(loc, history_file(commit))
+            _check_against_arrays(loc, kept, history_file(commit))
+            return cls(loc, kept)
+        except ManifestError:
+            raise
         except NotABufferError:
             first = head.commit - head.keep_commits + 1
             raise SnapshotReclaimedError(
                 f"{loc}: commit {commit} is not kept; kept: {max(first, 0)}.."
                 f"{head.commit} (keep_commits={head.keep_commits})") from None
+
+    @classmethod
+    def _consistent_head(cls, loc: Location) -> Manifest:
+        """The last commit's manifest, checked against the commits on disk: ``versions/`` and
+        ``history/`` may hold the commit after it (a save that crashed before its commit
+        point), never a later one; a manifest older than that (restored from a backup, or
+        tampered with) would make a writer delete every newer chunk version as uncommitted.
+        A writer committing meanwhile moves the head: read again (bounded).
+
+        Raises:
+            ManifestError: the manifest's commit is older than what is on disk.
+        """
+        for _ in range(READ_ATTEMPTS):
+            try:
+                head = read_manifest(loc)
+            except NotADirectoryError:
+                raise NotABufferError(
+                    f"{loc}: not an rlbuffers buffer (a file, not a directory)") from None
+            on_disk = _numbers(loc.listdir(VERSIONS), "") + _numbers(loc.listdir(HISTORY),
+                                                                     ".json")
+            newest = max(on_disk, default=0)
+            if newest <= head.commit + 1:
+                _check_against_arrays(loc, head, MANIFEST)
+                return head
+            if read_manifest(loc).commit == head.commit:  # not a writer moving on
+                raise ManifestError(
+                    f"{loc}/{MANIFEST}", COMMIT_KEY,
+                    f"at least {newest - 1}: {VERSIONS}/ or {HISTORY}/ hold commit {newest} "
+                    f"(restore {history_file(newest)} as {MANIFEST} if that commit is whole)",
+                    str(head.commit))
+        return head
 
     def reopen(self, commit: int | None = None) -> ZarrTier:
         """The same store as of its last commit now (or of the kept ``commit``)."""
@@ -215,6 +287,7 @@ class ZarrTier:
         dst = array_path(name, commit)
         stage = self._stage_arrays.get(dst)
         if stage is None:
+            self.loc.check_inside(dst)
             if not self.loc.exists(f"{dst}/zarr.json"):
                 self.loc.copy(f"{name}/zarr.json", f"{dst}/zarr.json")
             stage = self._stage_arrays[dst] = self._open(dst, mode="r+")
@@ -263,9 +336,11 @@ class ZarrTier:
         self.abort()
         head = self.manifest
         first_kept = head.commit - head.keep_commits + 1
+        leased = leased_commits(self.loc)  # commits that open readers hold (lease.py)
         history = [g for g in self._history_commits() if g != head.commit]
-        kept = [head] + [self._kept_manifest(g) for g in history if g >= first_kept]
-        dropped = [g for g in history if g < first_kept]
+        kept = [head] + [self._kept_manifest(g) for g in history
+                         if g >= first_kept or g in leased]
+        dropped = [g for g in history if g < first_kept and g not in leased]
         used = {(n, c, e[0]) for m in kept for n, t in (m.chunks or {}).items()
                 for c, e in t.items()}
         reclaimed = self._drop_versions(dropped, used)

@@ -1,0 +1,142 @@
+"""Reader leases (``rlbuffers/storage/lease.py``): an open reader's commit is never reclaimed,
+whatever the writer does; a closed or dead reader's commit is. The live test runs a writer that
+commits every few milliseconds with ``keep_commits=1`` (each save reclaims the commit before)
+against fresh and long-lived readers for RLBUFFERS_LEASE_SECONDS (default 30) seconds: 0 mixed
+reads and 0 reclaimed (this used to be 1 of 1,154 reads with keep_commits=2)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+
+from rlbuffers import FieldSpec, ReplayBuffer
+
+REPO = Path(__file__).resolve().parents[1]
+SECONDS = float(os.environ.get("RLBUFFERS_LEASE_SECONDS", "30"))
+FIELDS = {"value": FieldSpec((), "int64"), "tokens": FieldSpec((None,), "int32")}
+CAPACITY, CHUNK = 48, 8
+
+
+def _batch(first: int, n: int) -> dict:
+    ids = np.arange(first, first + n)
+    return {"value": ids, "tokens": [np.full(i % 5, i, np.int32) for i in ids]}
+
+
+def _check(buf: ReplayBuffer) -> None:
+    """Every row is exactly the transition its commit says (``metadata["total"]``)."""
+    total = buf.total_added
+    assert buf.metadata.get("total", 0) == total
+    rows = buf[:]
+    ids = np.arange(max(0, total - CAPACITY), total)
+    np.testing.assert_array_equal(rows["value"], ids)
+    for got, i in zip(rows["tokens"], ids.tolist(), strict=True):
+        np.testing.assert_array_equal(got, np.full(i % 5, i, np.int32))
+
+
+def _child(code: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_open_reader_keeps_its_commit_closed_reader_releases_it(tmp_path):
+    path = tmp_path / "b"
+    w = ReplayBuffer.create(path, capacity=CAPACITY, fields=FIELDS, chunk_transitions=CHUNK,
+                            keep_commits=1)
+    w.extend(_batch(0, 40))
+    w.save(metadata={"total": 40})
+    ro = ReplayBuffer.open(path, mode="r")
+    for k in range(5):  # every chunk rewritten each time; keep_commits=1
+        w.extend(_batch(40 + 48 * k, 48))
+        w.save(metadata={"total": 88 + 48 * k})
+    assert ro.commit == 1 and (path / "history" / "g1.json").exists()
+    _check(ro)
+    ro.refresh()  # moves its lease: commit 1 is free now
+    assert ro.commit == 6
+    w.extend(_batch(280, 1))
+    assert w.save(metadata={"total": 281}).bytes_reclaimed > 0
+    assert sorted(os.listdir(path / "history")) == ["g6.json", "g7.json"]  # 6: ro's lease
+    ro.close()
+    assert os.listdir(path / "readers") == []
+    w.extend(_batch(281, 1))
+    w.save(metadata={"total": 282})
+    assert sorted(os.listdir(path / "history")) == ["g8.json"]
+    w.close()
+
+
+def test_a_dead_readers_lease_is_detected(tmp_path):
+    path = tmp_path / "b"
+    w = ReplayBuffer.create(path, capacity=CAPACITY, fields=FIELDS, chunk_transitions=CHUNK,
+                            keep_commits=1)
+    w.extend(_batch(0, 40))
+    w.save(metadata={"total": 40})
+    reader = _child(f"""
+        import time
+        from rlbuffers import ReplayBuffer
+        ro = ReplayBuffer.open({str(path)!r}, mode="r")
+        print(ro.commit, flush=True)
+        time.sleep(600)
+    """)
+    try:
+        assert reader.stdout.readline().strip() == "1", reader.stderr.read()
+        w.extend(_batch(40, 48))
+        w.save(metadata={"total": 88})
+        assert (path / "history" / "g1.json").exists()  # live reader: kept
+    finally:
+        reader.send_signal(signal.SIGKILL)
+        reader.communicate()
+    assert len(os.listdir(path / "readers")) == 1  # its lease file is left behind...
+    w.extend(_batch(88, 48))
+    w.save(metadata={"total": 136})
+    assert os.listdir(path / "readers") == []  # ...and deleted: its flock was free
+    assert sorted(os.listdir(path / "history")) == ["g3.json"]
+    w.close()
+
+
+def test_no_reader_loses_its_commit_to_a_writer_saving_in_a_loop(tmp_path):
+    path = tmp_path / "live"
+    ReplayBuffer.create(path, capacity=CAPACITY, fields=FIELDS, chunk_transitions=CHUNK,
+                        keep_commits=1).close()
+    writer = _child(f"""
+        import numpy as np
+        from rlbuffers import ReplayBuffer
+        from tests.test_reader_leases import _batch
+        buf = ReplayBuffer.open({str(path)!r})
+        print("ready", flush=True)
+        rng = np.random.default_rng(0)
+        while True:
+            buf.extend(_batch(buf.total_added, int(rng.integers(1, 30))))
+            buf.save(metadata={{"total": buf.total_added}})
+    """)
+    stats = {"fresh reads": 0, "long-lived reads": 0, "refreshes": 0}
+    commits = set()
+    try:
+        assert writer.stdout.readline() == "ready\n", writer.stderr.read()
+        long = ReplayBuffer.open(path, mode="r")
+        first = long.commit
+        deadline = time.monotonic() + SECONDS
+        while time.monotonic() < deadline:
+            with ReplayBuffer.open(path, mode="r") as ro:  # SnapshotReclaimedError fails it
+                _check(ro)
+                commits.add(ro.commit)
+            stats["fresh reads"] += 1
+            _check(long)
+            stats["long-lived reads"] += 1
+            if stats["fresh reads"] % 50 == 0:
+                long.refresh()
+                stats["refreshes"] += 1
+        long.close()
+        assert writer.poll() is None, writer.stderr.read()
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.communicate()
+    print(f"leases over {SECONDS:.0f} s: {stats}, {len(commits)} commits seen, first {first}; "
+          "0 mixed reads, 0 reclaimed")
+    assert len(commits) > 20 and stats["fresh reads"] > 20
