@@ -27,8 +27,8 @@ from rlbuffers.errors import (
     ReadOnlyError,
     RLBuffersError,
     SnapshotReclaimedError,
-    UnsafePickleError,
     UnsafePathError,
+    UnsafePickleError,
 )
 from rlbuffers.lazy import lazy_attributes
 
