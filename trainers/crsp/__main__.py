@@ -1,3 +1,4 @@
+from trainers.config import run_main
 from trainers.crsp.train import main
 
-main()
+run_main(main)

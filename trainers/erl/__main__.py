@@ -1,3 +1,4 @@
+from trainers.config import run_main
 from trainers.erl.train import main
 
-main()
+run_main(main)

@@ -36,7 +36,6 @@ import contextlib
 import functools
 import logging
 import math
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -57,6 +56,7 @@ from trainers.erl.evolution import evolve
 from trainers.erl.rollout import Actor, actor_weights, episode_job
 from trainers.erl.td3 import Learner, td3_update
 from trainers.phases import Phases
+from trainers.summary import finish
 
 log = logging.getLogger("trainers.erl")
 MIB = 2**20
@@ -281,5 +281,6 @@ def main(argv: list[str] | None = None) -> None:
                 # 6. Progress: the per-phase line (INFO) and the one-line summary.
                 phases.log("generation", gen)
                 print(progress_line(row, cfg, time.perf_counter() - t0), flush=True)
+            finish(run, ["best_fitness", "mean_fitness", "learner_return", "env_steps"])
         except KeyboardInterrupt:
-            sys.exit(run.interrupted_message())
+            run.exit_interrupted()

@@ -1,3 +1,4 @@
+from trainers.config import run_main
 from trainers.guidance.train import main
 
-main()
+run_main(main)
