@@ -231,7 +231,8 @@ def last_complete(run_dir: Path, unit: str) -> int:
 
 
 def evaluated(run_dir: Path, unit: str, n: int) -> bool:
-    """Whether ``run_dir/eval.json`` holds the final evaluation ("after") of unit ``n``."""
+    """Whether ``run_dir/eval.json`` holds the final evaluation of unit ``n`` (``"after":
+    {..., "<unit>": n}``, written by ``trainers.summary.write_eval``)."""
     path = run_dir / "eval.json"
     if not path.exists():
         return False
@@ -239,4 +240,4 @@ def evaluated(run_dir: Path, unit: str, n: int) -> bool:
         data = json.loads(path.read_text())
     except json.JSONDecodeError:
         return False
-    return "after" in data and data.get(unit) == n
+    return isinstance(data.get("after"), dict) and data["after"].get(unit) == n

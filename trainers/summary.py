@@ -21,6 +21,7 @@ from rlbuffers.memory.process import process_peak_rss_bytes
 from trainers.common import Run
 
 MIB = 2**20
+UNITS = ("step", "iteration", "generation")
 
 
 def figure(value: Any) -> str:
@@ -41,18 +42,21 @@ def format_eval(result: dict[str, Any]) -> str:
             lo, hi = value.get("ci95", (value["accuracy"], value["accuracy"]))
             parts.append(f"{name} {value['accuracy']:.3f} [{lo:.3f}, {hi:.3f}] "
                          f"(n={value.get('n', '?')})")
-        elif isinstance(value, int | float):
+        elif isinstance(value, int | float) and name not in UNITS:
             parts.append(f"{name} {figure(value)}")
     return "; ".join(parts)
 
 
 def write_eval(run: Run, evals: dict[str, Any], n: int) -> Path:
-    """Write ``evals`` (``{"before": ..., "after": ...}``) to ``eval.json`` with the unit it
-    evaluated (``{"step": n}``), so a resume knows the final evaluation is done."""
+    """Write ``evals`` (``{"before": ..., "after": ...}``) to ``eval.json``, the final
+    evaluation marked with the unit it evaluated (``"after": {..., "step": n}``), so a resume
+    knows it is done."""
     from trainers.common import write_atomic
 
+    if "after" in evals:
+        evals["after"][run.unit] = n
     path = run.dir / "eval.json"
-    write_atomic(path, json.dumps({**evals, run.unit: n}, indent=1).encode())
+    write_atomic(path, json.dumps(evals, indent=1).encode())
     return path
 
 

@@ -177,6 +177,16 @@ def progress_line(row: dict[str, Any], cfg: Config, seconds: float) -> str:
             f"{seconds:.1f}s")
 
 
+def draw_curve(path: Path, history: list[dict[str, Any]], *, env: str) -> None:
+    """``curve.png``: the best actor's fitness, the population mean and the learner's return
+    against env steps."""
+    plot_curve(path, history, x="env_steps", xlabel="env steps", ylabel="episode return",
+               title=f"ERL + TD3 on {env}",
+               series=[Series("best_fitness", "best actor (fitness)"),
+                       Series("mean_fitness", "population mean"),
+                       Series("learner_return", "TD3 learner (noisy)")])
+
+
 def main(argv: list[str] | None = None) -> None:
     cfg = start(Config, argv, module="trainers.erl", doc=__doc__, resumable=RESUMABLE,
                 check=check_config)
@@ -196,12 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     learner = Learner(obs_dim, act_dim, cfg, low, high)
     trainer = {"generation": 0, "env_steps": 0, "episodes": 0, "wall_seconds": 0.0}
     fields = buffer_fields(obs_dim, act_dim)
-    curve = functools.partial(
-        plot_curve, x="env_steps", xlabel="env steps", ylabel="episode return",
-        title=f"ERL + TD3 on {cfg.env}",
-        series=[Series("best_fitness", "best actor (fitness)"),
-                Series("mean_fitness", "population mean"),
-                Series("learner_return", "TD3 learner (noisy)")])
+    curve = functools.partial(draw_curve, env=cfg.env)
 
     def create(d: Path) -> None:
         ReplayBuffer.create(d / "buffer", capacity=cfg.buffer_capacity, fields=fields,
