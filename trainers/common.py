@@ -37,6 +37,7 @@ import numpy as np
 
 from rlbuffers import ReplayBuffer
 from rlbuffers.checkpoint import Checkpoints, create_run, load_state
+from rlbuffers.memory.process import process_peak_rss_bytes
 
 log = logging.getLogger("trainers.common")
 
@@ -154,8 +155,9 @@ class Run:
         """Complete unit ``n``: checkpoint (``torch_files``: ``torch.save``d objects;
         ``writers``: ``{file name: write(path)}``; ``state``: plain data, saved as JSON with
         ``history`` added), buffer commit naming ``n`` (plus ``metadata``), prune, then
-        ``row`` (with ``seconds_commit`` and ``commit_bytes`` added) into the history,
-        ``metrics.jsonl`` and the curve."""
+        ``row`` (with ``seconds_commit``, ``commit_bytes`` and ``process_peak_rss_bytes``, the
+        process's true peak RSS so far, added) into the history, ``metrics.jsonl``,
+        TensorBoard (:meth:`tensorboard`) and the curve."""
         t0 = time.perf_counter()
         self.ckpts.write(n, torch_files=torch_files or {}, writers=writers or {},
                          state={**state, "history": self.history + [row]})
@@ -165,6 +167,7 @@ class Run:
         self.done = n
         row["seconds_commit"] = time.perf_counter() - t0
         row["commit_bytes"] = report.bytes_written
+        row["process_peak_rss_bytes"] = process_peak_rss_bytes()
         self.history.append(row)
         with open(self.dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")

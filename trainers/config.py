@@ -39,13 +39,22 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def run_main(main: Callable[[], None]) -> None:
-    """A trainer's ``__main__``: ``main()``, a :class:`ConfigError` printed as one line
-    (exit code 2) instead of a traceback."""
+def run_main(module: str) -> None:
+    """A trainer's ``__main__``: say what loads (torch and transformers take seconds to import;
+    not with ``--quiet``), import ``module`` and run its ``main()``; a :class:`ConfigError`
+    is printed as one line (exit code 2) instead of a traceback."""
+    import importlib
+
+    from trainers.phases import heartbeat
+
+    set_log_level("--quiet" in sys.argv, "--verbose" in sys.argv)
+    with heartbeat(f"loading {module.rsplit('.', 1)[0]} (torch, transformers)"):
+        main = importlib.import_module(module).main
     try:
         main()
     except ConfigError as e:
         sys.exit(f"error: {e} (see --help)")
+
 
 #: Loggers of libraries the trainers use, kept at WARNING whatever the trainer's level.
 QUIET_LOGGERS = ("transformers", "peft", "urllib3", "filelock", "matplotlib", "PIL", "ray",

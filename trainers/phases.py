@@ -28,6 +28,27 @@ log = logging.getLogger("trainers.phases")
 MIB = 2**20
 
 
+@contextmanager
+def heartbeat(label: str, every_s: float = 8.0) -> Iterator[None]:
+    """Log (INFO) ``<label>...`` now and ``<label> <seconds> s...`` every ``every_s`` seconds
+    until the block ends (a thread waits on an event: no cost while the block runs)."""
+    t0 = time.perf_counter()
+    log.info("%s...", label)
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(every_s):
+            log.info("%s %.0f s...", label, time.perf_counter() - t0)
+
+    beater = threading.Thread(target=beat, name="heartbeat", daemon=True)
+    beater.start()
+    try:
+        yield
+    finally:
+        done.set()
+        beater.join()
+
+
 class Phases:
     """``with phases("update"):`` records the block's seconds (``seconds_<name>``, summed
     when a phase runs several times) and peak RSS (``peak_rss_<name>_bytes``, the largest;
@@ -49,23 +70,9 @@ class Phases:
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
         t0 = time.perf_counter()
-        label = self.label(name)
-        log.info("%s...", label)
-        done = threading.Event()
-
-        def beat() -> None:
-            while not done.wait(self.heartbeat_s):
-                log.info("%s %.0f s...", label, time.perf_counter() - t0)
-
-        beater = threading.Thread(target=beat, name="phase-heartbeat", daemon=True)
-        beater.start()
-        try:
-            with self.monitor.phase(name) as pk:
-                yield
-                trim_heap()
-        finally:
-            done.set()
-            beater.join()
+        with heartbeat(self.label(name), self.heartbeat_s), self.monitor.phase(name) as pk:
+            yield
+            trim_heap()
         row = self.row
         row[f"seconds_{name}"] = row.get(f"seconds_{name}", 0.0) + time.perf_counter() - t0
         row[f"peak_rss_{name}_bytes"] = max(row.get(f"peak_rss_{name}_bytes", 0),

@@ -1,4 +1,3 @@
 from trainers.config import run_main
-from trainers.crsp.train import main
 
-run_main(main)
+run_main("trainers.crsp.train")

@@ -41,7 +41,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 
@@ -53,7 +52,7 @@ from trainers.config import start
 from trainers.curves import Series, plot_curve
 from trainers.erl.config import RESUMABLE, Config, check_config
 from trainers.erl.evolution import evolve
-from trainers.erl.rollout import Actor, actor_weights, episode_job
+from trainers.erl.rollout import Actor, actor_weights, episode_job, make_env
 from trainers.erl.td3 import Learner, td3_update
 from trainers.phases import Phases
 from trainers.summary import finish
@@ -196,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"start: rss {mem.rss_bytes / MIB:.0f}MiB, available {mem.available_bytes / MIB:,.0f}MiB",
           flush=True)
 
-    env = gym.make(cfg.env, max_episode_steps=cfg.max_episode_steps)  # its spaces only
+    env = make_env(cfg.env, cfg.max_episode_steps)  # its spaces only
     obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
     low, high = env.action_space.low, env.action_space.high
     env.close()

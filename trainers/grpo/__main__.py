@@ -1,4 +1,3 @@
 from trainers.config import run_main
-from trainers.grpo.train import main
 
-run_main(main)
+run_main("trainers.grpo.train")

@@ -1,4 +1,3 @@
 from trainers.config import run_main
-from trainers.guidance.train import main
 
-run_main(main)
+run_main("trainers.guidance.train")

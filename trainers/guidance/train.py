@@ -51,7 +51,7 @@ from trainers.llm.checkpointing import set_gradient_checkpointing
 from trainers.llm.device import resolve_device, to_device
 from trainers.llm.policy_loss import clip_and_step
 from trainers.llm.tasks import extract_answer, task_problems, wilson
-from trainers.phases import Phases
+from trainers.phases import Phases, heartbeat
 from trainers.summary import finish, format_eval, write_eval
 
 log = logging.getLogger("trainers.guidance")
@@ -122,9 +122,10 @@ def evaluate(learner: Learner, problems: Any) -> dict[str, Any]:
     cfg = learner.cfg
     torch.set_num_threads(cfg.generate_threads)
     questions = [problems[i]["question"] for i in range(len(problems))]
-    ep = play(learner.policies, learner.tok, questions, cfg.utterance_sampling(learner.device),
-              max_answer_tokens=cfg.max_answer_tokens, max_hint_tokens=cfg.max_hint_tokens,
-              greedy=True)
+    with heartbeat(f"held-out evaluation: {len(questions)} problems"):
+        ep = play(learner.policies, learner.tok, questions,
+                  cfg.utterance_sampling(learner.device), max_answer_tokens=cfg.max_answer_tokens,
+                  max_hint_tokens=cfg.max_hint_tokens, greedy=True)
     torch.set_num_threads(train_threads(cfg))
     right = np.array([[score(problems, i, texts[k]) == 1.0 for k in (0, 2)]
                       for i, texts in enumerate(ep["texts"])])

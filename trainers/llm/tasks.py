@@ -38,9 +38,11 @@ def check_task(task: str, config: str) -> None:
     """
     import difflib
 
-    import reasoning_gym.factory
-
     from trainers.config import ConfigError
+    from trainers.phases import heartbeat
+
+    with heartbeat(f"checking --task {task} (importing reasoning-gym)"):
+        import reasoning_gym.factory
 
     names = sorted(reasoning_gym.factory.DATASETS)
     if task not in names:
