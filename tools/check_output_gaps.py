@@ -35,22 +35,23 @@ def timed_lines(cmd: list[str], timeout_s: float = 600.0) -> tuple[int, list[tup
     assert proc.stdout is not None
     lines: list[tuple[float, str]] = []
     part = b""
-    while True:
-        if time.perf_counter() - t0 > timeout_s:
-            proc.kill()
-            raise subprocess.TimeoutExpired(cmd, timeout_s)
-        byte = proc.stdout.read(1)
-        if not byte:
-            break
-        if byte in (b"\n", b"\r"):
-            if part.strip():
-                lines.append((time.perf_counter() - t0, part.decode(errors="replace")))
-            part = b""
-        else:
-            part += byte
-    if part.strip():
-        lines.append((time.perf_counter() - t0, part.decode(errors="replace")))
-    return proc.wait(), lines
+    with proc, proc.stdout:
+        while True:
+            if time.perf_counter() - t0 > timeout_s:
+                proc.kill()
+                raise subprocess.TimeoutExpired(cmd, timeout_s)
+            byte = proc.stdout.read(1)
+            if not byte:
+                break
+            if byte in (b"\n", b"\r"):
+                if part.strip():
+                    lines.append((time.perf_counter() - t0, part.decode(errors="replace")))
+                part = b""
+            else:
+                part += byte
+        if part.strip():
+            lines.append((time.perf_counter() - t0, part.decode(errors="replace")))
+        return proc.wait(), lines
 
 
 def gaps(lines: list[tuple[float, str]]) -> list[tuple[float, str]]:

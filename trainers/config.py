@@ -53,7 +53,8 @@ def run_main(module: str) -> None:
     try:
         main()
     except ConfigError as e:
-        sys.exit(f"error: {e} (see --help)")
+        print(f"error: {e} (see --help)", file=sys.stderr)
+        sys.exit(2)
 
 
 #: Loggers of libraries the trainers use, kept at WARNING whatever the trainer's level.
