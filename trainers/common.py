@@ -178,10 +178,17 @@ class Run:
     def tensorboard(self, n: int, row: dict[str, Any]) -> None:
         """Write every numeric value of ``row`` (not bools, lists or dicts) as a scalar of
         step ``n`` under ``<dir>/tb`` (TensorBoard event files; ``tensorboard --logdir``).
-        A resumed run drops the events of units after its last complete one."""
+        A resumed run drops the events of units after its last complete one. Without the
+        ``tensorboard`` package: one warning, no events."""
+        if self._tb is False:
+            return
         if self._tb is None:
-            from torch.utils.tensorboard import SummaryWriter
-
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as e:  # tensorboard is in the trainers extra
+                log.warning("no TensorBoard events (%s): pip install tensorboard", e)
+                self._tb = False
+                return
             self._tb = SummaryWriter(str(self.dir / "tb"), purge_step=n)
         for key, value in row.items():
             if isinstance(value, int | float) and not isinstance(value, bool):
@@ -235,9 +242,9 @@ class Run:
             if self.buf is not None:
                 self.buf.close()
                 self.buf = None
-            if self._tb is not None:
+            if self._tb:
                 self._tb.close()
-                self._tb = None
+            self._tb = None
 
 
 def open_run(cfg: Any, *, unit: str, create: Callable[[Path], None],
