@@ -84,10 +84,10 @@ def test_inspect_on_a_run_directory_names_its_buffer(tmp_path, capsys):
                         fields={"x": FieldSpec((), "float32")}).close()
     (tmp_path / "run" / "config.json").write_text("{}")
     assert cli_main(["inspect", str(tmp_path / "run")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == (f"rlbuffers: error: {tmp_path / 'run'} is a run directory: its buffer is "
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert err == [(f"rlbuffers: error: {tmp_path / 'run'} is a run directory: its buffer is "
                    f"{tmp_path / 'run' / 'buffer'} (rlbuffers inspect "
-                   f"{tmp_path / 'run' / 'buffer'})")
+                   f"{tmp_path / 'run' / 'buffer'})")]
 
 
 # ----- curves and `rlbuffers plot` -------------------------------------------------------------
@@ -196,9 +196,10 @@ def test_the_process_peak_survives_the_phase_resets():
     del block
     if not reset_peak_rss():
         pytest.skip("this kernel does not let a process reset its peak RSS")
-    assert process_peak_rss_bytes() >= high
-    now = peak_rss_bytes()  # the high-water mark since the reset, lower than `high`
-    assert process_peak_rss_bytes() >= now
+    # the 64 MiB peak is lost to peak_rss_bytes() and kept here (up to what other threads
+    # allocate between reset_peak_rss's read and its reset: < 1 MiB)
+    assert peak_rss_bytes() < high - 32 * 2**20  # the block was freed, then the reset
+    assert process_peak_rss_bytes() >= high - 2**20
 
 
 # ----- no silent phase -------------------------------------------------------------------------
