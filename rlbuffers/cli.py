@@ -163,12 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_inspect)
     from rlbuffers.convert_cli import add_convert_parser
+    from rlbuffers.plot_cli import add_plot_parser
     from rlbuffers.stream.cli import add_shards_parser
     from rlbuffers.verify_cli import add_verify_parser
 
     add_shards_parser(sub)
     add_convert_parser(sub)
     add_verify_parser(sub)
+    add_plot_parser(sub)
     _debug_everywhere(sub)
     return parser
 

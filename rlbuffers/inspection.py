@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from rlbuffers.deprecation import UNSET, renamed_keyword
-from rlbuffers.errors import CorruptChunkError, SnapshotReclaimedError
+from rlbuffers.errors import CorruptChunkError, NotABufferError, SnapshotReclaimedError
 from rlbuffers.samplers import PRIORITY
 from rlbuffers.storage.engine import open_tier
 from rlbuffers.storage.location import make_location
@@ -120,6 +121,7 @@ def inspect_path(
         instead and skipped).
     """
     commit = renamed_keyword("generation", generation, "commit", commit)
+    _not_a_run_dir(path)
     loc = make_location(path, storage_options)
     attempts = 0
     while True:
@@ -130,6 +132,16 @@ def inspect_path(
             attempts += 1
             if commit is not None or attempts >= READ_ATTEMPTS:
                 raise
+
+
+def _not_a_run_dir(path: str | os.PathLike[str]) -> None:
+    """Raise NotABufferError pointing at the buffer when ``path`` is a trainer's run directory
+    (a local directory with ``config.json`` and ``buffer/``) rather than a buffer."""
+    p = Path(path) if "://" not in str(path) else None
+    if p is not None and (p / "buffer").is_dir() and not (p / "zarr.json").exists() \
+            and not (p / ".zgroup").exists():
+        raise NotABufferError(f"{path} is a run directory: its buffer is {p / 'buffer'} "
+                              f"(rlbuffers inspect {p / 'buffer'})")
 
 
 def _report(tier: PersistentTier, verify: bool) -> dict[str, Any]:

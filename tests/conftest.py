@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -34,6 +36,17 @@ FIELD_KINDS = {
     "tokens": FieldSpec((None,), "int32"),
     "points": FieldSpec((None, 2), "float64"),
 }
+
+
+@pytest.fixture(autouse=True)
+def _drop_trainer_log_handler():
+    """A trainer's ``main`` points the root logger at stderr through ``tqdm.write``
+    (``trainers.config.TqdmHandler``, which writes to whatever ``sys.stderr`` is then): drop it
+    after the test, so a later test's captured stderr holds only its own output."""
+    yield
+    root = logging.getLogger()
+    for h in [h for h in root.handlers if type(h).__name__ == "TqdmHandler"]:
+        root.removeHandler(h)
 
 
 def make_batch(first_id: int, n: int, *, done_every: int = 0) -> dict:

@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 CHECKED = ["rlbuffers", "tools", "trainers"]
 #: What a trainer package (trainers/<name>/) may import from the project: itself, these
 #: shared layers of trainers/ (the LLM parts, the run lifecycle, the config base, the curve,
-#: the per-phase figures), and the library.
-SHARED_TRAINER_LAYERS = {"llm", "common", "config", "curves", "phases"}
+#: the per-phase figures, the closing summary), and the library.
+SHARED_TRAINER_LAYERS = {"llm", "common", "config", "curves", "phases", "summary"}
 #: The most lines a module of trainers/ may have (one concept per module, read in one go).
 MAX_TRAINER_MODULE_LINES = 500
 

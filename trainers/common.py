@@ -24,17 +24,20 @@ import json
 import logging
 import os
 import random
+import shlex
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
 from rlbuffers import ReplayBuffer
 from rlbuffers.checkpoint import Checkpoints, create_run, load_state
+from rlbuffers.memory.process import process_peak_rss_bytes
 
 log = logging.getLogger("trainers.common")
 
@@ -101,6 +104,8 @@ class Run:
         checkpoint: the checkpoint directory of ``done`` (None: nothing to restore).
         history: the metrics rows of the complete units, oldest first.
         curve: draws ``curve.png`` from ``history`` after each commit (None: no curve).
+        command: the trainer's command (``python -m trainers.grpo``).
+        target: the unit the run trains to (``--steps`` ...; None: unknown).
     """
 
     dir: Path
@@ -111,6 +116,9 @@ class Run:
     checkpoint: Path | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     curve: CurveFn | None = None
+    command: str = ""
+    target: int | None = None
+    _tb: Any = None
     _saver: ThreadPoolExecutor | None = None
     _pending: Future[None] | None = None
 
@@ -147,8 +155,9 @@ class Run:
         """Complete unit ``n``: checkpoint (``torch_files``: ``torch.save``d objects;
         ``writers``: ``{file name: write(path)}``; ``state``: plain data, saved as JSON with
         ``history`` added), buffer commit naming ``n`` (plus ``metadata``), prune, then
-        ``row`` (with ``seconds_commit`` and ``commit_bytes`` added) into the history,
-        ``metrics.jsonl`` and the curve."""
+        ``row`` (with ``seconds_commit``, ``commit_bytes`` and ``process_peak_rss_bytes``, the
+        process's true peak RSS so far, added) into the history, ``metrics.jsonl``,
+        TensorBoard (:meth:`tensorboard`) and the curve."""
         t0 = time.perf_counter()
         self.ckpts.write(n, torch_files=torch_files or {}, writers=writers or {},
                          state={**state, "history": self.history + [row]})
@@ -158,11 +167,33 @@ class Run:
         self.done = n
         row["seconds_commit"] = time.perf_counter() - t0
         row["commit_bytes"] = report.bytes_written
+        row["process_peak_rss_bytes"] = process_peak_rss_bytes()
         self.history.append(row)
         with open(self.dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
+        self.tensorboard(n, row)
         if self.curve is not None:
             self.curve(self.dir / "curve.png", self.history)
+
+    def tensorboard(self, n: int, row: dict[str, Any]) -> None:
+        """Write every numeric value of ``row`` (not bools, lists or dicts) as a scalar of
+        step ``n`` under ``<dir>/tb`` (TensorBoard event files; ``tensorboard --logdir``).
+        A resumed run drops the events of units after its last complete one. Without the
+        ``tensorboard`` package: one warning, no events."""
+        if self._tb is False:
+            return
+        if self._tb is None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as e:  # tensorboard is in the trainers extra
+                log.warning("no TensorBoard events (%s): pip install tensorboard", e)
+                self._tb = False
+                return
+            self._tb = SummaryWriter(str(self.dir / "tb"), purge_step=n)
+        for key, value in row.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                self._tb.add_scalar(key, value, n)
+        self._tb.flush()
 
     def commit_in_background(self, n: int, row: dict[str, Any], **kwargs: Any) -> None:
         """:meth:`commit` on a worker thread, one at a time (the previous one is waited for
@@ -180,10 +211,25 @@ class Run:
             pending.result()
 
     def interrupted_message(self, argv_hint: str = "") -> str:
-        """The line printed on Ctrl-C: the last complete unit and how to continue."""
+        """The line printed on Ctrl-C: the last complete unit and the exact command that
+        finishes the run (its target is in ``config.json``)."""
         last = self.buf.metadata.get(self.key, 0) if self.buf is not None else self.done
-        return (f"interrupted; {self.unit} {last} is the last complete one: continue with "
-                f"--resume --run-dir {self.dir}{argv_hint}")
+        of = f" (of {self.target})" if self.target is not None else ""
+        return (f"interrupted; {self.unit} {last} is the last complete one{of}: continue with "
+                f"{self.command} --resume --run-dir {shlex.quote(str(self.dir))}{argv_hint}")
+
+    def exit_interrupted(self) -> NoReturn:
+        """On Ctrl-C: wait for a background commit, close the progress bars (so nothing
+        redraws over the message), print :meth:`interrupted_message` on its own line and
+        exit (code 1)."""
+        from tqdm import tqdm
+
+        try:
+            self.wait()
+        finally:
+            for bar in list(getattr(tqdm, "_instances", ())):
+                bar.close()
+        sys.exit(self.interrupted_message())
 
     def close(self) -> None:
         """Wait for a background commit, then close the buffer."""
@@ -196,6 +242,9 @@ class Run:
             if self.buf is not None:
                 self.buf.close()
                 self.buf = None
+            if self._tb:
+                self._tb.close()
+            self._tb = None
 
 
 def open_run(cfg: Any, *, unit: str, create: Callable[[Path], None],
@@ -228,8 +277,13 @@ def open_run(cfg: Any, *, unit: str, create: Callable[[Path], None],
         ckpts.prune(done)
     else:
         buf.close()
+    from trainers.config import TARGETS
+
+    target = next((getattr(cfg, k) for k, u in TARGETS.items() if u == unit and hasattr(cfg, k)),
+                  None)
+    package = type(cfg).__module__.rsplit(".", 1)[0]
     run = Run(run_dir, unit, buf if owner else None, ckpts, done, ckpts.latest(done),
-              curve=curve)
+              curve=curve, command=f"python -m {package}", target=target)
     if run.resumed:
         log.info("resuming %s at %s %d", run_dir, unit, done)
     return run

@@ -1,6 +1,9 @@
 """Trainer settings as command-line flags: the base every trainer's ``Config`` extends, the
 flags built from a dataclass (one ``--flag`` per field, its docstring as help), ``--resume``
-keeping the run's settings, validation that names the flag, and the log level."""
+keeping the run's settings (a new target - ``--steps``, ``--iterations``, ``--generations`` -
+is written to the run's ``config.json``), validation that names the flag (one line on the
+console: :class:`ConfigError`, :func:`run_main`), and the log level (messages written
+through ``tqdm.write``, so they never land on a progress bar's line)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import dataclasses
 import inspect
 import json
 import logging
+import sys
 import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -17,6 +21,41 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 C = TypeVar("C")
+log = logging.getLogger("trainers.config")
+
+#: The field naming a trainer's target and the loop unit it counts.
+TARGETS = {"steps": "step", "iterations": "iteration", "generations": "generation"}
+
+
+class ConfigError(ValueError):
+    """A setting out of range, named by its flag (``--flag: expected ..., got ...``); the
+    console entry (:func:`run_main`) prints it as one line."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are one line pointing at ``--help`` (not the usage block)."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def run_main(module: str) -> None:
+    """A trainer's ``__main__``: say what loads (torch and transformers take seconds to import;
+    not with ``--quiet``), import ``module`` and run its ``main()``; a :class:`ConfigError`
+    is printed as one line (exit code 2) instead of a traceback."""
+    import importlib
+
+    from trainers.phases import heartbeat
+
+    set_log_level("--quiet" in sys.argv, "--verbose" in sys.argv)
+    with heartbeat(f"loading {module.rsplit('.', 1)[0]} (torch, transformers)"):
+        main = importlib.import_module(module).main
+    try:
+        main()
+    except ConfigError as e:
+        print(f"error: {e} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
 
 #: Loggers of libraries the trainers use, kept at WARNING whatever the trainer's level.
 QUIET_LOGGERS = ("transformers", "peft", "urllib3", "filelock", "matplotlib", "PIL", "ray",
@@ -43,7 +82,7 @@ class RunConfig:
 
 
 #: Settings of :class:`RunConfig` that a resumed run may change.
-RUN_RESUMABLE = frozenset({"run_dir", "resume", "quiet", "verbose"})
+RUN_RESUMABLE = frozenset({"run_dir", "resume", "quiet", "verbose", "evaluate_again"})
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -64,11 +103,11 @@ def check_rules(c: Any, rules: Mapping[str, tuple[bool, str]]) -> None:
     """Raise ValueError for the first rule that fails: ``{field: (ok, expected)}``.
 
     Raises:
-        ValueError: ``--flag: expected <expected>, got <value>``.
+        ConfigError: (a ValueError) ``--flag: expected <expected>, got <value>``.
     """
     for name, (ok, expected) in rules.items():
         if not ok:
-            raise ValueError(f"--{name.replace('_', '-')}: expected {expected}, got "
+            raise ConfigError(f"--{name.replace('_', '-')}: expected {expected}, got "
                              f"{getattr(c, name)!r}")
 
 
@@ -89,7 +128,7 @@ def parse_config(cls: type[C], argv: list[str] | None, *, prog: str, description
             directory that already holds a run without ``--resume``, or a changed setting
             that ``resumable`` does not allow.
     """
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = ArgumentParser(prog=prog, description=description)
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         kind = argparse.BooleanOptionalAction if isinstance(f.default, bool) else None
@@ -117,24 +156,98 @@ def parse_config(cls: type[C], argv: list[str] | None, *, prog: str, description
     return cls(**{**saved, **given})
 
 
+class TqdmHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A log handler writing to stderr through ``tqdm.write``: an open progress bar is
+    cleared first and redrawn below the message."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # noqa: BLE001 - logging's contract: report, never raise
+            self.handleError(record)
+
+
 def set_log_level(quiet: bool = False, verbose: bool = False) -> None:
     """Trainers log at INFO (the memory plan, budgets, per-phase peaks), WARNING with
     ``quiet``, DEBUG with ``verbose``; the libraries in :data:`QUIET_LOGGERS` stay at
     WARNING."""
     level = logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", force=True)
+    handler = TqdmHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def start(cls: type[C], argv: list[str] | None, *, module: str, doc: str,
-          resumable: set[str] | frozenset[str], check: Callable[[C], None]) -> C:
+          resumable: set[str] | frozenset[str], check: Callable[[C], None],
+          evaluates: Callable[[C], bool] | None = None) -> C:
     """A trainer's ``main`` preamble: the config from the command line (:func:`parse_config`,
     ``python -m <module>``, the first paragraph of ``doc`` as description), ``check(cfg)``
-    (raises ValueError naming a flag), the log level of ``--quiet`` / ``--verbose``. Returns
-    the config."""
+    (raises ValueError naming a flag), the log level of ``--quiet`` / ``--verbose``.
+
+    On ``--resume``, a new target (``--steps`` ...) is written to the run's ``config.json``
+    (atomically), so a later plain ``--resume`` keeps it; a run already at its target, whose
+    final evaluation (``evaluates(cfg)``: whether the trainer evaluates at the end) is
+    written for its last unit, prints one line and exits 0 (``SystemExit(None)``) unless
+    ``--evaluate-again``. Returns the config."""
     cfg = parse_config(cls, argv, prog=f"python -m {module}", description=doc.split("\n\n")[0],
                        resumable=resumable)
     check(cfg)
     set_log_level(getattr(cfg, "quiet", False), getattr(cfg, "verbose", False))
-    return cfg
+    if not getattr(cfg, "resume", False):
+        return cfg
+    target = next((name for name in TARGETS if hasattr(cfg, name)), None)
+    if target is None:
+        return cfg
+    run_dir = Path(cfg.run_dir)
+    keep_target(run_dir, target, getattr(cfg, target))
+    unit, n = TARGETS[target], getattr(cfg, target)
+    done = last_complete(run_dir, unit)
+    if done < n:
+        return cfg
+    again = bool(getattr(cfg, "evaluate_again", False))
+    if evaluates is not None and evaluates(cfg) and (again or not evaluated(run_dir, unit, done)):
+        return cfg
+    sys.exit(print(f"{run_dir}: {unit} {done} of {n} is complete, nothing to train (raise "
+                   f"--{target} to continue)", file=sys.stderr, flush=True))
+
+
+def keep_target(run_dir: Path, name: str, value: int) -> None:
+    """Write ``name = value`` into ``run_dir/config.json`` (temporary file, fsync, rename) when
+    it differs."""
+    from rlbuffers.checkpoint import write_json_atomic
+
+    path = run_dir / "config.json"
+    saved = json.loads(path.read_text())
+    if saved.get(name) == value:
+        return
+    log.info("%s: --%s %s -> %s (config.json)", run_dir, name, saved.get(name), value)
+    saved[name] = value
+    write_json_atomic(path, saved)
+
+
+def last_complete(run_dir: Path, unit: str) -> int:
+    """The last complete unit of the run in ``run_dir`` (its buffer's ``trainer_<unit>``)."""
+    from rlbuffers import ReplayBuffer
+
+    buf = ReplayBuffer.open(run_dir / "buffer", mode="r")
+    try:
+        return int(buf.metadata.get(f"trainer_{unit}", 0))
+    finally:
+        buf.close()
+
+
+def evaluated(run_dir: Path, unit: str, n: int) -> bool:
+    """Whether ``run_dir/eval.json`` holds the final evaluation of unit ``n`` (``"after":
+    {..., "<unit>": n}``, written by ``trainers.summary.write_eval``)."""
+    path = run_dir / "eval.json"
+    if not path.exists():
+        return False
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return False
+    return isinstance(data.get("after"), dict) and data["after"].get(unit) == n

@@ -4,12 +4,18 @@ metrics row and in the log at INFO: ``rollout 3.2 s 1,204 MiB | update 5.1 s 1,8
 Peak figures are ``rlbuffers.memory.MemoryMonitor`` phase peaks: the process's RSS sampled
 while the phase runs (and, with a CUDA device, ``torch.cuda.max_memory_allocated`` over the
 phase); the heap is trimmed when a phase ends, so freed activations do not count in the next
-phase's peak.
+phase's peak. These are *phase peaks*; the process's true peak (what ``/usr/bin/time``
+reports) is ``rlbuffers.memory.process.process_peak_rss_bytes``, printed by the run's summary.
+
+Each phase logs a line when it starts (``generate (step 3)...``) and, while it runs, one every
+:attr:`Phases.heartbeat_s` seconds (``generate (step 3) 16 s...``), so no phase is silent for
+long.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,19 +28,49 @@ log = logging.getLogger("trainers.phases")
 MIB = 2**20
 
 
+@contextmanager
+def heartbeat(label: str, every_s: float = 8.0) -> Iterator[None]:
+    """Log (INFO) ``<label>...`` now and ``<label> <seconds> s...`` every ``every_s`` seconds
+    until the block ends (a thread waits on an event: no cost while the block runs)."""
+    t0 = time.perf_counter()
+    log.info("%s...", label)
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(every_s):
+            log.info("%s %.0f s...", label, time.perf_counter() - t0)
+
+    beater = threading.Thread(target=beat, name="heartbeat", daemon=True)
+    beater.start()
+    try:
+        yield
+    finally:
+        done.set()
+        beater.join()
+
+
 class Phases:
     """``with phases("update"):`` records the block's seconds (``seconds_<name>``, summed
     when a phase runs several times) and peak RSS (``peak_rss_<name>_bytes``, the largest;
     ``cuda_peak_<name>_bytes`` with a CUDA monitor) into ``row``."""
 
+    #: Seconds between the "still running" lines of a long phase.
+    heartbeat_s: float = 8.0
+
     def __init__(self, monitor: MemoryMonitor, row: dict[str, Any]) -> None:
         self.monitor, self.row = monitor, row
         self.names: list[str] = []
 
+    def label(self, name: str) -> str:
+        """``generate (step 3)`` (the row's unit when it has one: step, iteration,
+        generation)."""
+        unit = next((u for u in ("step", "iteration", "generation") if u in self.row), None)
+        return f"{name} ({unit} {self.row[unit]})" if unit else name
+
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
         t0 = time.perf_counter()
-        with self.monitor.phase(name) as pk:
+        with heartbeat(self.label(name), self.heartbeat_s), self.monitor.phase(name) as pk:
             yield
             trim_heap()
         row = self.row

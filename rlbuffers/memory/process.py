@@ -39,6 +39,17 @@ def peak_rss_bytes() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
+#: The largest :func:`peak_rss_bytes` read just before a :func:`reset_peak_rss`.
+_PEAK_BEFORE_RESETS = 0
+
+
+def process_peak_rss_bytes() -> int:
+    """The process's true peak RSS since it started, in bytes: the kernel's high-water mark
+    (``VmHWM``) together with its values before each :func:`reset_peak_rss` (which phase
+    peaks use). What ``/usr/bin/time -v`` reports as "Maximum resident set size"."""
+    return max(_PEAK_BEFORE_RESETS, peak_rss_bytes())
+
+
 def reset_peak_rss() -> bool:
     """Reset the peak RSS to the current RSS (Linux >= 4.0: ``echo 5 > clear_refs``).
 
@@ -46,6 +57,8 @@ def reset_peak_rss() -> bool:
         True when reset; False where the kernel does not allow it (then
         :func:`peak_rss_bytes` keeps the all-time peak).
     """
+    global _PEAK_BEFORE_RESETS
+    _PEAK_BEFORE_RESETS = max(_PEAK_BEFORE_RESETS, peak_rss_bytes())
     try:
         _CLEAR_REFS.write_text("5")
     except OSError as e:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,7 @@ def make_model(cfg: Config, device: torch.device | str = "cpu") -> tuple[Any, An
     reference = None if cfg.memory_opt else copy.deepcopy(base).eval()
     lora = lora_config(cfg.lora_rank, cfg.lora_alpha)
     torch.manual_seed(cfg.seed)
+    warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated")  # peft
     model = get_peft_model(base, lora, adapter_name=ROLES[0])
     for role in ROLES[1:]:
         model.add_adapter(role, lora)

@@ -72,6 +72,7 @@ from trainers.llm.prompts import prompt_store
 from trainers.llm.settings import parse_budget
 from trainers.llm.tasks import task_problems
 from trainers.phases import Phases
+from trainers.summary import finish
 
 log = logging.getLogger("trainers.crsp")
 MIB = 2**20
@@ -340,8 +341,9 @@ def main(argv: list[str] | None = None) -> None:
                 log.info("step %d/%d: rewards %s", step, cfg.steps,
                          ", ".join(f"{r} {row[f'{r}_reward']:.2f}" for r in ROLES))
         finished = True
+        finish(run, [f"{r}_reward" for r in ROLES])
     except KeyboardInterrupt:
-        sys.exit(run.interrupted_message())
+        run.exit_interrupted()
     finally:
         run.close()
         if in_main:

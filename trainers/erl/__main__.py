@@ -1,3 +1,3 @@
-from trainers.erl.train import main
+from trainers.config import run_main
 
-main()
+run_main("trainers.erl.train")

@@ -9,6 +9,7 @@ name without the trainer's buffer and checkpoint code.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import gymnasium as gym
@@ -79,10 +80,35 @@ def actor_weights(actor: Actor) -> dict[str, np.ndarray]:
 _CACHE: dict[tuple[Any, ...], Any] = {}
 
 
+#: MuJoCo warnings we cannot fix, dropped by their exact text: gymnasium's MuJoCo XML models
+#: (HalfCheetah-v5 ...) use the 'settotalmass' compiler attribute that MuJoCo 3.3+ deprecates.
+IGNORED_MUJOCO_WARNINGS = ("compiler attribute 'settotalmass' is deprecated",)
+
+
+def make_env(env_id: str, max_episode_steps: int) -> gym.Env:
+    """``gym.make`` with MuJoCo's warnings in :data:`IGNORED_MUJOCO_WARNINGS` dropped while the
+    model compiles (MuJoCo's other warnings still print, as ``WARNING: <text>`` on stderr)."""
+    try:
+        import mujoco
+    except ImportError:
+        return gym.make(env_id, max_episode_steps=max_episode_steps)
+
+    def warn(text: str) -> None:
+        if not any(text.startswith(m) for m in IGNORED_MUJOCO_WARNINGS):
+            print(f"WARNING: {text}", file=sys.stderr, flush=True)
+
+    previous = mujoco.get_mju_user_warning()
+    mujoco.set_mju_user_warning(warn)
+    try:
+        return gym.make(env_id, max_episode_steps=max_episode_steps)
+    finally:
+        mujoco.set_mju_user_warning(previous)
+
+
 def _env(env_id: str, max_episode_steps: int) -> gym.Env:
     key = ("env", env_id, max_episode_steps)
     if key not in _CACHE:
-        _CACHE[key] = gym.make(env_id, max_episode_steps=max_episode_steps)
+        _CACHE[key] = make_env(env_id, max_episode_steps)
     return _CACHE[key]
 
 

@@ -36,13 +36,11 @@ import contextlib
 import functools
 import logging
 import math
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 
@@ -54,9 +52,10 @@ from trainers.config import start
 from trainers.curves import Series, plot_curve
 from trainers.erl.config import RESUMABLE, Config, check_config
 from trainers.erl.evolution import evolve
-from trainers.erl.rollout import Actor, actor_weights, episode_job
+from trainers.erl.rollout import Actor, actor_weights, episode_job, make_env
 from trainers.erl.td3 import Learner, td3_update
 from trainers.phases import Phases
+from trainers.summary import finish
 
 log = logging.getLogger("trainers.erl")
 MIB = 2**20
@@ -177,6 +176,16 @@ def progress_line(row: dict[str, Any], cfg: Config, seconds: float) -> str:
             f"{seconds:.1f}s")
 
 
+def draw_curve(path: Path, history: list[dict[str, Any]], *, env: str) -> None:
+    """``curve.png``: the best actor's fitness, the population mean and the learner's return
+    against env steps."""
+    plot_curve(path, history, x="env_steps", xlabel="env steps", ylabel="episode return",
+               title=f"ERL + TD3 on {env}",
+               series=[Series("best_fitness", "best actor (fitness)"),
+                       Series("mean_fitness", "population mean"),
+                       Series("learner_return", "TD3 learner (noisy)")])
+
+
 def main(argv: list[str] | None = None) -> None:
     cfg = start(Config, argv, module="trainers.erl", doc=__doc__, resumable=RESUMABLE,
                 check=check_config)
@@ -186,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"start: rss {mem.rss_bytes / MIB:.0f}MiB, available {mem.available_bytes / MIB:,.0f}MiB",
           flush=True)
 
-    env = gym.make(cfg.env, max_episode_steps=cfg.max_episode_steps)  # its spaces only
+    env = make_env(cfg.env, cfg.max_episode_steps)  # its spaces only
     obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
     low, high = env.action_space.low, env.action_space.high
     env.close()
@@ -196,12 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     learner = Learner(obs_dim, act_dim, cfg, low, high)
     trainer = {"generation": 0, "env_steps": 0, "episodes": 0, "wall_seconds": 0.0}
     fields = buffer_fields(obs_dim, act_dim)
-    curve = functools.partial(
-        plot_curve, x="env_steps", xlabel="env steps", ylabel="episode return",
-        title=f"ERL + TD3 on {cfg.env}",
-        series=[Series("best_fitness", "best actor (fitness)"),
-                Series("mean_fitness", "population mean"),
-                Series("learner_return", "TD3 learner (noisy)")])
+    curve = functools.partial(draw_curve, env=cfg.env)
 
     def create(d: Path) -> None:
         ReplayBuffer.create(d / "buffer", capacity=cfg.buffer_capacity, fields=fields,
@@ -281,5 +285,6 @@ def main(argv: list[str] | None = None) -> None:
                 # 6. Progress: the per-phase line (INFO) and the one-line summary.
                 phases.log("generation", gen)
                 print(progress_line(row, cfg, time.perf_counter() - t0), flush=True)
+            finish(run, ["best_fitness", "mean_fitness", "learner_return", "env_steps"])
         except KeyboardInterrupt:
-            sys.exit(run.interrupted_message())
+            run.exit_interrupted()

@@ -1,3 +1,3 @@
-from trainers.grpo.train import main
+from trainers.config import run_main
 
-main()
+run_main("trainers.grpo.train")

