@@ -283,3 +283,32 @@ def test_bad_declarations(tmp_path):
         with pytest.raises(FieldError, match=match):
             ReplayBuffer.create(tmp_path / "b", capacity=4, fields=f, next_of=next_of)
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("padding", ["reset", "zero"])
+def test_gymnasium_frame_stack(tmp_path, padding):
+    """Transitions of gymnasium's FrameStackObservation (CartPole, episodes truncated at 12
+    steps or terminated) in a capacity-20 ring read back exactly, for its default padding
+    (the reset frame repeated) and zeros."""
+    import gymnasium as gym
+    from gymnasium.wrappers import FrameStackObservation
+
+    env = FrameStackObservation(gym.make("CartPole-v1", max_episode_steps=12), 3,
+                                padding_type=padding)
+    buf = ReplayBuffer.create(tmp_path / "b", capacity=20, chunk_transitions=8, fields={
+        "obs": FieldSpec((3, 4), "float32", stack_axis=0), "action": FieldSpec((), "int64"),
+        "terminated": FieldSpec((), "bool"), "truncated": FieldSpec((), "bool")},
+        next_of={"next_obs": "obs"})
+    rng = np.random.default_rng(0)
+    obs, _ = env.reset(seed=0)
+    added = []
+    for _ in range(70):
+        action = int(rng.integers(2))
+        nxt, _, term, trunc, _ = env.step(action)
+        added.append({"obs": obs, "action": action, "terminated": term, "truncated": trunc,
+                      "next_obs": nxt})
+        buf.add(**added[-1])
+        obs = env.reset()[0] if term or trunc else nxt
+    assert any(r["truncated"] for r in added) and buf.episodes > 3
+    assert_bits(buf[:], batch(added[-20:]))
+    buf.close()
