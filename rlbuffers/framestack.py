@@ -147,17 +147,19 @@ def manifest_problem(fields: Mapping[str, FieldSpec], internal: Mapping[str, Fie
     return None
 
 
-def _bits(a: np.ndarray) -> np.ndarray:
-    """``a`` ([n, ...]) as raw bytes ``uint8[n, -1]``: equality is bit equality (NaN, -0.0)."""
-    a = np.ascontiguousarray(a)
-    return a.view(np.uint8).reshape(len(a), -1)
+def _as_bits(a: np.ndarray) -> np.ndarray:
+    """``a`` viewed as unsigned integers of its item size (a copy only for 16-byte items):
+    equality is then bit equality (NaN, -0.0)."""
+    if a.dtype.itemsize in (1, 2, 4, 8):
+        return a.view(f"u{a.dtype.itemsize}")
+    return np.ascontiguousarray(a).view(np.uint8)
 
 
 def _differs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """bool[n]: rows of ``a`` and ``b`` ([n, ...]) that are not bit-identical."""
-    if a[0].size == 0:
+    """bool[n]: rows of ``a`` and ``b`` ([n, ...], same dtype) that are not bit-identical."""
+    if a.size == 0:
         return np.zeros(len(a), dtype=bool)
-    return (_bits(a) != _bits(b)).any(axis=1)
+    return (_as_bits(a) != _as_bits(b)).reshape(len(a), -1).any(axis=1)
 
 
 class FrameStacks:
@@ -172,6 +174,12 @@ class FrameStacks:
         self.stacked = stacked(fields)
         self.next_of = dict(next_of)
         self.next_by_source = {src: n for n, src in self.next_of.items()}
+        self.frame_shape = {n: spec.column.shape for n, spec in self.stacked.items()}
+        #: per stacked field, what the last ``encode`` left: ``(total_added after it, the
+        #: newest stack [k, *frame], the oldest's id, the oldest's stack)`` -- saves reading
+        #: them back on the next ``add`` (keyed by ``total_added``: a write that failed after
+        #: ``encode`` leaves a key the ring never has, and they are read from storage)
+        self._last: dict[str, tuple[int, np.ndarray, int, np.ndarray | None]] = {}
 
     def __bool__(self) -> bool:
         return bool(self.stacked)
@@ -202,7 +210,7 @@ class FrameStacks:
             same = np.asarray(gather(EPISODE_ID, np.where(ok, prev, ids) % cap)) == episode
             alive = ok & same
             m += alive
-        out = np.empty((n, k, *spec.column.shape), dtype=spec.dtype)
+        out = np.empty((n, k, *self.frame_shape[name]), dtype=spec.dtype)
         for p in range(k):  # entries from the head are overwritten below
             out[:, p] = gather(name, (ids - np.minimum(k - 1 - p, m)) % cap)
         need = np.flatnonzero(m < k - 1)
@@ -295,18 +303,25 @@ class FrameStacks:
         side: dict[int, dict[str, Any]] = {}
         for name, spec in self.stacked.items():
             f = np.moveaxis(rows[name], 1 + spec.stack_axis, 1)  # type: ignore[operator]
-            self._check_continues(name, f, start, prev)
+            last = self._last.pop(name, None)
+            if last is not None and last[0] != total:
+                last = None
+            self._check_continues(name, f, start, prev, None if last is None else last[1])
             out[name] = np.ascontiguousarray(f[:, -1])
-            empty = np.empty((0, *spec.column.shape), dtype=spec.dtype)
+            empty = np.empty((0, *self.frame_shape[name]), dtype=spec.dtype)
             heads = [np.ascontiguousarray(f[j, :-1]) if start[j] else empty for j in range(n)]
+            oldest = None
             if new_first >= total:  # the oldest transition is in the batch: its head is given
-                heads[new_first - total] = np.ascontiguousarray(f[new_first - total, :-1])
+                oldest = np.ascontiguousarray(f[new_first - total])
+                heads[new_first - total] = oldest[:-1]
             elif new_first > ring.first_live_id:  # a stored one becomes the oldest
-                ids = np.array([new_first], dtype=np.int64)
-                oldest = self.frames(name, ring, gather, ids, prev.episode_of(ids))[0]
-                side.setdefault(new_first % ring.capacity, {})[head_column(name)] = [
-                    oldest[:-1].copy()]
+                oldest = self._oldest(name, ring, gather, new_first,
+                                      None if last is None else last[2:])
+                if oldest is not None:
+                    side.setdefault(new_first % ring.capacity, {})[head_column(name)] = [
+                        oldest[:-1].copy()]
             out[head_column(name)] = heads
+            self._last[name] = (total + n, np.ascontiguousarray(f[-1]), new_first, oldest)
             nx = self.next_by_source.get(name)
             if nx is not None:
                 g = np.moveaxis(rows[nx], 1 + spec.stack_axis, 1)  # type: ignore[operator]
@@ -319,15 +334,33 @@ class FrameStacks:
                     side.setdefault(prev.slot, {})[final_column(name)] = [empty]
         return out, sorted(side.items())
 
+    def _oldest(self, name: str, ring: RingState, gather: Gather, o: int,
+                 cached: tuple[int, np.ndarray | None] | None) -> np.ndarray | None:
+        """The stack ``[k, *frame]`` of stored transition ``o``, about to become the oldest,
+        or None when it starts an episode (its head is stored already). ``cached``: the id
+        and stack (or None) of the oldest the last ``encode`` left."""
+        cap = ring.capacity
+        if cached is not None and cached[0] == o - 1 and cached[1] is not None:
+            ep = np.asarray(gather(EPISODE_ID, np.array([o - 1, o], dtype=np.int64) % cap))
+            if ep[0] != ep[1]:
+                return None
+            frame = np.asarray(gather(name, np.array([o % cap], dtype=np.int64)))
+            return np.concatenate([cached[1][1:], frame])
+        ids = np.array([o], dtype=np.int64)
+        return self.frames(name, ring, gather, ids, np.asarray(gather(EPISODE_ID, ids % cap)))[0]
+
     def _check_continues(self, name: str, f: np.ndarray, start: np.ndarray,
-                         prev: _Previous) -> None:
+                         prev: _Previous, newest: np.ndarray | None) -> None:
         """Each stack of ``f`` (``[n, k, *frame]``) not starting an episode continues the one
-        before it (the stored newest for the first)."""
+        before it (the stored newest for the first: ``newest`` if known)."""
         k, axis = self.stacked[name].stack, self.stacked[name].stack_axis
-        before = np.concatenate([self.frames(name, prev.ring, prev.gather, prev.ids,
-                                             prev.episode) if not prev.ended else f[:1],
-                                 f[:-1]])  # the first transition's entry is unused if it starts
-        bad = ~start & _differs(f[:, :-1], before[:, 1:])
+        bad = np.zeros(len(f), dtype=bool)
+        bad[1:] = _differs(f[1:, :-1], f[:-1, 1:])
+        if not prev.ended:
+            stored = (newest[None] if newest is not None else
+                      self.frames(name, prev.ring, prev.gather, prev.ids, prev.episode))
+            bad[:1] = _differs(f[:1, :-1], stored[:, 1:])
+        bad &= ~start
         if bad.any():
             raise FieldError(
                 f"field {name!r}: transition {int(np.argmax(bad))} of the batch does not "
