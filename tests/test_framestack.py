@@ -14,6 +14,7 @@ from rlbuffers import FieldSpec, ReplayBuffer
 from rlbuffers.cli import render
 from rlbuffers.errors import FieldError, FormatVersionError, ManifestError
 from rlbuffers.inspection import inspect_path
+from rlbuffers.samplers import PrioritizedSampler, SequenceSampler
 from rlbuffers.storage.manifest_schema import check_version
 
 FRAME = (2, 3)
@@ -312,3 +313,29 @@ def test_gymnasium_frame_stack(tmp_path, padding):
     assert any(r["truncated"] for r in added) and buf.episodes > 3
     assert_bits(buf[:], batch(added[-20:]))
     buf.close()
+
+
+@pytest.mark.parametrize("sampler", [SequenceSampler(3), PrioritizedSampler()])
+def test_samplers_and_background_save(tmp_path, sampler):
+    """Sequence windows ``[B, L]`` and prioritized draws rebuild stacks like ``buf[i]``; a
+    background save taken while adds go on commits the state at the call, which reopens
+    exactly."""
+    buf = ReplayBuffer.create(tmp_path / "b", capacity=10, chunk_transitions=3,
+                              fields=fields(3, 0, np.uint8), next_of={"next_obs": "obs"},
+                              sampler=sampler)
+    data = stream(7, [4, 6, 5, 7], 3, 0, np.uint8, "zero", [True, False])
+    buf.extend(batch(data[:12]))
+    future = buf.save(background=True)
+    for r in data[12:]:
+        buf.add(**r)
+    future.result()
+    s = buf.sample(5)
+    ids = s["indices"].reshape(-1)
+    live = data[len(data) - len(buf):]
+    first = len(data) - len(buf)
+    want = batch([live[i - first] for i in ids])
+    shape = s["indices"].shape
+    assert_bits({k: s[k].reshape(-1, *s[k].shape[len(shape):]) for k in want}, want)
+    buf.close()
+    with ReplayBuffer.open(tmp_path / "b", mode="r") as snap:
+        assert_bits(snap[:], batch(data[2:12]))
