@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from rlbuffers import FieldSpec, ReplayBuffer
 from rlbuffers.cli import render
 from rlbuffers.errors import FieldError, FormatVersionError, ManifestError
+from rlbuffers.export import export_commit
 from rlbuffers.inspection import inspect_path
 from rlbuffers.samplers import PrioritizedSampler, SequenceSampler
 from rlbuffers.storage.manifest_schema import check_version
@@ -339,3 +340,43 @@ def test_samplers_and_background_save(tmp_path, sampler):
     buf.close()
     with ReplayBuffer.open(tmp_path / "b", mode="r") as snap:
         assert_bits(snap[:], batch(data[2:12]))
+
+
+def test_export_rebuilds_with_the_documented_rule(tmp_path):
+    """``export_commit`` writes the frame columns as stored; the rebuild rule of
+    docs/format.md ("Frame stacks"), applied with plain zarr + numpy to the export, gives
+    back every stored stack and next observation (the ring has wrapped: the seam's head)."""
+    k = 3
+    buf = ReplayBuffer.create(tmp_path / "b", capacity=9, chunk_transitions=2,
+                              fields=fields(k, 0, np.uint8), next_of={"next_obs": "obs"})
+    data = stream(8, [4, 2, 7, 3], k, 0, np.uint8, "reset", [False, True])  # oldest: 7, mid-ep.
+    for r in data:
+        buf.add(**r)
+    buf.save()
+    buf.close()
+    export_commit(tmp_path / "b", tmp_path / "plain")
+    g = zarr.open_group(tmp_path / "plain", mode="r")
+    m = g.attrs["rlbuffers"]["manifest"]
+    cap, total = m["capacity"], m["total_added"]
+    first = total - m["size"]
+    frame, episode = g["obs"][:], g["_episode_id"][:]
+    columns = {name: g[name][:] for name in ("_head_obs", "_final_obs")}
+
+    def ragged(name, slot):
+        return np.frombuffer(columns[name][slot], np.uint8).reshape(-1, *FRAME)
+
+    for t in range(first, total):
+        mm = 0
+        while mm < k - 1 and t - mm - 1 >= first and \
+                episode[(t - mm - 1) % cap] == episode[t % cap]:
+            mm += 1
+        a = t - mm
+        head = list(ragged("_head_obs", a % cap)[mm:]) if mm < k - 1 else []
+        stack = np.stack(head + [frame[s % cap] for s in range(a, t + 1)])
+        if t + 1 < total and episode[(t + 1) % cap] == episode[t % cap]:
+            nxt = frame[(t + 1) % cap]
+        else:
+            nxt = ragged("_final_obs", t % cap)[0]
+        np.testing.assert_array_equal(stack, data[t]["obs"])
+        np.testing.assert_array_equal(np.concatenate([stack[1:], nxt[None]]),
+                                      data[t]["next_obs"])
