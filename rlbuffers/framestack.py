@@ -286,8 +286,9 @@ class FrameStacks:
         """The column rows of ``n`` checked transitions ``rows`` (user fields, ``[n, *shape]``)
         about to be appended to a ring in state ``ring`` (``done``: bool[n] episode ends), and
         the writes of single slots outside them (``[(slot, {column: rows})]``: the new
-        oldest transition's head, the previous newest transition's cleared final frame), to
-        apply after the rows. Reads the stored transitions through ``gather`` (before any
+        oldest transition's head, then the previous newest transition's cleared final frame,
+        last so that a write failing before it leaves that frame), to apply in order after
+        the rows. Reads the stored transitions through ``gather`` (before any
         write).
 
         Raises:
@@ -300,7 +301,8 @@ class FrameStacks:
         prev = _Previous(ring, gather)
         start = np.concatenate([[prev.ended], np.asarray(done[:-1], dtype=bool)])
         new_first = total + n - min(total + n, ring.capacity)
-        side: dict[int, dict[str, Any]] = {}
+        side: dict[int, dict[str, Any]] = {}  # heads of the new oldest
+        clears: list[tuple[int, dict[str, Any]]] = []  # the previous newest's final frames
         for name, spec in self.stacked.items():
             f = np.moveaxis(rows[name], 1 + spec.stack_axis, 1)  # type: ignore[operator]
             last = self._last.pop(name, None)
@@ -331,8 +333,9 @@ class FrameStacks:
                 out[final_column(name)] = [np.ascontiguousarray(g[j, -1:]) if keep[j] else empty
                                            for j in range(n)]
                 if not prev.ended and n < ring.capacity:  # its next frame is stored now
-                    side.setdefault(prev.slot, {})[final_column(name)] = [empty]
-        return out, sorted(side.items())
+                    clears.append((prev.slot, {final_column(name): [empty]}))
+        # the clears last: a write that fails before them leaves the newest's final frame
+        return out, sorted(side.items()) + clears
 
     def _oldest(self, name: str, ring: RingState, gather: Gather, o: int,
                  cached: tuple[int, np.ndarray | None] | None) -> np.ndarray | None:
