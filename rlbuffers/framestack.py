@@ -111,11 +111,17 @@ def check_next_of(fields: Mapping[str, FieldSpec], next_of: Any,
     if len(set(next_of.values())) != len(next_of):
         raise FieldError(f"next_of: expected at most one derived field per source, got "
                          f"{dict(next_of)}")
-    for col in side_columns(fields, next_of):
-        if field_name_problem(col, internal=True):
-            raise FieldError(f"field {col[len('_head_'):]!r}: name too long for a stacked "
-                             f"field (its internal column {col[:40]!r}... must be a valid name)")
+    _check_column_names(fields)
     return dict(next_of)
+
+
+def _check_column_names(fields: Mapping[str, FieldSpec]) -> None:
+    """Raise FieldError if a stacked field's internal column names are not valid names."""
+    for name in stacked(fields):
+        for col in (head_column(name), final_column(name)):
+            if field_name_problem(col, internal=True):
+                raise FieldError(f"field {name[:40]!r}...: name too long for a stacked field "
+                                 f"(its internal column {col[:40]!r}... must be a valid name)")
 
 
 def user_fields(fields: Mapping[str, FieldSpec], next_of: Mapping[str, str]) -> dict[str,

@@ -284,6 +284,9 @@ def test_bad_declarations(tmp_path):
                            ({"a": "obs", "b": "obs"}, "at most one"), (["obs"], "mapping")]:
         with pytest.raises(FieldError, match=match):
             ReplayBuffer.create(tmp_path / "b", capacity=4, fields=f, next_of=next_of)
+    with pytest.raises(FieldError, match="too long"):
+        ReplayBuffer.create(tmp_path / "b", capacity=4,
+                            fields={"o" * 200: FieldSpec((2, 2), "uint8", stack_axis=0)})
     assert not (tmp_path / "b").exists()
 
 
