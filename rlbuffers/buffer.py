@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from rlbuffers import samplers, spec
+from rlbuffers import framestack, samplers, spec
 from rlbuffers.compression import DEFAULT_CODEC
 from rlbuffers.deprecation import UNSET, renamed_attribute, renamed_keyword
 from rlbuffers.errors import BufferClosedError, ManifestError, ReadOnlyError
@@ -57,7 +57,8 @@ class ReplayBuffer:
         self.mode = mode
         self.capacity: int = m.capacity
         self.chunk_transitions: int = m.layout.base_chunk_rows
-        self._fields = dict(m.fields)
+        self._fields = framestack.user_fields(m.fields, m.next_of)
+        self._stacks = framestack.FrameStacks(m.fields, m.next_of)
         self._lock = lock
         self._closed = True
         self._load_state(m, sampler)
@@ -90,7 +91,7 @@ class ReplayBuffer:
                codec: str | Mapping[str, str] = DEFAULT_CODEC, sampler: Sampler | None = None,
                seed: int | None = None, working_dir: str | os.PathLike[str] | None = None,
                overwrite: bool = False, storage_options: Mapping[str, Any] | None = None,
-               keep_commits: int | None = None,
+               keep_commits: int | None = None, next_of: Mapping[str, str] | None = None,
                keep_generations: int = UNSET) -> ReplayBuffer:
         """Create an empty buffer at ``path`` (a directory or fsspec URL): commit 0.
 
@@ -107,6 +108,10 @@ class ReplayBuffer:
                 a URL, under ``~/.cache/rlbuffers``). overwrite: replace a buffer at ``path``.
             storage_options: fsspec options for a URL path (``endpoint_url``, ``key``...).
             keep_commits: how many of the newest commits stay readable (>= 1; None: 2).
+            next_of: derived field name -> stacked field, e.g. ``{"next_obs": "obs"}``: the
+                derived field is added and sampled like the others (same spec) but stored
+                only as the next transition's frame (plus each episode's last next frame);
+                see :mod:`rlbuffers.framestack`, which also covers ``stack_axis`` fields.
             keep_generations: deprecated spelling of ``keep_commits``.
 
         Raises:
@@ -116,6 +121,7 @@ class ReplayBuffer:
         keep_commits = renamed_keyword("keep_generations", keep_generations,
                                        "keep_commits", keep_commits)
         spec.check_field_specs(fields, SAMPLE_KEYS)
+        next_of = framestack.check_next_of(fields, next_of, SAMPLE_KEYS)
         sampler = sampler or samplers.UniformSampler()
         loc = make_location(path, dict(storage_options or {}))
         wdir = working_dir_of(loc, working_dir)
@@ -123,7 +129,8 @@ class ReplayBuffer:
             probe(writer_lock_path(loc, wdir))  # never overwrite a buffer a writer has open
         tier = create_tier(
             loc, capacity=capacity, fields=fields,
-            internal={EPISODE_ID: FieldSpec((), "int64"), **sampler.extra_columns},
+            internal={EPISODE_ID: FieldSpec((), "int64"), **sampler.extra_columns,
+                      **framestack.side_columns(fields, next_of)}, next_of=next_of,
             chunk_transitions=chunk_transitions, codec=codec,
             sampler_state=sampler.state_dict(), seed=seed, overwrite=overwrite,
             keep_commits=KEEP_COMMITS if keep_commits is None else keep_commits)
@@ -207,7 +214,11 @@ class ReplayBuffer:
     def _write(self, storage: WritableStorage, rows: dict[str, Any], n: int) -> None:
         if n == 0:
             return
-        episode, ended = self._ring.episode_ids(spec.episode_ends(rows, n))
+        done = spec.episode_ends(rows, n)
+        episode, ended = self._ring.episode_ids(done)
+        side: list[tuple[int, dict[str, Any]]] = []
+        if self._stacks:
+            rows, side = self._stacks.encode(rows, n, done, self._ring, self._gather)
         first, slots = self._ring.append_slots(n)
         kept = {name: data[n - len(slots):] for name, data in rows.items()}
         kept[EPISODE_ID] = episode[n - len(slots):]
@@ -215,6 +226,8 @@ class ReplayBuffer:
         for name in self.sampler.extra_columns:
             kept[name] = extra
         storage.write(first, kept)
+        for slot, columns in side:
+            storage.write(slot, columns)
         self._ring = self._ring.appended(n, ended)
 
     def __len__(self) -> int:
@@ -238,6 +251,12 @@ class ReplayBuffer:
         self._open_check()
         return self._storage.gather(name, np.asarray(slots, dtype=np.int64).ravel())
 
+    def _rows(self, slots: np.ndarray) -> dict[str, Any]:
+        """``{field: [*slots.shape, *shape]}`` of stored ``slots`` (stacks rebuilt)."""
+        get = (self._stacks.reader(self._ring, self._gather, slots) if self._stacks
+               else lambda n: self._gather(n, slots))
+        return spec.batch_rows(self._fields, slots.shape, get)
+
     def sample(self, batch_size: int, *, rng: np.random.Generator | None = None) -> dict[str, Any]:
         """Draw ``batch_size`` (B) transitions with the sampler, from ``rng`` (default: the
         buffer's own generator, saved by ``save``).
@@ -252,8 +271,7 @@ class ReplayBuffer:
         """
         batch_size = positive_int("batch_size", batch_size)
         draw = self.sampler.sample(batch_size, self._context(), rng or self._rng)
-        rows = spec.batch_rows(self._fields, draw.slots.shape,
-                               lambda n: self._gather(n, draw.slots))
+        rows = self._rows(draw.slots)
         return {**rows, "indices": self._ring.ids(draw.slots), "weights": draw.weights}
 
     def __getitem__(self, key: int | slice | np.ndarray | list[int]) -> dict[str, Any]:
@@ -265,7 +283,7 @@ class ReplayBuffer:
         """
         positions = self._ring.positions(key)
         slots = self._ring.slots(np.atleast_1d(positions))
-        rows = spec.batch_rows(self._fields, slots.shape, lambda n: self._gather(n, slots))
+        rows = self._rows(slots)
         return {n: v[0] for n, v in rows.items()} if positions.ndim == 0 else rows
 
     def update_priorities(self, indices: Any, priorities: Any) -> int:

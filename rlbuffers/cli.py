@@ -75,7 +75,11 @@ def render(r: dict[str, Any]) -> str:
               "inf"]]
     for name, f in r["fields"].items():
         nan, inf = f.get("nan"), f.get("inf")
-        table.append([name, str(tuple(f["shape"])), f["dtype"], f["codec"],
+        shape = str(tuple(f["shape"]))
+        if "stored_shape" in f:  # a frame stack stored one frame per transition
+            shape += f" stack_axis={f['stack_axis']}, stores {tuple(f['stored_shape'])}"
+            shape += "".join(f", {n} = next" for n in f["next_of"])
+        table.append([name, shape, f["dtype"], f["codec"],
                       _size(f["stored_bytes"]), _size(f["raw_bytes"]),
                       f"{f['ratio']:.2f}x" if f["ratio"] else "-",
                       f"{min(f['chunk_transitions'], r['capacity']):,}",

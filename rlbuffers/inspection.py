@@ -99,7 +99,9 @@ def inspect_path(
     Returns:
         a JSON-serialisable dict with ``path``, ``format_version``, ``commit``,
         ``committed_at`` (ISO 8601, UTC), ``capacity``, ``size``, ``total_added``, ``episodes``,
-        ``chunk_transitions``, ``fields`` (name -> ``shape``, ``dtype``, ``codec``,
+        ``chunk_transitions``, ``fields`` (name -> ``shape``, ``dtype``, ``codec``, for a
+        stacked field ``stack_axis``, ``stack`` (k), ``stored_shape`` (one frame: what a
+        transition stores; ``raw_bytes`` counts frames) and ``next_of`` (its derived fields),
         ``stored_bytes``, ``raw_bytes``, ``ratio``, ``chunks``, ``chunk_transitions``, and
         ``nan`` / ``inf`` counts for float fields of at most ``SCAN_MAX_VALUES`` values per
         transition, else None; statistics are over the finite values),
@@ -178,7 +180,8 @@ def _fields_report(tier: PersistentTier, m: Manifest, skip: set[tuple[str, int]]
         chunks = tier.stored_chunks(name)
         stored = sum(chunks.values())
         stats = None
-        if (spec.ragged or _scanned(spec)) and not any(f == name for f, _ in skip):
+        stored_spec = spec.column  # a stacked field stores one frame per transition
+        if (spec.ragged or _scanned(stored_spec)) and not any(f == name for f, _ in skip):
             try:
                 stats, raw = _column_stats(tier, name)
             except CorruptChunkError:
@@ -186,8 +189,12 @@ def _fields_report(tier: PersistentTier, m: Manifest, skip: set[tuple[str, int]]
         else:
             raw = 0
         if not spec.ragged:
-            raw = m.ring.size * spec.item_bytes
-        counted = stats if stats is not None and _scanned(spec) else None
+            raw = m.ring.size * stored_spec.item_bytes
+        counted = stats if stats is not None and _scanned(stored_spec) else None
+        stacked = {} if spec.stack_axis is None else {
+            "stack_axis": spec.stack_axis, "stack": spec.stack,
+            "stored_shape": list(stored_spec.shape),
+            "next_of": sorted(n for n, src in m.next_of.items() if src == name)}
         out[name] = {
             "shape": list(spec.shape),
             "dtype": str(spec.dtype),
@@ -199,5 +206,6 @@ def _fields_report(tier: PersistentTier, m: Manifest, skip: set[tuple[str, int]]
             "chunk_transitions": m.layout.stored_chunk_rows[name],
             "nan": counted.nan if counted is not None else None,
             "inf": counted.inf if counted is not None else None,
+            **stacked,
         }
     return out

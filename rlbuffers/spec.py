@@ -39,16 +39,22 @@ class FieldSpec:
             float32 rounding of in-range values is accepted: that is precision, not range).
         finite: reject NaN and +-inf on ``add`` / ``extend`` (float dtypes only). By default
             non-finite values are stored like any other (``rlbuffers inspect`` counts them).
+        stack_axis: the axis of ``shape`` along which the field is a stack of the last
+            ``k = shape[stack_axis]`` frames of an episode (oldest first), e.g.
+            ``FieldSpec((4, 84, 84), "uint8", stack_axis=0)``. The buffer then stores each
+            frame once (:mod:`rlbuffers.framestack`); ``None`` (default): a plain field.
 
     Raises:
         FieldError: ``None`` anywhere but the first axis, a size < 1, a dtype the tiers do
             not store (see :data:`SUPPORTED_DTYPES`), a row over :data:`MAX_ROW_BYTES`, or
-            ``finite`` on a non-float dtype.
+            ``finite`` on a non-float dtype, or a ``stack_axis`` on a ragged field or outside
+            ``[-ndim, ndim)``.
     """
 
     shape: tuple[int | None, ...]
     dtype: Any
     finite: bool = False
+    stack_axis: int | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -80,6 +86,8 @@ class FieldSpec:
         if self.finite and dtype.kind != "f":
             raise FieldError(f"finite=True: expected a float dtype, got {dtype}")
         object.__setattr__(self, "finite", bool(self.finite))
+        if self.stack_axis is not None:
+            object.__setattr__(self, "stack_axis", _stack_axis(shape, self.stack_axis))
         object.__setattr__(self, "shape", tuple(None if s is None else int(s) for s in shape))
         object.__setattr__(self, "dtype", dtype)
 
@@ -98,6 +106,20 @@ class FieldSpec:
         """Bytes of one transition (fixed fields) or of one row along the ragged axis."""
         return int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
 
+    @property
+    def stack(self) -> int:
+        """Frames in a stack, ``k = shape[stack_axis]`` (1 for a plain field)."""
+        return 1 if self.stack_axis is None else int(self.shape[self.stack_axis])  # type: ignore
+
+    @property
+    def column(self) -> FieldSpec:
+        """The spec of what one slot stores: a stacked field stores one frame (``shape``
+        without ``stack_axis``, e.g. ``(84, 84)``); any other field itself."""
+        if self.stack_axis is None:
+            return self
+        frame = self.shape[:self.stack_axis] + self.shape[self.stack_axis + 1:]
+        return FieldSpec(frame, self.dtype, self.finite)
+
     def estimate_bytes(self) -> int:
         """Bytes per transition used to size chunks (ragged: a guess of 256 rows)."""
         return self.item_bytes * (RAGGED_ROWS_GUESS if self.ragged else 1)
@@ -108,6 +130,8 @@ class FieldSpec:
         out: dict[str, Any] = {"shape": list(self.shape), "dtype": self.dtype.str}
         if self.finite:
             out["finite"] = True
+        if self.stack_axis is not None:
+            out["stack_axis"] = self.stack_axis
         return out
 
     @classmethod
@@ -115,19 +139,36 @@ class FieldSpec:
         """Inverse of :meth:`to_dict`.
 
         Raises:
-            FieldError: not a dict of ``shape`` (a list), ``dtype`` (a string) and an
-            optional ``finite`` (a bool), or a spec :class:`FieldSpec` refuses.
+            FieldError: not a dict of ``shape`` (a list), ``dtype`` (a string), an
+            optional ``finite`` (a bool) and ``stack_axis`` (an int), or a spec
+            :class:`FieldSpec` refuses.
         """
+        axis = d.get("stack_axis") if isinstance(d, dict) else None
         if not isinstance(d, dict) or not isinstance(d.get("shape"), list) \
                 or not isinstance(d.get("dtype"), str) \
-                or not isinstance(d.get("finite", False), bool):
+                or not isinstance(d.get("finite", False), bool) \
+                or (axis is not None and (isinstance(axis, bool) or not isinstance(axis, int))):
             raise FieldError(f"field spec: expected {{'shape': [...], 'dtype': str, "
-                             f"'finite': bool}}, got {d!r:.200}")
-        return cls(tuple(d["shape"]), d["dtype"], d.get("finite", False))
+                             f"'finite': bool, 'stack_axis': int}}, got {d!r:.200}")
+        return cls(tuple(d["shape"]), d["dtype"], d.get("finite", False), axis)
 
     def describe(self) -> str:
-        """Human form, e.g. ``(None, 4) int32``."""
-        return f"{tuple(self.shape)} {self.dtype}"
+        """Human form, e.g. ``(None, 4) int32`` (``(4, 84, 84) uint8 stack_axis=0``)."""
+        stacked = "" if self.stack_axis is None else f" stack_axis={self.stack_axis}"
+        return f"{tuple(self.shape)} {self.dtype}{stacked}"
+
+
+def _stack_axis(shape: tuple[Any, ...], axis: Any) -> int:
+    """``axis`` of ``shape`` as a non-negative int.
+
+    Raises:
+        FieldError: not an int in ``[-ndim, ndim)``, or a ragged ``shape``.
+    """
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not (
+            -len(shape) <= axis < len(shape)) or None in shape:
+        raise FieldError(f"stack_axis: expected an axis of a fixed shape, in "
+                         f"[{-len(shape)}, {len(shape)}), for shape {shape}, got {axis!r}")
+    return int(axis) % len(shape)
 
 
 def supported_dtypes() -> str:

@@ -19,7 +19,7 @@ from rlbuffers.spec import FieldSpec
 from rlbuffers.storage.engine import new_tier, tier_of
 from rlbuffers.storage.layout import ChunkLayout, plan_stored_chunk_rows
 from rlbuffers.storage.location import LocalLocation, Location, fsync_path
-from rlbuffers.storage.manifest import Manifest
+from rlbuffers.storage.manifest import FORMAT_VERSION, STACKED_FORMAT_VERSION, Manifest
 from rlbuffers.storage.manifest_schema import check_limits
 from rlbuffers.storage.persistent import PersistentTier
 
@@ -50,9 +50,11 @@ def create_tier(
     seed: int | None,
     overwrite: bool,
     keep_commits: int,
+    next_of: Mapping[str, str] | None = None,
 ) -> PersistentTier:
     """Create an empty buffer at ``loc`` and commit it as commit 0 (arguments as for
-    ``ReplayBuffer.create``; ``internal``: the internal columns and their specs). On local
+    ``ReplayBuffer.create``; ``internal``: the internal columns and their specs; a buffer
+    with stacked fields or ``next_of`` is format 4, any other format 3). On local
     disk this is atomic: the buffer appears whole or not at all.
 
     Raises:
@@ -61,7 +63,7 @@ def create_tier(
     """
     capacity = positive_int("capacity", capacity)
     if chunk_transitions is None:
-        row = max(spec.estimate_bytes() for spec in fields.values())
+        row = max(spec.column.estimate_bytes() for spec in fields.values())
         chunk_transitions = max(1, min(capacity, AUTO_CHUNK_BYTES // max(row, 1)))
     base = positive_int("chunk_transitions", chunk_transitions)
     keep = positive_int("keep_commits", keep_commits)
@@ -75,14 +77,16 @@ def create_tier(
             raise BufferExistsError(f"{loc}: already exists and is not empty "
                                     "(pass overwrite=True)")
         loc.remove_tree("")
-    specs = {**fields, **internal}
+    specs = {**{n: s.column for n, s in fields.items()}, **internal}
+    stacked = next_of or any(s.stack_axis is not None for s in fields.values())
     manifest = Manifest(
         buffer_id=uuid.uuid4().hex,
         layout=ChunkLayout(capacity, base, plan_stored_chunk_rows(specs, base, capacity)),
         fields=dict(fields), codecs=codecs, internal=internal, ring=RingState(capacity),
         commit=0, committed_at=time.time(), sampler=sampler_state,
         rng=dict(np.random.Generator(np.random.PCG64(seed)).bit_generator.state),
-        keep_commits=keep,
+        keep_commits=keep, next_of=dict(next_of or {}),
+        format_version=STACKED_FORMAT_VERSION if stacked else FORMAT_VERSION,
     )
     if not isinstance(loc, LocalLocation):  # no directory rename: creation is not atomic
         return new_tier(loc, manifest)

@@ -28,6 +28,15 @@ MANIFEST = "manifest.json"
 #: added per-field chunk sizes (``field_chunk_transitions``); version 1 chunked every field by
 #: ``chunk_transitions``.
 FORMAT_VERSION = 3
+#: The format of a buffer with a frame-stacked field (``FieldSpec(stack_axis=)``) or a derived
+#: next field (``next_of``): version 3 plus ``stack_axis`` in a field spec (whose array then
+#: holds one frame per transition), the ``next_of`` key and the ``_head_<field>`` /
+#: ``_final_<field>`` internal columns (``docs/format.md``, "Frame stacks"). Written only for
+#: such buffers, so a format-3 reader refuses them (FormatVersionError) instead of misreading
+#: a frame column as whole stacks; every other buffer stays format 3.
+STACKED_FORMAT_VERSION = 4
+#: The newest format this code reads.
+READ_FORMAT_VERSION = STACKED_FORMAT_VERSION
 #: Commits kept readable by default (the newest and the one before it).
 KEEP_COMMITS = 2
 #: The JSON keys of :attr:`Manifest.commit` and :attr:`Manifest.keep_commits` in
@@ -58,6 +67,8 @@ class Manifest:
             fill value). None for format 1-2 manifests until the tier lists their chunks.
         keep_commits: how many of the newest commits stay readable (>= 1).
         format_version: the format this commit is in.
+        next_of: derived field name -> the stacked field it is the next observation of
+            (``ReplayBuffer.create(next_of=)``); it has no column of its own.
     """
 
     buffer_id: str
@@ -74,6 +85,7 @@ class Manifest:
     chunks: dict[str, dict[int, ChunkEntry]] | None = None
     keep_commits: int = KEEP_COMMITS
     format_version: int = FORMAT_VERSION
+    next_of: dict[str, str] = field(default_factory=dict)
 
     @property
     def capacity(self) -> int:
@@ -81,8 +93,9 @@ class Manifest:
 
     @property
     def specs(self) -> dict[str, FieldSpec]:
-        """Every column: user fields, then internal ones."""
-        return {**self.fields, **self.internal}
+        """Every column as stored per slot: user fields (a stacked field: one frame,
+        :attr:`FieldSpec.column`), then internal ones."""
+        return {**{n: s.column for n, s in self.fields.items()}, **self.internal}
 
     def replace(self, **changes: Any) -> Manifest:
         """A copy with ``changes`` (as :func:`dataclasses.replace`)."""
@@ -110,6 +123,8 @@ class Manifest:
             "sampler": self.sampler,
             "rng": self.rng,
         }
+        if self.next_of:
+            out["next_of"] = dict(self.next_of)
         if self.format_version >= 2:
             out["field_chunk_transitions"] = dict(self.layout.stored_chunk_rows)
         if self.format_version >= 3:
@@ -127,7 +142,7 @@ class Manifest:
             key breaks the schema (:mod:`rlbuffers.storage.manifest_schema`).
             FormatVersionError: written by a newer format version.
         """
-        version = check_version(data, where, FORMAT_VERSION)
+        version = check_version(data, where, READ_FORMAT_VERSION)
         data = upgrade(data)
         check_manifest_json(data, where)
         try:
@@ -150,6 +165,7 @@ class Manifest:
                     for n in [*data["fields"], *data["internal"]]},
                 keep_commits=data.get(KEEP_COMMITS_KEY, KEEP_COMMITS),
                 format_version=version,
+                next_of=dict(data.get("next_of", {})),
             )
         except (KeyError, TypeError, ValueError) as e:  # the schema should have caught it
             raise ManifestError(where, "?", "a manifest the schema accepts",

@@ -18,6 +18,7 @@ from typing import Any
 from rlbuffers import samplers
 from rlbuffers.compression import check_codec
 from rlbuffers.errors import FieldError, FormatVersionError, ManifestError, NotABufferError
+from rlbuffers.framestack import manifest_problem
 from rlbuffers.intmath import ceil_div
 from rlbuffers.spec import FieldSpec, field_name_problem
 
@@ -106,6 +107,11 @@ def check_manifest_json(data: dict[str, Any], where: str) -> None:
     _check_ring(data, where, capacity)
     _check_records(data, where)
     specs = _check_specs(data, where)
+    problem = manifest_problem({n: FieldSpec.from_dict(d) for n, d in data["fields"].items()},
+                               {n: FieldSpec.from_dict(d) for n, d in data["internal"].items()},
+                               data.get("next_of", {}), data["format_version"])
+    if problem:
+        raise _fail(where, *problem)
     _check_stored(data, where, specs, capacity, base)
     if "chunks" in data:
         _check_chunks(data["chunks"], where, specs, data["field_chunk_transitions"], capacity,
@@ -139,7 +145,7 @@ def check_arrays(arrays: dict[str, Any], data: dict[str, Any], where: str) -> No
         _check_filled(data, where, {**data["fields"], **data["internal"]})
     for key in ("fields", "internal"):
         for name, d in data[key].items():
-            spec = FieldSpec.from_dict(d)
+            spec = FieldSpec.from_dict(d).column
             meta = arrays.get(name)
             row = [] if spec.ragged else list(spec.row_shape)
             shape = [data["capacity"], *row]
@@ -160,7 +166,7 @@ def check_arrays(arrays: dict[str, Any], data: dict[str, Any], where: str) -> No
                 raise _fail(where, f"field_chunk_transitions.{name}", "the chunk shape of the "
                             f"array {name}/zarr.json, {got_chunks}", chunks)
             if isinstance(recorded, dict) and (recorded.get("shape"), recorded.get("dtype")) \
-                    != (d.get("shape"), FieldSpec.from_dict(d).dtype.str):
+                    != (list(spec.shape), spec.dtype.str):
                 raise _fail(where, f"{key}.{name}", f"the spec recorded in {name}/zarr.json, "
                             f"{recorded}", d)
 

@@ -313,7 +313,8 @@ class ZarrTier:
         chunks = {n: dict(t) for n, t in (self.manifest.chunks or {}).items()}
         for name, sizes in self._staged.items():
             chunks[name].update({c: (gen, size) for c, size in sizes.items()})
-        manifest = manifest.replace(chunks=chunks, format_version=FORMAT_VERSION)
+        manifest = manifest.replace(chunks=chunks, format_version=max(
+            FORMAT_VERSION, manifest.format_version))
         with _naming(self.loc.full(f"{VERSIONS}/g{gen}")):
             self.loc.sync_tree(f"{VERSIONS}/g{gen}")
         with _naming(self.loc.full(history_file(gen))):
