@@ -201,3 +201,4 @@ def test_grpo_refuses_an_eval_size_the_task_cannot_hold_out(tmp_path):
         train.main(["--task", "basic_arithmetic", "--task-config", TINY, "--train-size", "40",
                     "--eval-size", "50", "--run-dir", str(tmp_path / "x"),
                     "--model", str(make_tiny_lm_dir(tmp_path / "tiny"))])
+    assert not (tmp_path / "x").exists()  # refused before the run directory is made
