@@ -17,6 +17,7 @@ from rlbuffers.memory.budget import StepCost, plan_micro_batch
 from rlbuffers.memory.errors import MemoryBudgetError
 from trainers.guidance.config import Config
 from trainers.guidance.rollout import Policies
+from trainers.llm.checkpointing import activation_bytes
 from trainers.llm.policy_loss import clip_and_step
 
 log = logging.getLogger("trainers.guidance.policy")
@@ -112,29 +113,32 @@ def policy_step(policies: Policies, role: str, opt: torch.optim.Optimizer,
 def micro_batches(role: str, model: Any, budget: int | None, items: int, tokens_per_item: int,
                   chunk_tokens: int) -> tuple[AdaptiveMicroBatch, dict[str, Any]]:
     """The micro-batches of ``role``'s policy steps (``items`` utterances of at most
-    ``tokens_per_item`` tokens) from ``plan_micro_batch`` under ``budget`` bytes (a cost per
-    token estimated from the model's shape: fp32 activations of each decoder layer, plus one
-    LM-head chunk of ``chunk_tokens`` of logits and gradients), halved by
-    ``AdaptiveMicroBatch`` if the measured peak goes over it; whole batches when ``budget``
-    is None. Returns it and the plan as plain data (logged at INFO)."""
+    ``tokens_per_item`` tokens) from ``plan_micro_batch`` under ``budget`` bytes, with the
+    cost of an utterance *measured*: ``activation_bytes`` (the bytes autograd saves over
+    the decoder, profiled on this model with ``role``'s adapter active) for one row of
+    ``tokens_per_item`` tokens, plus one LM-head chunk of ``chunk_tokens`` logits and
+    gradients (fixed); ``AdaptiveMicroBatch`` halves it if the measured peak still goes over
+    the budget. Whole batches when ``budget`` is None. Returns it and the plan as plain data
+    (logged at INFO)."""
     if budget is None:
         plan: dict[str, Any] = {"budget_bytes": None, "micro_batch": items, "items": items}
         amb = AdaptiveMicroBatch(model)
     else:
-        c = model.config
-        per_token = 4 * c.num_hidden_layers * (10 * c.hidden_size + 4 * c.intermediate_size)
-        cost = StepCost(fixed_bytes=3 * 4 * chunk_tokens * c.vocab_size,
-                        bytes_per_token=per_token)
+        per_item = activation_bytes(model, tokens_per_item)
+        cost = StepCost(fixed_bytes=3 * 4 * chunk_tokens * model.config.vocab_size,
+                        bytes_per_item=per_item)
         try:
-            size = plan_micro_batch(budget, cost=cost, target_batch=items,
-                                    tokens_per_item=tokens_per_item).micro_batch
+            size = plan_micro_batch(budget, cost=cost, target_batch=items).micro_batch
         except MemoryBudgetError:
             size = 1
         plan = {"budget_bytes": budget, "micro_batch": size, "items": items,
-                "fixed_bytes": cost.fixed_bytes, "bytes_per_token": per_token}
+                "fixed_bytes": cost.fixed_bytes, "activation_bytes_per_item": per_item,
+                "tokens_per_item": tokens_per_item}
         amb = AdaptiveMicroBatch(model, max_micro_batch=size, budget_bytes=budget,
                                  grow_after=10)
-    log.info("micro-batch plan %s: %d of %d utterances (<= %d tokens each), budget %s",
-             role, plan["micro_batch"], items, tokens_per_item,
+    log.info("micro-batch plan %s: %d of %d utterances (<= %d tokens each; measured "
+             "activations %s per utterance), budget %s", role, plan["micro_batch"], items,
+             tokens_per_item, f"{plan['activation_bytes_per_item'] / MIB:,.1f} MiB"
+             if budget is not None else "-",
              "none" if budget is None else f"{budget / MIB:,.0f} MiB")
     return amb, plan
