@@ -209,60 +209,72 @@ def test_td_error_equals_a_naive_per_utterance_mean(tiny):
 
 # ----- the micro-batch plan from measured bytes ----------------------------------------------
 
-def test_micro_batch_plan_follows_the_measured_activation_bytes(tiny, monkeypatch):
+def test_micro_batch_plan_follows_the_measured_step_memory(tiny):
     lm, _ = tiny
+    from rlbuffers.memory.budget import StepCost
     from trainers.llm.model import load_causal_lm
 
     model, _ = load_causal_lm(lm)
+    fixed, per = 5_000_000, 100_000
     measured = []
 
-    def fake_bytes(m, tokens, *a, **kw):
-        measured.append(tokens)
-        return tokens * 1000
+    def measure():
+        measured.append(1)
+        return StepCost(fixed_bytes=fixed, bytes_per_item=per)
 
-    monkeypatch.setattr(gpolicy, "activation_bytes", fake_bytes)
-    fixed = 3 * 4 * 8 * model.config.vocab_size  # chunk_tokens 8
-    per = 100 * 1000
-    amb, plan = gpolicy.micro_batches("agent", model, fixed + int(3.5 * per), 10, 100, 8)
-    assert measured == [100] and plan["activation_bytes_per_item"] == per
+    amb, plan = gpolicy.micro_batches("agent", model, fixed + int(3.5 * per), 10, 100, measure)
+    assert measured == [1] and plan["activation_bytes_per_item"] == per
     assert plan["micro_batch"] == amb.micro_batch == 3  # 3 fit: 4 steps of 3, 3, 3, 1
-    _, plan = gpolicy.micro_batches("agent", model, fixed + 7 * per, 10, 100, 8)
+    _, plan = gpolicy.micro_batches("agent", model, fixed + 7 * per, 10, 100, measure)
     assert plan["micro_batch"] == 5  # 7 fit: 2 steps of 5
-    _, plan = gpolicy.micro_batches("agent", model, fixed + per // 2, 10, 100, 8)
+    _, plan = gpolicy.micro_batches("agent", model, fixed + per // 2, 10, 100, measure)
     assert plan["micro_batch"] == 1  # not even one fits: 1, AdaptiveMicroBatch watches
+    _, plan = gpolicy.micro_batches("agent", model, None, 10, 100, measure)
+    assert plan["micro_batch"] == 10 and len(measured) == 3  # no budget: nothing measured
 
 
-def test_build_plans_from_measured_bytes_of_the_longest_utterance(tiny, tmp_path, monkeypatch):
+def test_build_plans_from_the_measured_step_on_the_longest_utterances(tiny, tmp_path,
+                                                                      monkeypatch):
+    """The trainer measures the real step (probe_activation_bytes) on padded pairs of its
+    longest utterances, counted from the templates (not a fixed 512-token prompt), and plans
+    from what it measured."""
+    from rlbuffers.memory.budget import StepCost
+
     monkeypatch.setattr(train, "score", lambda problems, index, text: 0.0)
-    measured = []
+    probed = []
 
-    def fake_bytes(m, tokens, *a, **kw):
-        measured.append(tokens)
-        return 50_000 * tokens
+    def fake_probe(step_fn, make_batch, *, sizes, device=None, **kw):
+        batches = [make_batch(n) for n in sizes]
+        step_fn(batches[0])  # the real step runs on the probe's batch
+        probed.append([(b["attention_mask"].sum(1).tolist(), int(b["target"].sum()))
+                       for b in batches])
+        return StepCost(fixed_bytes=1000, bytes_per_item=50_000 * len(probed))
 
-    monkeypatch.setattr(gpolicy, "activation_bytes", fake_bytes)
+    monkeypatch.setattr(gpolicy, "probe_activation_bytes", fake_probe)
     cfg = parse_config(Config, args(tiny, tmp_path / "mb", "--iterations", "1",
-                                    "--memory-budget", str(2**30), "--hints-per-answer", "2"),
+                                    "--memory-budget", str(2**20), "--hints-per-answer", "2"),
                        prog="guidance", description="", resumable=set())
     run = train.build(cfg)
     try:
         plans = run.plans
-        row = train.iterate(run)
+        train.iterate(run)
         b = run.buf[np.arange(len(run.buf))]
     finally:
         run.close()
     agent, guide = plans["utterance_tokens_planned_agent"], plans[
         "utterance_tokens_planned_guidance"]
-    assert measured == [agent, guide] and agent != 512 + 2 * 8 + 6
-    assert plans["activation_bytes_per_utterance_agent"] == 50_000 * agent
-    fixed = 3 * 4 * cfg.chunk_tokens * 1024  # the tiny model's vocabulary
-    fits = (2**30 - fixed) // (50_000 * agent)
-    assert plans["micro_batch_planned_agent"] == min(fits, 3 * 3)
+    assert agent != 512 + 2 * 8 + 6
+    # agent: rows of `agent` tokens (the pair padded: one a token shorter), 8-token answers
+    assert probed[0] == [([agent], 8), ([agent, agent - 1], 16)]
+    assert probed[1] == [([guide], 6), ([guide, guide - 1], 12)]
+    assert plans["activation_bytes_per_utterance_agent"] == 50_000
+    assert plans["activation_bytes_per_utterance_guidance"] == 100_000
+    assert plans["micro_batch_planned_agent"] == min((2**20 - 1000) // 50_000, 3 * 3)
+    assert plans["micro_batch_planned_guidance"] == min((2**20 - 1000) // 100_000, 3 * 2)
     # the planned lengths bound the real utterances
     lens = [len(o) + len(a) for o, a in zip(b["observation_ids"], b["action_ids"], strict=True)]
     assert max(x for x, t in zip(lens, b["turn"], strict=True) if t != 1) <= agent
     assert max(x for x, t in zip(lens, b["turn"], strict=True) if t == 1) <= guide
-    assert row["memory_budget_bytes"] == 2**30
 
 
 def test_default_memory_budget_is_2_gib_and_auto_reads_the_device():

@@ -7,17 +7,18 @@ the micro-batch plan of a step."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
 from rlbuffers.memory import AdaptiveMicroBatch, token_logprobs
-from rlbuffers.memory.budget import StepCost, plan_micro_batch
+from rlbuffers.memory.budget import StepCost, plan_micro_batch, probe_activation_bytes
 from rlbuffers.memory.errors import MemoryBudgetError
 from trainers.guidance.config import Config
 from trainers.guidance.rollout import Policies
-from trainers.llm.checkpointing import activation_bytes
+from trainers.llm.device import to_device
 from trainers.llm.policy_loss import clip_and_step
 
 log = logging.getLogger("trainers.guidance.policy")
@@ -110,35 +111,60 @@ def policy_step(policies: Policies, role: str, opt: torch.optim.Optimizer,
             "micro_batch": stats.micro_batch, "retries": stats.retries}
 
 
+def utterance_step_cost(policies: Policies, role: str, tokens: int, action_tokens: int,
+                        pad_id: int, cfg: Config) -> StepCost:
+    """The measured memory of ``role``'s policy step per utterance of ``tokens`` tokens
+    (``action_tokens`` of them the action): ``probe_activation_bytes`` runs the real step
+    (decoder forward with the attention mask, chunked LM-head log-probs, backward into the
+    adapter's gradients) on 1 and 2 such utterances and fits a fixed part and a part per
+    utterance (on a CUDA device its allocator peak, else the process RSS). The second
+    utterance is one token shorter, so the pair is padded as real batches are (a masked
+    attention path costs more than an unpadded one). Gradients are zeroed afterwards."""
+    model = policies.use(role)
+    model.train()
+    device = next(model.parameters()).device
+
+    def make_batch(n: int) -> dict[str, torch.Tensor]:
+        obs = [np.full(tokens - action_tokens - (i % 2), 3, np.int64) for i in range(n)]
+        acts = [np.full(action_tokens, 3, np.int64) for _ in range(n)]
+        return to_device(utterance_batch(obs, acts, pad_id, np.ones(n)), device)
+
+    def step(micro: dict[str, torch.Tensor]) -> None:
+        lp = utterance_logprobs(model, micro, chunk_tokens=cfg.chunk_tokens,
+                                temperature=cfg.temperature)
+        (lp * micro["weight"][micro["target"]]).sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    return probe_activation_bytes(step, make_batch, sizes=(1, 2),
+                                  device=device if device.type == "cuda" else None)
+
+
 def micro_batches(role: str, model: Any, budget: int | None, items: int, tokens_per_item: int,
-                  chunk_tokens: int) -> tuple[AdaptiveMicroBatch, dict[str, Any]]:
+                  measure: Callable[[], StepCost]) -> tuple[AdaptiveMicroBatch, dict[str, Any]]:
     """The micro-batches of ``role``'s policy steps (``items`` utterances of at most
     ``tokens_per_item`` tokens) from ``plan_micro_batch`` under ``budget`` bytes, with the
-    cost of an utterance *measured*: ``activation_bytes`` (the bytes autograd saves over
-    the decoder, profiled on this model with ``role``'s adapter active) for one row of
-    ``tokens_per_item`` tokens, plus one LM-head chunk of ``chunk_tokens`` logits and
-    gradients (fixed); ``AdaptiveMicroBatch`` halves it if the measured peak still goes over
-    the budget. Whole batches when ``budget`` is None. Returns it and the plan as plain data
-    (logged at INFO)."""
+    cost of an utterance *measured* by ``measure()`` (:func:`utterance_step_cost`);
+    ``AdaptiveMicroBatch`` halves it if the measured peak still goes over the budget. Whole
+    batches (and nothing measured) when ``budget`` is None. Returns it and the plan as plain
+    data (logged at INFO)."""
     if budget is None:
         plan: dict[str, Any] = {"budget_bytes": None, "micro_batch": items, "items": items}
         amb = AdaptiveMicroBatch(model)
     else:
-        per_item = activation_bytes(model, tokens_per_item)
-        cost = StepCost(fixed_bytes=3 * 4 * chunk_tokens * model.config.vocab_size,
-                        bytes_per_item=per_item)
+        cost = measure()
         try:
             size = plan_micro_batch(budget, cost=cost, target_batch=items).micro_batch
         except MemoryBudgetError:
             size = 1
         plan = {"budget_bytes": budget, "micro_batch": size, "items": items,
-                "fixed_bytes": cost.fixed_bytes, "activation_bytes_per_item": per_item,
+                "fixed_bytes": cost.fixed_bytes, "activation_bytes_per_item": cost.bytes_per_item,
                 "tokens_per_item": tokens_per_item}
         amb = AdaptiveMicroBatch(model, max_micro_batch=size, budget_bytes=budget,
                                  grow_after=10)
-    log.info("micro-batch plan %s: %d of %d utterances (<= %d tokens each; measured "
-             "activations %s per utterance), budget %s", role, plan["micro_batch"], items,
-             tokens_per_item, f"{plan['activation_bytes_per_item'] / MIB:,.1f} MiB"
-             if budget is not None else "-",
-             "none" if budget is None else f"{budget / MIB:,.0f} MiB")
+    measured = "-" if budget is None else (f"{plan['fixed_bytes'] / MIB:,.1f} MiB + "
+                                           f"{plan['activation_bytes_per_item'] / MIB:,.1f} "
+                                           "MiB per utterance")
+    log.info("micro-batch plan %s: %d of %d utterances (<= %d tokens each; measured step "
+             "memory %s), budget %s", role, plan["micro_batch"], items, tokens_per_item,
+             measured, "none" if budget is None else f"{budget / MIB:,.0f} MiB")
     return amb, plan

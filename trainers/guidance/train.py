@@ -50,6 +50,7 @@ from trainers.guidance.policy import (
     policy_step,
     utterance_batch,
     utterance_reference_logprobs,
+    utterance_step_cost,
 )
 from trainers.guidance.rollout import (
     POLICIES,
@@ -323,7 +324,8 @@ def build(cfg: Config) -> Learner:
         problems = task_problems(cfg.task, cfg.train_size, cfg.seed, cfg.task_config)
         longest = longest_utterances(tok, [problems[i]["question"] for i in range(len(problems))],
                                      cfg.max_answer_tokens, cfg.max_hint_tokens)
-        opts, ambs, plans = setup_updates(cfg, device, policies, critic, plan, longest)
+        opts, ambs, plans = setup_updates(cfg, device, policies, tok, critic, plan,
+                                          longest)
         learner = Learner(
             cfg=cfg, device=device, policies=policies, tok=tok, critic=critic, target=target,
             ctok=ctok, opts=opts, ambs=ambs, run=run, pool=pool, problems=problems,
@@ -341,13 +343,13 @@ def build(cfg: Config) -> Learner:
     return learner
 
 
-def setup_updates(cfg: Config, device: torch.device, policies: Policies, critic: DoubleCritic,
-                  plan: Any, longest: dict[str, int]
+def setup_updates(cfg: Config, device: torch.device, policies: Policies, tok: Any,
+                  critic: DoubleCritic, plan: Any, longest: dict[str, int]
                   ) -> tuple[dict[str, torch.optim.Optimizer], dict[str, AdaptiveMicroBatch],
                              dict[str, Any]]:
     """The three AdamW optimizers, each adapter's micro-batches (planned under the policy
-    step's budget on ``device`` from measured activation bytes of its ``longest[role]``-token
-    utterance) and gradient checkpointing of the policy model(s); returns the optimizers, the
+    step's budget on ``device`` from the measured memory of steps on its ``longest[role]``-token
+    utterances) and gradient checkpointing of the policy model(s); returns the optimizers, the
     micro-batches and the plans' numbers (logged at INFO)."""
     opts: dict[str, torch.optim.Optimizer] = {
         "agent": torch.optim.AdamW(policies.adapter_params("agent"), lr=cfg.actor_lr,
@@ -360,9 +362,12 @@ def setup_updates(cfg: Config, device: torch.device, policies: Policies, critic:
              "none" if budget is None else f"{budget / MIB:,.0f} MiB", cfg.memory_budget, device)
     E, K = cfg.episodes_per_iteration, cfg.hints_per_answer
     ambs, plans = {}, {"memory_budget_bytes": budget, **describe(plan)}
-    for role, items in (("agent", E * (1 + K)), ("guidance", E * K)):
+    for role, items, action in (("agent", E * (1 + K), cfg.max_answer_tokens),
+                                ("guidance", E * K, cfg.max_hint_tokens)):
+        measure = partial(utterance_step_cost, policies, role, longest[role], action,
+                          tok.pad_token_id, cfg)
         ambs[role], mb = micro_batches(role, policies.use(role), budget, items, longest[role],
-                                       cfg.chunk_tokens)
+                                       measure)
         plans[f"micro_batch_planned_{role}"] = mb["micro_batch"]
         plans[f"utterance_tokens_planned_{role}"] = longest[role]
         if "activation_bytes_per_item" in mb:
