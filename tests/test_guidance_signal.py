@@ -215,40 +215,38 @@ def test_micro_batch_plan_follows_the_measured_step_memory(tiny):
     from trainers.llm.model import load_causal_lm
 
     model, _ = load_causal_lm(lm)
-    fixed, per = 5_000_000, 100_000
-    measured = []
-
-    def measure():
-        measured.append(1)
-        return StepCost(fixed_bytes=fixed, bytes_per_item=per)
-
-    amb, plan = gpolicy.micro_batches("agent", model, fixed + int(3.5 * per), 10, 100, measure)
-    assert measured == [1] and plan["activation_bytes_per_item"] == per
+    fixed, per = 5_000_000, 1_000  # bytes per token: 100_000 per 100-token utterance
+    cost = StepCost(fixed_bytes=fixed, bytes_per_token=per)
+    amb, plan = gpolicy.micro_batches("agent", model, fixed + int(3.5 * 100 * per), 10, 100,
+                                      cost)
+    assert plan["activation_bytes_per_item"] == 100 * per
     assert plan["micro_batch"] == amb.micro_batch == 3  # 3 fit: 4 steps of 3, 3, 3, 1
-    _, plan = gpolicy.micro_batches("agent", model, fixed + 7 * per, 10, 100, measure)
+    _, plan = gpolicy.micro_batches("agent", model, fixed + 7 * 100 * per, 10, 100, cost)
     assert plan["micro_batch"] == 5  # 7 fit: 2 steps of 5
-    _, plan = gpolicy.micro_batches("agent", model, fixed + per // 2, 10, 100, measure)
+    _, plan = gpolicy.micro_batches("agent", model, fixed + 7 * 100 * per, 10, 50, cost)
+    assert plan["micro_batch"] == 10  # half as long: 14 fit, the whole batch
+    _, plan = gpolicy.micro_batches("agent", model, fixed + 50 * per, 10, 100, cost)
     assert plan["micro_batch"] == 1  # not even one fits: 1, AdaptiveMicroBatch watches
-    _, plan = gpolicy.micro_batches("agent", model, None, 10, 100, measure)
-    assert plan["micro_batch"] == 10 and len(measured) == 3  # no budget: nothing measured
+    _, plan = gpolicy.micro_batches("agent", model, None, 10, 100, None)
+    assert plan["micro_batch"] == 10  # no budget: whole batches
 
 
 def test_build_plans_from_the_measured_step_on_the_longest_utterances(tiny, tmp_path,
                                                                       monkeypatch):
-    """The trainer measures the real step (probe_activation_bytes) on padded pairs of its
-    longest utterances, counted from the templates (not a fixed 512-token prompt), and plans
-    from what it measured."""
+    """The trainer measures the real step (probe_activation_bytes, once) on padded pairs of
+    the agent's longest utterances, counted from the templates (not a fixed 512-token prompt),
+    and plans both roles from the bytes per token it measured."""
     from rlbuffers.memory.budget import StepCost
 
     monkeypatch.setattr(train, "score", lambda problems, index, text: 0.0)
     probed = []
 
-    def fake_probe(step_fn, make_batch, *, sizes, device=None, **kw):
+    def fake_probe(step_fn, make_batch, *, sizes, tokens_per_item=None, device=None):
         batches = [make_batch(n) for n in sizes]
         step_fn(batches[0])  # the real step runs on the probe's batch
-        probed.append([(b["attention_mask"].sum(1).tolist(), int(b["target"].sum()))
-                       for b in batches])
-        return StepCost(fixed_bytes=1000, bytes_per_item=50_000 * len(probed))
+        probed.append(([(b["attention_mask"].sum(1).tolist(), int(b["target"].sum()))
+                        for b in batches], tokens_per_item))
+        return StepCost(fixed_bytes=1000, bytes_per_token=500)
 
     monkeypatch.setattr(gpolicy, "probe_activation_bytes", fake_probe)
     cfg = parse_config(Config, args(tiny, tmp_path / "mb", "--iterations", "1",
@@ -264,13 +262,17 @@ def test_build_plans_from_the_measured_step_on_the_longest_utterances(tiny, tmp_
     agent, guide = plans["utterance_tokens_planned_agent"], plans[
         "utterance_tokens_planned_guidance"]
     assert agent != 512 + 2 * 8 + 6
-    # agent: rows of `agent` tokens (the pair padded: one a token shorter), 8-token answers
-    assert probed[0] == [([agent], 8), ([agent, agent - 1], 16)]
-    assert probed[1] == [([guide], 6), ([guide, guide - 1], 12)]
-    assert plans["activation_bytes_per_utterance_agent"] == 50_000
-    assert plans["activation_bytes_per_utterance_guidance"] == 100_000
-    assert plans["micro_batch_planned_agent"] == min((2**20 - 1000) // 50_000, 3 * 3)
-    assert plans["micro_batch_planned_guidance"] == min((2**20 - 1000) // 100_000, 3 * 2)
+    # once, on rows of `agent` tokens (the pair padded: one a token shorter), 8-token answers
+    assert probed == [([([agent], 8), ([agent, agent - 1], 16)], agent)]
+    assert plans["activation_bytes_per_utterance_agent"] == 500 * agent
+    assert plans["activation_bytes_per_utterance_guidance"] == 500 * guide
+
+    def even(fits, items):  # plan_micro_batch: the fewest steps, split evenly
+        steps = -(-items // min(fits, items))
+        return -(-items // steps)
+
+    assert plans["micro_batch_planned_agent"] == even((2**20 - 1000) // (500 * agent), 3 * 3)
+    assert plans["micro_batch_planned_guidance"] == even((2**20 - 1000) // (500 * guide), 3 * 2)
     # the planned lengths bound the real utterances
     lens = [len(o) + len(a) for o, a in zip(b["observation_ids"], b["action_ids"], strict=True)]
     assert max(x for x, t in zip(lens, b["turn"], strict=True) if t != 1) <= agent

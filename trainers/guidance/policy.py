@@ -7,7 +7,6 @@ the micro-batch plan of a step."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -113,13 +112,15 @@ def policy_step(policies: Policies, role: str, opt: torch.optim.Optimizer,
 
 def utterance_step_cost(policies: Policies, role: str, tokens: int, action_tokens: int,
                         pad_id: int, cfg: Config) -> StepCost:
-    """The measured memory of ``role``'s policy step per utterance of ``tokens`` tokens
-    (``action_tokens`` of them the action): ``probe_activation_bytes`` runs the real step
-    (decoder forward with the attention mask, chunked LM-head log-probs, backward into the
-    adapter's gradients) on 1 and 2 such utterances and fits a fixed part and a part per
-    utterance (on a CUDA device its allocator peak, else the process RSS). The second
-    utterance is one token shorter, so the pair is padded as real batches are (a masked
-    attention path costs more than an unpadded one). Gradients are zeroed afterwards."""
+    """The measured memory of a policy step per token, on utterances of ``tokens`` tokens
+    (``action_tokens`` of them the action): ``probe_activation_bytes`` runs ``role``'s real
+    step (decoder forward with the attention mask, chunked LM-head log-probs, backward into the
+    adapter's gradients) on 1 and 2 such utterances and fits a fixed part and a part per token
+    (on a CUDA device its allocator peak, else the process RSS). The second utterance is one
+    token shorter, so the pair is padded as real batches are (a masked attention path costs
+    more than an unpadded one). Measured once, on the longest utterances (the agent's): a
+    second probe in the same process reads less, since the allocator keeps the first one's
+    freed pages. Gradients are zeroed afterwards."""
     model = policies.use(role)
     model.train()
     device = next(model.parameters()).device
@@ -135,29 +136,29 @@ def utterance_step_cost(policies: Policies, role: str, tokens: int, action_token
         (lp * micro["weight"][micro["target"]]).sum().backward()
         model.zero_grad(set_to_none=True)
 
-    return probe_activation_bytes(step, make_batch, sizes=(1, 2),
+    return probe_activation_bytes(step, make_batch, sizes=(1, 2), tokens_per_item=tokens,
                                   device=device if device.type == "cuda" else None)
 
 
 def micro_batches(role: str, model: Any, budget: int | None, items: int, tokens_per_item: int,
-                  measure: Callable[[], StepCost]) -> tuple[AdaptiveMicroBatch, dict[str, Any]]:
+                  cost: StepCost | None) -> tuple[AdaptiveMicroBatch, dict[str, Any]]:
     """The micro-batches of ``role``'s policy steps (``items`` utterances of at most
-    ``tokens_per_item`` tokens) from ``plan_micro_batch`` under ``budget`` bytes, with the
-    cost of an utterance *measured* by ``measure()`` (:func:`utterance_step_cost`);
-    ``AdaptiveMicroBatch`` halves it if the measured peak still goes over the budget. Whole
-    batches (and nothing measured) when ``budget`` is None. Returns it and the plan as plain
-    data (logged at INFO)."""
-    if budget is None:
+    ``tokens_per_item`` tokens) from ``plan_micro_batch`` under ``budget`` bytes with the
+    measured ``cost`` (:func:`utterance_step_cost`: bytes per token); ``AdaptiveMicroBatch``
+    halves it if the measured peak still goes over the budget. Whole batches when ``budget``
+    is None. Returns it and the plan as plain data (logged at INFO)."""
+    if budget is None or cost is None:
         plan: dict[str, Any] = {"budget_bytes": None, "micro_batch": items, "items": items}
         amb = AdaptiveMicroBatch(model)
     else:
-        cost = measure()
         try:
-            size = plan_micro_batch(budget, cost=cost, target_batch=items).micro_batch
+            size = plan_micro_batch(budget, cost=cost, target_batch=items,
+                                    tokens_per_item=tokens_per_item).micro_batch
         except MemoryBudgetError:
             size = 1
+        per_item = cost.bytes_per_item + cost.bytes_per_token * tokens_per_item
         plan = {"budget_bytes": budget, "micro_batch": size, "items": items,
-                "fixed_bytes": cost.fixed_bytes, "activation_bytes_per_item": cost.bytes_per_item,
+                "fixed_bytes": cost.fixed_bytes, "activation_bytes_per_item": per_item,
                 "tokens_per_item": tokens_per_item}
         amb = AdaptiveMicroBatch(model, max_micro_batch=size, budget_bytes=budget,
                                  grow_after=10)

@@ -348,9 +348,10 @@ def setup_updates(cfg: Config, device: torch.device, policies: Policies, tok: An
                   ) -> tuple[dict[str, torch.optim.Optimizer], dict[str, AdaptiveMicroBatch],
                              dict[str, Any]]:
     """The three AdamW optimizers, each adapter's micro-batches (planned under the policy
-    step's budget on ``device`` from the measured memory of steps on its ``longest[role]``-token
-    utterances) and gradient checkpointing of the policy model(s); returns the optimizers, the
-    micro-batches and the plans' numbers (logged at INFO)."""
+    step's budget on ``device`` from the memory per token of the agent's step measured on its
+    longest utterances, for each role's ``longest[role]``-token utterances) and gradient
+    checkpointing of the policy model(s); returns the optimizers, the micro-batches and the
+    plans' numbers (logged at INFO)."""
     opts: dict[str, torch.optim.Optimizer] = {
         "agent": torch.optim.AdamW(policies.adapter_params("agent"), lr=cfg.actor_lr,
                                    weight_decay=0.0),
@@ -362,12 +363,11 @@ def setup_updates(cfg: Config, device: torch.device, policies: Policies, tok: An
              "none" if budget is None else f"{budget / MIB:,.0f} MiB", cfg.memory_budget, device)
     E, K = cfg.episodes_per_iteration, cfg.hints_per_answer
     ambs, plans = {}, {"memory_budget_bytes": budget, **describe(plan)}
-    for role, items, action in (("agent", E * (1 + K), cfg.max_answer_tokens),
-                                ("guidance", E * K, cfg.max_hint_tokens)):
-        measure = partial(utterance_step_cost, policies, role, longest[role], action,
-                          tok.pad_token_id, cfg)
+    cost = None if budget is None else utterance_step_cost(  # once: the longest utterances
+        policies, "agent", longest["agent"], cfg.max_answer_tokens, tok.pad_token_id, cfg)
+    for role, items in (("agent", E * (1 + K)), ("guidance", E * K)):
         ambs[role], mb = micro_batches(role, policies.use(role), budget, items, longest[role],
-                                       measure)
+                                       cost)
         plans[f"micro_batch_planned_{role}"] = mb["micro_batch"]
         plans[f"utterance_tokens_planned_{role}"] = longest[role]
         if "activation_bytes_per_item" in mb:
