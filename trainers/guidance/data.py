@@ -26,32 +26,41 @@ def next_problems(n: int, size: int, seed: int, data: dict[str, int]) -> list[in
 
 
 def buffer_fields() -> dict[str, FieldSpec]:
-    """One utterance per transition; an episode is three (``done`` on the last)."""
+    """One utterance per transition: a problem's turn 1 (``turn`` 0, ``hint`` -1), then per
+    hint k its hint (``turn`` 1) and revision (``turn`` 2, ``done``), ``hint`` k; ``episode``
+    is the problem's (its turn-1 answer's) id, shared by its K two-turn episodes."""
     ragged = FieldSpec((None,), "int32")
     return {"observation_ids": ragged, "action_ids": ragged, "next_observation_ids": ragged,
-            "turn": FieldSpec((), "int8"), "episode": FieldSpec((), "int64"),
-            "iteration": FieldSpec((), "int64"), "reward": FieldSpec((), "float32"),
-            "correctness": FieldSpec((), "float32"), "length_limited": FieldSpec((), "bool"),
-            "done": FieldSpec((), "bool")}
+            "turn": FieldSpec((), "int8"), "hint": FieldSpec((), "int16"),
+            "episode": FieldSpec((), "int64"), "iteration": FieldSpec((), "int64"),
+            "reward": FieldSpec((), "float32"), "correctness": FieldSpec((), "float32"),
+            "length_limited": FieldSpec((), "bool"), "done": FieldSpec((), "bool")}
 
 
 def episode_rows(episodes: list[dict[str, Any]], scores: np.ndarray, first: int,
                  iteration: int) -> dict[str, Any]:
-    """Buffer rows of episodes (3 utterances each, episode ids from ``first``); ``scores``
-    float32[E, 2] (turn 1, turn 2); the reward is turn 2's score, at the last utterance."""
+    """Buffer rows of problems (``1 + 2K`` utterances each in :func:`~trainers.guidance.
+    rollout.play`'s order, ids from ``first``); ``scores`` float32[E, 1 + K] (turn 1, then
+    turn 2 after each hint). Rewards: turn 1 its own correctness (a direct reward), a hint 0,
+    a turn 2 its correctness; a hint's next observation is its revision's prompt, turn 1's
+    the guidance prompt (the same for every hint)."""
     empty = np.zeros(0, np.int32)
     rows: dict[str, list[Any]] = {k: [] for k in buffer_fields()}
     for e, ep in enumerate(episodes):
-        for k in range(3):
-            rows["observation_ids"].append(ep["observations"][k])
-            rows["action_ids"].append(ep["actions"][k])
-            rows["next_observation_ids"].append(ep["observations"][k + 1] if k < 2 else empty)
-            rows["turn"].append(k)
+        hints = (len(ep["actions"]) - 1) // 2
+        for u in range(1 + 2 * hints):
+            turn, k = (0, -1) if u == 0 else (1 if u % 2 else 2, (u - 1) // 2)
+            rows["observation_ids"].append(ep["observations"][u])
+            rows["action_ids"].append(ep["actions"][u])
+            rows["next_observation_ids"].append(ep["observations"][u + 1] if turn < 2 else empty)
+            rows["turn"].append(turn)
+            rows["hint"].append(k)
             rows["episode"].append(first + e)
             rows["iteration"].append(iteration)
-            rows["reward"].append(scores[e, 1] if k == 2 else 0.0)
-            rows["correctness"].append(scores[e, k // 2] if k != 1 else np.nan)
-            rows["length_limited"].append(ep["truncated"][k])
-            rows["done"].append(k == 2)
+            score = scores[e, 0] if turn == 0 else scores[e, 1 + k]
+            rows["reward"].append(0.0 if turn == 1 else score)
+            rows["correctness"].append(np.nan if turn == 1 else score)
+            rows["length_limited"].append(ep["truncated"][u])
+            rows["done"].append(turn == 2)
     return {k: v if k.endswith("_ids") else np.asarray(v, dtype=buffer_fields()[k].dtype)
             for k, v in rows.items()}

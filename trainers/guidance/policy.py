@@ -13,10 +13,11 @@ import numpy as np
 import torch
 
 from rlbuffers.memory import AdaptiveMicroBatch, token_logprobs
-from rlbuffers.memory.budget import StepCost, plan_micro_batch
+from rlbuffers.memory.budget import StepCost, plan_micro_batch, probe_activation_bytes
 from rlbuffers.memory.errors import MemoryBudgetError
 from trainers.guidance.config import Config
 from trainers.guidance.rollout import Policies
+from trainers.llm.device import to_device
 from trainers.llm.policy_loss import clip_and_step
 
 log = logging.getLogger("trainers.guidance.policy")
@@ -109,32 +110,62 @@ def policy_step(policies: Policies, role: str, opt: torch.optim.Optimizer,
             "micro_batch": stats.micro_batch, "retries": stats.retries}
 
 
+def utterance_step_cost(policies: Policies, role: str, tokens: int, action_tokens: int,
+                        pad_id: int, cfg: Config) -> StepCost:
+    """The measured memory of a policy step per token, on utterances of ``tokens`` tokens
+    (``action_tokens`` of them the action): ``probe_activation_bytes`` runs ``role``'s real
+    step (decoder forward with the attention mask, chunked LM-head log-probs, backward into the
+    adapter's gradients) on 1 and 2 such utterances and fits a fixed part and a part per token
+    (on a CUDA device its allocator peak, else the process RSS). The second utterance is one
+    token shorter, so the pair is padded as real batches are (a masked attention path costs
+    more than an unpadded one). Measured once, on the longest utterances (the agent's): a
+    second probe in the same process reads less, since the allocator keeps the first one's
+    freed pages. Gradients are zeroed afterwards."""
+    model = policies.use(role)
+    model.train()
+    device = next(model.parameters()).device
+
+    def make_batch(n: int) -> dict[str, torch.Tensor]:
+        obs = [np.full(tokens - action_tokens - (i % 2), 3, np.int64) for i in range(n)]
+        acts = [np.full(action_tokens, 3, np.int64) for _ in range(n)]
+        return to_device(utterance_batch(obs, acts, pad_id, np.ones(n)), device)
+
+    def step(micro: dict[str, torch.Tensor]) -> None:
+        lp = utterance_logprobs(model, micro, chunk_tokens=cfg.chunk_tokens,
+                                temperature=cfg.temperature)
+        (lp * micro["weight"][micro["target"]]).sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    return probe_activation_bytes(step, make_batch, sizes=(1, 2), tokens_per_item=tokens,
+                                  device=device if device.type == "cuda" else None)
+
+
 def micro_batches(role: str, model: Any, budget: int | None, items: int, tokens_per_item: int,
-                  chunk_tokens: int) -> tuple[AdaptiveMicroBatch, dict[str, Any]]:
+                  cost: StepCost | None) -> tuple[AdaptiveMicroBatch, dict[str, Any]]:
     """The micro-batches of ``role``'s policy steps (``items`` utterances of at most
-    ``tokens_per_item`` tokens) from ``plan_micro_batch`` under ``budget`` bytes (a cost per
-    token estimated from the model's shape: fp32 activations of each decoder layer, plus one
-    LM-head chunk of ``chunk_tokens`` of logits and gradients), halved by
-    ``AdaptiveMicroBatch`` if the measured peak goes over it; whole batches when ``budget``
+    ``tokens_per_item`` tokens) from ``plan_micro_batch`` under ``budget`` bytes with the
+    measured ``cost`` (:func:`utterance_step_cost`: bytes per token); ``AdaptiveMicroBatch``
+    halves it if the measured peak still goes over the budget. Whole batches when ``budget``
     is None. Returns it and the plan as plain data (logged at INFO)."""
-    if budget is None:
+    if budget is None or cost is None:
         plan: dict[str, Any] = {"budget_bytes": None, "micro_batch": items, "items": items}
         amb = AdaptiveMicroBatch(model)
     else:
-        c = model.config
-        per_token = 4 * c.num_hidden_layers * (10 * c.hidden_size + 4 * c.intermediate_size)
-        cost = StepCost(fixed_bytes=3 * 4 * chunk_tokens * c.vocab_size,
-                        bytes_per_token=per_token)
         try:
             size = plan_micro_batch(budget, cost=cost, target_batch=items,
                                     tokens_per_item=tokens_per_item).micro_batch
         except MemoryBudgetError:
             size = 1
+        per_item = cost.bytes_per_item + cost.bytes_per_token * tokens_per_item
         plan = {"budget_bytes": budget, "micro_batch": size, "items": items,
-                "fixed_bytes": cost.fixed_bytes, "bytes_per_token": per_token}
+                "fixed_bytes": cost.fixed_bytes, "activation_bytes_per_item": per_item,
+                "tokens_per_item": tokens_per_item}
         amb = AdaptiveMicroBatch(model, max_micro_batch=size, budget_bytes=budget,
                                  grow_after=10)
-    log.info("micro-batch plan %s: %d of %d utterances (<= %d tokens each), budget %s",
-             role, plan["micro_batch"], items, tokens_per_item,
-             "none" if budget is None else f"{budget / MIB:,.0f} MiB")
+    measured = "-" if budget is None else (f"{plan['fixed_bytes'] / MIB:,.1f} MiB + "
+                                           f"{plan['activation_bytes_per_item'] / MIB:,.1f} "
+                                           "MiB per utterance")
+    log.info("micro-batch plan %s: %d of %d utterances (<= %d tokens each; measured step "
+             "memory %s), budget %s", role, plan["micro_batch"], items, tokens_per_item,
+             measured, "none" if budget is None else f"{budget / MIB:,.0f} MiB")
     return amb, plan

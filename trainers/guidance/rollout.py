@@ -22,7 +22,6 @@ from trainers.llm.settings import Sampling
 from trainers.llm.tasks import SYSTEM, render
 
 ROLES = ("agent", "guidance")
-TURN_ROLE = ("agent", "guidance", "agent")  # utterance k of an episode is written by ...
 GUIDE_SYSTEM = ("You are a math tutor. Read the problem and the student's answer, then write one "
                 "short hint that helps the student check or fix it. Do not give the final answer.")
 
@@ -136,33 +135,53 @@ def worker_policies(cfg: Config) -> tuple[Policies, Any]:
 
 
 def play(policies: Policies, tok: Any, questions: list[str], sampling: Sampling, *,
-         max_answer_tokens: int, max_hint_tokens: int, greedy: bool = False) -> dict[str, Any]:
-    """Episodes of ``questions``: turn 1, hint, turn 2, each batched over the episodes, the
-    answers at most ``max_answer_tokens`` long and the hint ``max_hint_tokens`` (``greedy``:
-    argmax decoding, for evaluation).
-    Returns ``observations``, ``actions`` (int32 token arrays), ``texts`` and ``truncated``,
-    each a list per episode of its 3 utterances."""
+         max_answer_tokens: int, max_hint_tokens: int, hints: int,
+         greedy: bool = False) -> dict[str, Any]:
+    """Episodes of ``questions``: turn 1, then ``hints`` hints of the guidance model on that
+    answer and a turn 2 after each, every utterance batched over the questions; answers at
+    most ``max_answer_tokens`` long, hints ``max_hint_tokens`` (``greedy``: argmax decoding,
+    for evaluation). Returns ``observations``, ``actions`` (int32 token arrays), ``texts`` and
+    ``truncated``, each a list per question of its ``1 + 2 * hints`` utterances in the order
+    turn 1, hint 1, turn 2 after hint 1, hint 2, ... (so an utterance's next observation is
+    the next one's observation, except a turn 2's)."""
     encode = lambda text: np.asarray(tok.encode(text, add_special_tokens=False))  # noqa: E731
-    obs, acts, texts, cut = [], [], [], []
-    prompts = [encode(render(tok, q)) for q in questions]
-    for turn, role in enumerate(TURN_ROLE):
+    n = len(questions)
+
+    def run(role: str, prompts: list[np.ndarray], per: int) -> tuple[list[Any], ...]:
         max_new = max_hint_tokens if role == "guidance" else max_answer_tokens
-        out = generate(policies.use(role), tok, prompts, sampling, n_per_prompt=1,
+        out = generate(policies.use(role), tok, prompts, sampling, n_per_prompt=per,
                        max_new=max_new, greedy=greedy)
-        obs.append(prompts)
-        acts.append([c for c, _ in out])
-        cut.append([t for _, t in out])
-        texts.append(tok.batch_decode(acts[-1], skip_special_tokens=True))
-        if turn == 0:
-            prompts = [encode(guidance_prompt(tok, q, a))
-                       for q, a in zip(questions, texts[0], strict=True)]
-        elif turn == 1:
-            prompts = [encode(revision_prompt(tok, q, a, h))
-                       for q, a, h in zip(questions, texts[0], texts[1], strict=True)]
-    per_episode = lambda xs: [list(e) for e in zip(*xs, strict=True)]  # noqa: E731
-    return {"observations": per_episode([[o.astype(np.int32) for o in x] for x in obs]),
-            "actions": per_episode([[a.astype(np.int32) for a in x] for x in acts]),
-            "texts": per_episode(texts), "truncated": per_episode(cut)}
+        acts = [c.astype(np.int32) for c, _ in out]
+        return acts, [t for _, t in out], tok.batch_decode(acts, skip_special_tokens=True)
+
+    first = [encode(render(tok, q)) for q in questions]
+    a1, t1, x1 = run("agent", first, 1)
+    guide = [encode(guidance_prompt(tok, q, a)) for q, a in zip(questions, x1, strict=True)]
+    ah, th, xh = run("guidance", guide, hints)  # question-major: hints of question i together
+    revise = [encode(revision_prompt(tok, questions[j // hints], x1[j // hints], h))
+              for j, h in enumerate(xh)]
+    a2, t2, x2 = run("agent", revise, 1)
+    out: dict[str, Any] = {k: [] for k in ("observations", "actions", "texts", "truncated")}
+    for i in range(n):
+        ks = range(i * hints, (i + 1) * hints)
+        out["observations"].append([first[i].astype(np.int32)] + [
+            x for k in ks for x in (guide[i].astype(np.int32), revise[k].astype(np.int32))])
+        for key, (one, h, two) in (("actions", (a1, ah, a2)), ("texts", (x1, xh, x2)),
+                                   ("truncated", (t1, th, t2))):
+            out[key].append([one[i]] + [x for k in ks for x in (h[k], two[k])])
+    return out
+
+
+def longest_utterances(tok: Any, questions: list[str], max_answer_tokens: int,
+                       max_hint_tokens: int) -> dict[str, int]:
+    """Tokens (prompt + action) of each role's longest utterance over ``questions``, counted
+    from the chat templates: the agent's is a turn 2 (the revision prompt holds the question,
+    turn 1's answer and the hint, then the revision), the guidance model's a hint."""
+    q = max(questions, key=lambda x: len(tok.encode(x, add_special_tokens=False)))
+    count = lambda text: len(tok.encode(text, add_special_tokens=False))  # noqa: E731
+    return {"agent": count(revision_prompt(tok, q, "", "")) + 2 * max_answer_tokens
+            + max_hint_tokens,
+            "guidance": count(guidance_prompt(tok, q, "")) + max_answer_tokens + max_hint_tokens}
 
 
 def rng_devices(model: torch.nn.Module) -> list[int]:
@@ -183,7 +202,7 @@ def episode_job(weights: dict[str, Any], cfg: Config, questions: list[str],
         torch.manual_seed(seed)
         return play(policies, tok, questions, cfg.utterance_sampling(),
                     max_answer_tokens=cfg.max_answer_tokens,
-                    max_hint_tokens=cfg.max_hint_tokens)
+                    max_hint_tokens=cfg.max_hint_tokens, hints=cfg.hints_per_answer)
 
 
 def collect(pool: RolloutPool, policies: Policies, questions: list[str], cfg: Config,

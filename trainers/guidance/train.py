@@ -27,6 +27,8 @@ from rlbuffers.rollouts.pool import RolloutPool
 from trainers import common
 from trainers.config import evaluated, start
 from trainers.curves import Series, plot_curve
+from trainers.guidance import evaluation
+from trainers.guidance.advantages import mixed, outcomes, role_utterances
 from trainers.guidance.config import RESUMABLE, Config, check_config
 from trainers.guidance.critic import (
     DoubleCritic,
@@ -34,6 +36,7 @@ from trainers.guidance.critic import (
     critic_batch,
     critic_inputs,
     make_critic,
+    td_error,
     td_loss,
     value_batch,
     value_loss,
@@ -45,12 +48,21 @@ from trainers.guidance.policy import (
     policy_step,
     utterance_batch,
     utterance_reference_logprobs,
+    utterance_step_cost,
 )
-from trainers.guidance.rollout import POLICIES, ROLES, Policies, collect, make_policies, play
+from trainers.guidance.rollout import (
+    POLICIES,
+    ROLES,
+    Policies,
+    collect,
+    longest_utterances,
+    make_policies,
+    play,
+)
 from trainers.llm.checkpointing import set_gradient_checkpointing
 from trainers.llm.device import resolve_device, to_device
 from trainers.llm.policy_loss import clip_and_step
-from trainers.llm.tasks import extract_answer, task_problems, wilson
+from trainers.llm.tasks import extract_answer, task_problems
 from trainers.phases import Phases, heartbeat
 from trainers.summary import finish, format_eval, write_eval
 
@@ -116,34 +128,32 @@ class Learner:
 
 
 @torch.no_grad()
-def evaluate(learner: Learner, problems: Any) -> dict[str, Any]:
-    """Greedy two-turn episodes on held-out ``problems``: turn-1 and turn-2 accuracy with 95%
-    Wilson intervals, the share of episodes turn 2 fixes (hint uptake) and breaks."""
+def evaluate(learner: Learner, problems: Any, indices: list[int]) -> dict[str, Any]:
+    """Greedy two-turn episodes (one hint each) on held-out ``problems[indices]``:
+    ``trainers.guidance.evaluation.summarise`` of them."""
     cfg = learner.cfg
-    torch.set_num_threads(cfg.generate_threads)
-    questions = [problems[i]["question"] for i in range(len(problems))]
-    with heartbeat(f"held-out evaluation: {len(questions)} problems"):
-        ep = play(learner.policies, learner.tok, questions,
-                  cfg.utterance_sampling(learner.device), max_answer_tokens=cfg.max_answer_tokens,
-                  max_hint_tokens=cfg.max_hint_tokens, greedy=True)
-    torch.set_num_threads(train_threads(cfg))
-    right = np.array([[score(problems, i, texts[k]) == 1.0 for k in (0, 2)]
-                      for i, texts in enumerate(ep["texts"])])
-    n, out = len(right), {}
-    for name, hits in (("turn1", right[:, 0]), ("turn2", right[:, 1])):
-        out[name] = {"accuracy": float(hits.mean()), "n": n,
-                     "ci95": list(wilson(float(hits.sum()), n))}
-    out["hint_uptake"] = float((~right[:, 0] & right[:, 1]).mean())
-    out["turn2_breaks"] = float((right[:, 0] & ~right[:, 1]).mean())
-    return out
+
+    def play_greedy(questions: list[str]) -> dict[str, Any]:
+        torch.set_num_threads(cfg.generate_threads)
+        try:
+            with heartbeat(f"held-out evaluation: {len(questions)} problems"):
+                return play(learner.policies, learner.tok, questions,
+                            cfg.utterance_sampling(learner.device), hints=1, greedy=True,
+                            max_answer_tokens=cfg.max_answer_tokens,
+                            max_hint_tokens=cfg.max_hint_tokens)
+        finally:
+            torch.set_num_threads(train_threads(cfg))
+
+    return evaluation.evaluate(play_greedy, problems, indices, score)
 
 
 def iterate(learner: Learner) -> dict[str, Any]:
-    """One iteration: phase 1 (episodes), scores, buffer, reference, phase 2 (critic,
-    advantages, actor, guidance, value, target); returns its metrics row (the caller
-    commits)."""
+    """One iteration: phase 1 (a turn-1 answer per problem, K hints on it and a revision
+    after each), scores, buffer, reference, phase 2 (the critic's TD error on the fresh
+    utterances, its TD steps, advantages, actor, guidance, value, target); returns its
+    metrics row (the caller commits)."""
     L, cfg, tr = learner, learner.cfg, learner.trainer
-    it, row = tr["iteration"] + 1, {}
+    it, row, K = tr["iteration"] + 1, {}, cfg.hints_per_answer
     phases = Phases(L.monitor, row)
     indices = next_problems(cfg.episodes_per_iteration, cfg.train_size, cfg.seed, tr["data"])
     with phases("generate"):
@@ -151,16 +161,23 @@ def iterate(learner: Learner) -> dict[str, Any]:
         episodes = collect(L.pool, L.policies, [L.problems[i]["question"] for i in indices],
                            cfg, it)
         torch.set_num_threads(train_threads(cfg))
-    scores = np.array([[score(L.problems, i, ep["texts"][k]) for k in (0, 2)]
+    # correctness [E, 1 + K]: turn 1, then turn 2 after each hint (utterances 0, 2, 4, ...)
+    scores = np.array([[score(L.problems, i, ep["texts"][u]) for u in range(0, 2 * K + 1, 2)]
                        for i, ep in zip(indices, episodes, strict=True)], np.float32)
+    c1, c2 = scores[:, 0], scores[:, 1:]
     with phases("buffer"):
-        L.buf.extend(episode_rows(episodes, scores, tr["episodes"], it))
+        fresh = episode_rows(episodes, scores, tr["episodes"], it)
+        L.buf.extend(fresh)
         tr["episodes"] += len(episodes)
-    # This iteration's utterances per role: LM batches (on the device) and critic inputs.
+    # This iteration's utterances per role (agent: turn 1s, then turn 2s; guidance: the hints
+    # of wrong turn-1 answers): group advantages, LM batches (on the device), critic inputs.
+    pick, group, a_hint, flat = role_utterances(c1, c2, cfg.scale_rewards)
     batches, crit = {}, {}
-    for role, turns in (("agent", (0, 2)), ("guidance", (1,))):
-        obs = [ep["observations"][k] for k in turns for ep in episodes]
-        acts = [ep["actions"][k] for k in turns for ep in episodes]
+    for role in ROLES:
+        if not pick[role]:
+            continue
+        obs = [episodes[e]["observations"][u] for e, u in pick[role]]
+        acts = [episodes[e]["actions"][u] for e, u in pick[role]]
         crit[role] = {"obs": critic_inputs(L.ctok, L.tok, obs, cfg.critic_max_tokens,
                                            keep_end=True),
                       "act": critic_inputs(L.ctok, L.tok, acts, cfg.critic_max_tokens,
@@ -169,30 +186,18 @@ def iterate(learner: Learner) -> dict[str, Any]:
                                                   np.zeros(len(obs))), L.device)
     if cfg.beta:
         with phases("reference"):
-            for role in ROLES:
+            for role, batch in batches.items():
                 utterance_reference_logprobs(
-                    L.policies, batches[role],
-                    L.ambs[role].micro_batch or len(batches[role]["target"]),
+                    L.policies, batch, L.ambs[role].micro_batch or len(batch["target"]),
                     chunk_tokens=cfg.chunk_tokens, temperature=cfg.temperature)
     with phases("critic"):
-        stats = []
-        for _ in range(cfg.critic_steps):
-            loss, st = td_loss(L.critic, L.target, critic_batch(
-                L.buf, L.ctok, L.tok, cfg.critic_batch, cfg.critic_max_tokens), cfg.gamma)
-            loss.backward()
-            clip_and_step(list(L.critic.parameters()), L.opts["critic"], cfg.max_grad_norm)
-            stats.append({"critic_loss": float(loss.detach()), **st})
-        for key in ("critic_loss", "td_target_mean", "q_mean"):
-            row[key] = float(np.mean([s[key] for s in stats])) if stats else 0.0
-        for role in ROLES:
-            adv = advantages(L.critic, crit[role])
-            batches[role]["advantage"] = torch.from_numpy(adv["advantage"]).to(L.device)
-            row.update({f"q_{role}_mean": float(adv["q"].mean()),
-                        f"v_{role}_mean": float(adv["v"].mean()),
-                        f"advantage_{role}_mean": float(adv["advantage"].mean())})
+        row.update(critic_steps(L, fresh, crit, batches, group))
     for role, name in (("agent", "actor"), ("guidance", "guidance")):
+        st = {"loss": 0.0, "kl": 0.0, "grad_norm": 0.0, "micro_batch": 0}
         with phases(name):
-            st = policy_step(L.policies, role, L.opts[role], L.ambs[role], batches[role], cfg)
+            if role in batches:  # no wrong turn-1 answer: no guidance step this iteration
+                st = policy_step(L.policies, role, L.opts[role], L.ambs[role], batches[role],
+                                 cfg)
         row.update({f"{name}_loss": st["loss"], f"kl_{role}": st["kl"],
                     f"grad_norm_{role}": st["grad_norm"], f"micro_batch_{role}": st["micro_batch"]})
     with phases("value"):
@@ -203,19 +208,50 @@ def iterate(learner: Learner) -> dict[str, Any]:
         row["value_loss"] = float(loss.detach())
     with phases("target"):
         polyak_update_(L.target, L.critic, cfg.tau)
-    right = scores == 1.0
-    row.update({"iteration": it, "episodes": len(episodes),
-                "turn1_accuracy": float(right[:, 0].mean()),
-                "turn2_accuracy": float(right[:, 1].mean()),
-                "hint_uptake": float((~right[:, 0] & right[:, 1]).mean()),
-                "turn2_breaks": float((right[:, 0] & ~right[:, 1]).mean()),
-                "reward_mean": float(scores[:, 1].mean()),
-                "answer_tokens_mean": float(np.mean([len(ep["actions"][k]) for ep in episodes
-                                                     for k in (0, 2)])),
-                "hint_tokens_mean": float(np.mean([len(ep["actions"][1]) for ep in episodes])),
+    row.update({"iteration": it, "episodes": len(episodes), **outcomes(c1, c2, a_hint),
+                "flat_groups": flat,
+                "reward_mean": float(c2.mean()),
+                "answer_tokens_mean": float(np.mean(
+                    [len(ep["actions"][u]) for ep in episodes for u in range(0, 2 * K + 1, 2)])),
+                "hint_tokens_mean": float(np.mean(
+                    [len(ep["actions"][u]) for ep in episodes for u in range(1, 2 * K, 2)])),
                 "buffer_utterances": len(L.buf), "peak_rss_bytes": phases.peak_rss_bytes(),
                 "init_peak_rss_bytes": L.init_peak_rss_bytes, **L.plans})
     phases.log("iteration", it)
+    return row
+
+
+def critic_steps(L: Learner, fresh: dict[str, Any], crit: dict[str, Any],
+                 batches: dict[str, Any], group: dict[str, np.ndarray]) -> dict[str, Any]:
+    """The critic's part of phase 2: its TD error on the iteration's ``fresh`` rows before
+    (``td_error``: data it has not trained on, so whether it tracks) and after
+    (``td_error_after``) its ``--critic-steps`` TD steps on buffer samples; then each role's
+    critic advantage ``Q - V`` (ArCHer), mixed into the ``group`` advantages when
+    ``--critic-mix`` > 0 and the TD error is under ``--critic-td-threshold``, set as
+    ``batches[role]["advantage"]``. Returns the metrics."""
+    cfg, row = L.cfg, {}
+    row["td_error"] = td_error(L.critic, L.target, fresh, L.ctok, L.tok, cfg.critic_max_tokens,
+                               cfg.gamma)
+    trusted = row["td_error"] < cfg.critic_td_threshold
+    stats = []
+    for _ in range(cfg.critic_steps):
+        loss, st = td_loss(L.critic, L.target, critic_batch(
+            L.buf, L.ctok, L.tok, cfg.critic_batch, cfg.critic_max_tokens), cfg.gamma)
+        loss.backward()
+        clip_and_step(list(L.critic.parameters()), L.opts["critic"], cfg.max_grad_norm)
+        stats.append({"critic_loss": float(loss.detach()), **st})
+    for key in ("critic_loss", "td_target_mean", "q_mean"):
+        row[key] = float(np.mean([s[key] for s in stats])) if stats else 0.0
+    row["td_error_after"] = td_error(L.critic, L.target, fresh, L.ctok, L.tok,
+                                     cfg.critic_max_tokens, cfg.gamma)
+    row["critic_mixed"] = bool(trusted and cfg.critic_mix > 0)
+    for role in ROLES:
+        adv = advantages(L.critic, crit[role]) if role in crit else None
+        if adv is not None:
+            batches[role]["advantage"] = torch.from_numpy(mixed(
+                group[role], adv["advantage"], cfg.critic_mix, trusted)).to(L.device)
+        for key, name in (("q", "q"), ("v", "v"), ("advantage", "advantage")):
+            row[f"{name}_{role}_mean"] = float(adv[key].mean()) if adv is not None else 0.0
     return row
 
 
@@ -285,11 +321,14 @@ def build(cfg: Config) -> Learner:
         POLICIES[cfg.run_dir] = (policies, tok)
         run = common.open_run(cfg, unit="iteration", create=partial(create_buffer, cfg),
                               curve=partial(draw_curve, task=cfg.task))
-        opts, ambs, plans = setup_updates(cfg, device, policies, critic, plan)
+        problems = task_problems(cfg.task, cfg.train_size, cfg.seed, cfg.task_config)
+        longest = longest_utterances(tok, [problems[i]["question"] for i in range(len(problems))],
+                                     cfg.max_answer_tokens, cfg.max_hint_tokens)
+        opts, ambs, plans = setup_updates(cfg, device, policies, tok, critic, plan,
+                                          longest)
         learner = Learner(
             cfg=cfg, device=device, policies=policies, tok=tok, critic=critic, target=target,
-            ctok=ctok, opts=opts, ambs=ambs, run=run, pool=pool,
-            problems=task_problems(cfg.task, cfg.train_size, cfg.seed, cfg.task_config),
+            ctok=ctok, opts=opts, ambs=ambs, run=run, pool=pool, problems=problems,
             monitor=monitor, rng=np.random.default_rng(cfg.seed),
             trainer={"iteration": 0, "episodes": 0, "data": {"epoch": 0, "position": 0}},
             plans=plans, init_peak_rss_bytes=init.peak_rss_bytes)
@@ -304,12 +343,15 @@ def build(cfg: Config) -> Learner:
     return learner
 
 
-def setup_updates(cfg: Config, device: torch.device, policies: Policies, critic: DoubleCritic,
-                  plan: Any) -> tuple[dict[str, torch.optim.Optimizer],
-                                      dict[str, AdaptiveMicroBatch], dict[str, Any]]:
+def setup_updates(cfg: Config, device: torch.device, policies: Policies, tok: Any,
+                  critic: DoubleCritic, plan: Any, longest: dict[str, int]
+                  ) -> tuple[dict[str, torch.optim.Optimizer], dict[str, AdaptiveMicroBatch],
+                             dict[str, Any]]:
     """The three AdamW optimizers, each adapter's micro-batches (planned under the policy
-    step's budget on ``device``) and gradient checkpointing of the policy model(s); returns
-    the optimizers, the micro-batches and the plans' numbers (logged at INFO)."""
+    step's budget on ``device`` from the memory per token of the agent's step measured on its
+    longest utterances, for each role's ``longest[role]``-token utterances) and gradient
+    checkpointing of the policy model(s); returns the optimizers, the micro-batches and the
+    plans' numbers (logged at INFO)."""
     opts: dict[str, torch.optim.Optimizer] = {
         "agent": torch.optim.AdamW(policies.adapter_params("agent"), lr=cfg.actor_lr,
                                    weight_decay=0.0),
@@ -319,14 +361,19 @@ def setup_updates(cfg: Config, device: torch.device, policies: Policies, critic:
     budget = update_budget(cfg.memory_budget, device)
     log.info("memory budget of a policy step: %s (--memory-budget %s, on %s)",
              "none" if budget is None else f"{budget / MIB:,.0f} MiB", cfg.memory_budget, device)
-    longest = 512 + 2 * cfg.max_answer_tokens + cfg.max_hint_tokens  # a rough worst case
+    E, K = cfg.episodes_per_iteration, cfg.hints_per_answer
     ambs, plans = {}, {"memory_budget_bytes": budget, **describe(plan)}
-    for role, items in (("agent", 2 * cfg.episodes_per_iteration),
-                        ("guidance", cfg.episodes_per_iteration)):
-        ambs[role], mb = micro_batches(role, policies.models[role], budget, items, longest,
-                                       cfg.chunk_tokens)
+    cost = None if budget is None else utterance_step_cost(  # once: the longest utterances
+        policies, "agent", longest["agent"], cfg.max_answer_tokens, tok.pad_token_id, cfg)
+    for role, items in (("agent", E * (1 + K)), ("guidance", E * K)):
+        ambs[role], mb = micro_batches(role, policies.use(role), budget, items, longest[role],
+                                       cost)
         plans[f"micro_batch_planned_{role}"] = mb["micro_batch"]
-    tokens = (ambs["agent"].micro_batch or 1) * longest  # one micro-batch's tokens, at most
+        plans[f"utterance_tokens_planned_{role}"] = longest[role]
+        if "activation_bytes_per_item" in mb:
+            plans[f"activation_bytes_per_utterance_{role}"] = mb["activation_bytes_per_item"]
+    policies.use("agent")
+    tokens = (ambs["agent"].micro_batch or 1) * longest["agent"]  # a micro-batch's, at most
     for name, model in policies.unique_models().items():
         if name != "reference_copy":
             gc = set_gradient_checkpointing(
@@ -345,13 +392,17 @@ def create_buffer(cfg: Config, run_dir: Any) -> None:
 
 
 def draw_curve(path: Any, history: list[dict[str, Any]], *, task: str) -> None:
-    """curve.png: turn-1 / turn-2 accuracy and hint uptake, critic loss on the right."""
+    """curve.png: turn-1 / turn-2 accuracy, hint uptake and breaks; the critic's TD error on
+    fresh utterances and its loss on the right."""
     plot_curve(path, history, x="iteration", xlabel=f"iteration (guidance on {task})",
                series=[Series("turn1_accuracy", "turn 1 accuracy"),
                        Series("turn2_accuracy", "turn 2 accuracy"),
-                       Series("hint_uptake", "hint uptake"),
+                       Series("hint_uptake", "hint uptake (turn 2 fixes)"),
+                       Series("turn2_breaks", "turn 2 breaks"),
+                       Series("td_error", "critic TD error (fresh)", right=True),
                        Series("critic_loss", "critic loss", right=True)],
-               ylabel="accuracy / share", title="two-turn guidance", right_label="critic loss")
+               ylabel="accuracy / share", title="two-turn guidance",
+               right_label="critic TD error / loss")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -359,12 +410,17 @@ def main(argv: list[str] | None = None) -> None:
                 resumable=RESUMABLE, check=check_config, evaluates=lambda c: c.eval_size > 0)
     torch.set_num_threads(train_threads(cfg))
     learner = build(cfg)
-    held_out = task_problems(cfg.task, cfg.eval_size, cfg.seed + 1_000_003, cfg.task_config) \
-        if cfg.eval_size else []
     evals = learner.trainer.setdefault("eval", {})
     try:
+        if cfg.eval_size:
+            held, keep, counts = evaluation.held_out(cfg.task, cfg.eval_size,
+                                                     cfg.seed + 1_000_003, cfg.task_config,
+                                                     learner.problems)
+            log.info("held-out problems: %d, overlap with the training problems by normalised "
+                     "question text: %d (%d candidates dropped)", counts["n"],
+                     counts["overlap"], counts["dropped"])
         if cfg.eval_size and "before" not in evals and learner.trainer["iteration"] == 0:
-            evals["before"] = evaluate(learner, held_out)
+            evals["before"] = {**evaluate(learner, held, keep), "held_out": counts}
             log.info("held-out before: %s", format_eval(evals["before"]))
         bar = tqdm(total=cfg.iterations, initial=learner.trainer["iteration"], unit="it",
                    desc="guidance iterations", disable=cfg.quiet)
@@ -376,13 +432,13 @@ def main(argv: list[str] | None = None) -> None:
             learner.run.commit(row["iteration"], row, **checkpoint_files(learner))
             bar.set_postfix({"t1": f"{row['turn1_accuracy']:.2f}",
                              "t2": f"{row['turn2_accuracy']:.2f}",
-                             "critic": f"{row['critic_loss']:.3f}",
+                             "td": f"{row['td_error']:.3f}",
                              "peak": f"{row['peak_rss_bytes'] / MIB:.0f}M"})
             bar.update(1)
         bar.close()
         run = learner.run
         if cfg.eval_size and (cfg.evaluate_again or not evaluated(run.dir, run.unit, run.done)):
-            evals["after"] = evaluate(learner, held_out)
+            evals["after"] = {**evaluate(learner, held, keep), "held_out": counts}
             log.info("held-out after: %s", format_eval(evals["after"]))
             write_eval(run, evals, run.done)
         finish(run, ["turn1_accuracy", "turn2_accuracy", "critic_loss"], evals)
