@@ -183,3 +183,32 @@ def test_length_targets_within_each_cap():
     with pytest.raises(ValueError, match="--num-iterations: expected >= 1 \\(> 1 only with"):
         check_config(Config(num_iterations=2, memory_opt=False))
     check_config(Config())
+
+
+def test_held_out_evaluation_of_a_run(tiny_dir, tmp_path, capsys):
+    """``python -m trainers.crsp.evaluate``: held-out problems disjoint from the training
+    ones (a draw with the training seed overlaps wholly and is removed), the solver and critic
+    figures of the initial and the last checkpoint, the proposer's windows from the metrics."""
+    import json
+
+    from tests.test_crsp import ARGS
+    from trainers.crsp import evaluate
+
+    run = tmp_path / "run"
+    train.main([*ARGS, "--model", str(tiny_dir), "--steps", "2", "--run-dir", str(run)])
+    evaluate.main(["--run-dir", str(run), "--steps", "0,2", "--problems", "12",
+                   "--window", "1"])
+    out = json.loads(capsys.readouterr().out)
+    assert out == json.loads((run / "eval.json").read_text())
+    assert out["overlap_with_training"] == 0 and out["held_out"] + out["removed_as_seen"] == 12
+    assert [c["step"] for c in out["checkpoints"]] == [0, 2]
+    for c in out["checkpoints"]:
+        n = c["solver_accuracy"]["n"]
+        assert n == out["held_out"] and c["critic_accuracy"]["n"] == n
+        lo, hi = c["critic_accuracy"]["wilson95"]
+        assert 0 <= lo <= c["critic_accuracy"]["rate"] <= hi <= 1
+        assert c["critic_majority_rate"]["rate"] >= 0.5
+    assert out["proposer"]["first"]["steps"] == [1, 1] and out["proposer"]["last"]["n"] == 4
+    cfg = Config(train_size=20, task="basic_arithmetic")
+    data, keep, overlap = evaluate.held_out(cfg, 20, cfg.seed)  # the training draw itself
+    assert keep == [] and overlap == 0
