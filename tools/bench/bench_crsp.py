@@ -67,16 +67,18 @@ def synthetic_batches(cfg: Any, tok: Any, n_seeds: int) -> dict[str, Any]:
     seeds = questions[:n_seeds]
     out = {r: RoleBatch() for r in ROLES}
     for q in seeds:
-        out["proposer"].add(prompts("proposer", "Example:\n" + q),
-                            [(completion(cfg.proposer_tokens), True)])
-    # Every proposal well formed: as many proposed problems as seeds.
+        out["proposer"].add(prompts("proposer", "Problem:\n" + q),
+                            [(completion(cfg.proposer_tokens), True)
+                             for _ in range(cfg.proposer_samples)])
+    # Every proposal well formed: --proposer-samples proposed problems per seed.
     problems_text = seeds + [tok.decode(c) for c in out["proposer"].completions]
     for q in problems_text:
         comps = [completion(cfg.solver_tokens) for _ in range(cfg.solver_samples)]
         out["solver"].add(prompts("solver", q), [(c, True) for c in comps])
         for c in comps[:cfg.critiques_per_problem]:
             user = f"Problem:\n{q}\n\nSolution:\n{tok.decode(c)}"
-            out["critic"].add(prompts("critic", user), [(completion(cfg.critic_tokens), True)])
+            out["critic"].add(prompts("critic", user), [(completion(cfg.critic_tokens), True)
+                                                        for _ in range(cfg.critic_samples)])
     rng = np.random.default_rng(cfg.seed)
     for b in out.values():
         b.advantage = rng.standard_normal(len(b.completions)).astype(np.float32)
