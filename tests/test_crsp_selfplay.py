@@ -182,6 +182,8 @@ def test_length_targets_within_each_cap():
         check_config(Config(critic_length_target=64))
     with pytest.raises(ValueError, match="--num-iterations: expected >= 1 \\(> 1 only with"):
         check_config(Config(num_iterations=2, memory_opt=False))
+    with pytest.raises(ValueError, match="--train-dtype: expected 'float32', 'bfloat16'"):
+        check_config(Config(train_dtype="int8"))
     check_config(Config())
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainers.config import check_rules
-from trainers.llm.config import LLM_RESUMABLE, LLMConfig, check_llm
+from trainers.llm.config import LLM_RESUMABLE, LLMConfig, check_dtype, check_llm
 
 
 @dataclass
@@ -63,6 +63,11 @@ class Config(LLMConfig):
     """Problems the novelty sketch remembers (MinHash signatures in a ring)."""
     sketch_perm: int = 64
     """MinHash permutations per signature."""
+    generate_dtype: str = "float32"
+    """Weights' dtype while generating: 'float32', 'bfloat16' or 'float16'."""
+    train_dtype: str = "float32"
+    """Autocast dtype of the update's forward (log-probs): 'float32', 'bfloat16' or
+    'float16' (the naive path ignores it)."""
     memory_opt: bool = True
     """False (--no-memory-opt): the original path, the comparison baseline: a full copy of the
     model as reference, full [B, T, V] logits, all roles' graphs at once, one full batch,
@@ -112,6 +117,8 @@ def group_size(c: Config, role: str) -> int:
 def check_config(c: Config) -> None:
     """Raise ValueError naming the first setting out of range (the base's, then CRSP's)."""
     check_llm(c)
+    check_dtype(c, "generate_dtype")
+    check_dtype(c, "train_dtype")
     longest = c.max_prompt_tokens + longest_completion(c)
     check_rules(c, {
         "steps": (c.steps >= 1, ">= 1"),

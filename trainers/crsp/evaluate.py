@@ -55,7 +55,7 @@ def evaluate_checkpoint(cfg: Config, run_dir: Path, step: int, data: Any, keep: 
         model.load_state_dict(load_file(str(run_dir / "ckpt" / f"step-{step}" /
                                             "adapters.safetensors")), strict=False)
     prompts = Prompts(tok, cfg.max_prompt_tokens, _cache())
-    sampling = cfg.sampling(cfg.solver_tokens)
+    sampling = cfg.sampling(cfg.solver_tokens, generate_dtype=cfg.generate_dtype)
     s_prompts = [prompts("solver", data[i]["question"]) for i in keep]
     activate(model, "solver")
     torch.manual_seed(seed)
@@ -73,7 +73,7 @@ def evaluate_checkpoint(cfg: Config, run_dir: Path, step: int, data: Any, keep: 
     c_prompts = [prompts("critic", f"Problem:\n{data[i]['question']}\n\nSolution:\n"
                                    f"{tok.decode(c, skip_special_tokens=True)}")
                  for (c, _), i in zip(sampled, keep, strict=True)]
-    lp = verdict_logprobs(model, tok, c_prompts, cfg.packing(cfg.pack_tokens))
+    lp = verdict_logprobs(model, tok, c_prompts, cfg.packing(cfg.pack_tokens, cfg.train_dtype))
     says = lp[:, 0] > lp[:, 1]
     n = len(keep)
     return {"step": step, "solver_accuracy": proportion(int(sum(solved)), n),

@@ -111,8 +111,8 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
     role batches and the step's metrics (rewards and format scores per role, seed accuracy,
     proposals' validity and novelty, the critic's agreement and the majority-class rate)."""
     alpha = alpha or alpha_schedule(cfg.alpha0, cfg.alpha_decay)
-    sampling = cfg.sampling(longest_completion(cfg))  # the budget read now
-    packing = cfg.packing(cfg.pack_tokens)
+    sampling = cfg.sampling(longest_completion(cfg), generate_dtype=cfg.generate_dtype)
+    packing = cfg.packing(cfg.pack_tokens, cfg.train_dtype)
     out = {r: RoleBatch() for r in ROLES}
     text = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
     # Proposer: --proposer-samples new problems per seed (a group each).

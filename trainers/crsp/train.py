@@ -162,7 +162,7 @@ def update(t: Trainer, batches: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Every role's gradients and optimizer step: sharded (torchrun), role by role (memory
     optimised) or all roles at once (``--no-memory-opt``)."""
     cfg, pad_id = t.cfg, t.tok.pad_token_id
-    packing, loss = cfg.packing(cfg.pack_tokens), cfg.policy_loss()
+    packing, loss = cfg.packing(cfg.pack_tokens, cfg.train_dtype), cfg.policy_loss()
     if t.fsdp_units is not None:
         from trainers.crsp.fsdp import sharded_grads
         return sharded_grads(t.model, batches, packing, loss, pad_id, t.amb, t.step_role)
@@ -248,7 +248,7 @@ def setup(cfg: Config, device: torch.device, rank: int, world: int
     opts = {r: torch.optim.AdamW(role_parameters(model, r), lr=cfg.lr, weight_decay=0.0,
                                  fused=True)
             for r in ROLES}
-    packing = cfg.packing(cfg.pack_tokens)
+    packing = cfg.packing(cfg.pack_tokens, cfg.train_dtype)
     amb = micro_batches(model, cfg, packing, tok.pad_token_id,
                         budget if world == 1 else None)  # ranks must agree
     plan["micro_batch_tokens"] = amb.max_tokens
