@@ -10,7 +10,8 @@
 - from ``metrics.jsonl``, the proposer's well-formed proposals over the first and the last
   ``--window`` steps;
 
-each with its 95% Wilson interval. Prints one JSON object (and writes ``DIR/eval.json``)."""
+each with its 95% Wilson interval. Prints one JSON object (and writes ``--out``,
+by default ``DIR/eval.json``)."""
 
 from __future__ import annotations
 
@@ -90,8 +91,12 @@ def _cache() -> Any:
 
 
 def proposer_windows(run_dir: Path, cfg: Config, window: int) -> dict[str, Any]:
-    """Well-formed proposals over the first and the last ``window`` steps of metrics.jsonl."""
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    """Well-formed proposals over the first and the last ``window`` steps of metrics.jsonl
+    (empty before the first step is committed)."""
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    if not rows:
+        return {"steps": 0}
     per_step = cfg.seeds_per_step * cfg.proposer_samples
 
     def part(rs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -109,6 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eval-seed", type=int, default=987654, help="seed of the held-out draw")
     ap.add_argument("--window", type=int, default=20, help="steps per proposer window")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=None, help="JSON file (DIR/eval.json)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     raw = json.loads((a.run_dir / "config.json").read_text())
@@ -120,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
                            "checkpoints": [evaluate_checkpoint(cfg, a.run_dir, int(s), data,
                                                                keep, a.eval_seed)
                                            for s in a.steps.split(",")]}
-    (a.run_dir / "eval.json").write_text(json.dumps(out, indent=1))
+    (a.out or a.run_dir / "eval.json").write_text(json.dumps(out, indent=1))
     print(json.dumps(out, indent=1))
 
 
