@@ -214,3 +214,52 @@ def test_held_out_evaluation_of_a_run(tiny_dir, tmp_path, capsys):
     cfg = Config(train_size=20, task="basic_arithmetic")
     data, keep, overlap = evaluate.held_out(cfg, 20, cfg.seed)  # the training draw itself
     assert keep == [] and overlap == 0
+
+
+def test_warmup_resumes_exactly_mid_epoch(tiny_dir, tmp_path):
+    """The format warm-up reads its examples through rlbuffers.stream (aligned token stores,
+    a resumable IndexSource, shared-prefix packing): 2 + 2 steps with the stream state
+    round-tripped through JSON and a rebuilt optimizer equal 4 uninterrupted steps (the
+    epoch is 6 examples, so the break falls mid-epoch), and the loss falls."""
+    import copy
+    import json
+
+    from trainers.crsp import warmup
+    from trainers.llm.tasks import task_problems
+
+    cfg = config(tiny_dir)
+    problems = task_problems("basic_arithmetic", 8, 0)
+    model, tok, _ = roles.make_model(cfg)
+    prompts = roles.Prompts(tok, cfg.max_prompt_tokens, ByteLRUCache(1 << 20))
+    examples = warmup.proposer_examples(problems, 6)
+    assert examples[0][1].endswith(f"</problem><answer>{problems[1]['answer']}</answer>")
+    warmup.write_examples(tmp_path / "proposer", "proposer", examples, prompts, tok)
+    critic = warmup.critic_examples(problems, [f"<answer>{problems[0]['answer']}</answer>",
+                                               "<answer>x</answer>"],
+                                    lambda a, e: float(a == str(e["answer"])))
+    assert [t.split("</verdict>")[0] for _, t in critic] == ["correct", "incorrect"]
+    packing = cfg.packing(cfg.pack_tokens)
+
+    def run(model, opt, steps, state):
+        return warmup.sft_steps(model, "proposer", opt, tmp_path / "proposer", packing,
+                                tok.pad_token_id, 2, steps, seed=3, state=state)
+
+    def adapters(m):
+        return {n: p.detach().clone() for n, p in m.named_parameters() if ".proposer." in n}
+
+    whole_model, _, _ = roles.make_model(cfg)
+    opt = torch.optim.AdamW(roles.role_parameters(whole_model, "proposer"), lr=1e-2)
+    whole_state, losses = run(whole_model, opt, 4, None)
+    assert whole_state == {"kind": "index", "pass": 1, "position": 2}  # 8 examples read of 6
+    opt = torch.optim.AdamW(roles.role_parameters(model, "proposer"), lr=1e-2)
+    state, first = run(model, opt, 2, None)
+    assert state["position"] == 4  # mid-epoch
+    saved = copy.deepcopy(opt.state_dict())
+    opt = torch.optim.AdamW(roles.role_parameters(model, "proposer"), lr=1e-2)
+    opt.load_state_dict(saved)
+    state, second = run(model, opt, 2, json.loads(json.dumps(state)))
+    assert state == whole_state and first + second == pytest.approx(losses, rel=1e-5)
+    got, want = adapters(model), adapters(whole_model)
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-5, atol=1e-7, msg=n)
+    assert losses[-1] < losses[0]
