@@ -263,3 +263,19 @@ def test_warmup_resumes_exactly_mid_epoch(tiny_dir, tmp_path):
     for n in want:
         torch.testing.assert_close(got[n], want[n], rtol=1e-5, atol=1e-7, msg=n)
     assert losses[-1] < losses[0]
+
+
+def test_a_new_run_warms_up_the_proposer_and_the_critic_first(tiny_dir, tmp_path):
+    from tests.test_crsp import ARGS, rows
+
+    run = tmp_path / "run"
+    train.main([*ARGS, "--model", str(tiny_dir), "--steps", "1", "--run-dir", str(run),
+                "--warmup-steps", "3", "--warmup-batch", "2"])
+    (row,) = rows(run)
+    for role in ("proposer", "critic"):
+        assert row[f"warmup_{role}_loss_last"] < row[f"warmup_{role}_loss_first"]
+        assert len(TokenStore(run / "warmup" / role / "targets")) == 6
+    from transformers import AutoTokenizer
+
+    eos = AutoTokenizer.from_pretrained(tiny_dir).eos_token_id
+    assert int(TokenStore(run / "warmup" / "critic" / "targets")[0][-1]) == eos  # it stops

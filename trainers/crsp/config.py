@@ -33,6 +33,11 @@ class Config(LLMConfig):
     critic_samples: int = 4
     """Verdicts (each with its reason) per judged attempt: a group (1: running
     normalisation instead)."""
+    warmup_steps: int = 0
+    """Supervised format warm-up steps per role (proposer, critic) before the first step of a
+    new run (``trainers/crsp/warmup.py``; examples through ``rlbuffers.stream``); 0: off."""
+    warmup_batch: int = 4
+    """Examples per warm-up step."""
     num_iterations: int = 1
     """Updates of each role per step on the same batch (PPO epochs): from the second on, the
     importance ratio against the stored behaviour log-probs differs from 1 and clipping acts.
@@ -129,6 +134,8 @@ def check_config(c: Config) -> None:
                                   "in [0, --solver-samples]"),
         "proposer_samples": (c.proposer_samples >= 1, ">= 1"),
         "critic_samples": (c.critic_samples >= 1, ">= 1"),
+        "warmup_steps": (c.warmup_steps >= 0, ">= 0"),
+        "warmup_batch": (c.warmup_batch >= 1, ">= 1"),
         "num_iterations": (c.num_iterations >= 1 and (c.memory_opt or c.num_iterations == 1),
                            ">= 1 (> 1 only with --memory-opt)"),
         "proposer_length_target": (1 <= c.proposer_length_target <= c.proposer_tokens,

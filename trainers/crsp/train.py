@@ -66,6 +66,7 @@ from trainers.crsp.rewards import NoveltySketch, alpha_schedule
 from trainers.crsp.roles import ROLES, Prompts, make_model, role_parameters, set_checkpointing
 from trainers.crsp.rollout import rollout
 from trainers.crsp.update import micro_batches, optimised_grads
+from trainers.crsp.warmup import warm_up
 from trainers.curves import Series, plot_curve
 from trainers.llm.device import place_models, resolve_device
 from trainers.llm.model import model_dir
@@ -337,6 +338,9 @@ def main(argv: list[str] | None = None) -> None:
     log.info("seed prompts: %d of %d fit --max-prompt-tokens %d", len(usable), len(store),
              cfg.max_prompt_tokens)
     problems = task_problems(cfg.task, cfg.train_size, cfg.seed, cfg.task_config)
+    if cfg.warmup_steps and not run.resumed:  # a new run: the format warm-up first
+        t.plan.update(warm_up(cfg, t.model, t.tok, t.prompts, t.opts, problems,
+                              problems.score_answer, run.dir))
     summary_asked = threading.Event()  # kill -USR1 PID: a tensor summary after this step
     in_main = threading.current_thread() is threading.main_thread()
     old_handler = signal.signal(signal.SIGUSR1, lambda *_: summary_asked.set()) if in_main \

@@ -22,8 +22,9 @@ import torch
 
 from rlbuffers.stream.sources import IndexSource
 from rlbuffers.stream.token_store import TokenStore, TokenStoreWriter
-from trainers.crsp.formats import VERDICTS
+from trainers.crsp.formats import STOP, VERDICTS
 from trainers.crsp.roles import Prompts, activate
+from trainers.llm.generation import generate
 from trainers.llm.packed_logprobs import packed_batch, packed_logprobs
 from trainers.llm.settings import Packing
 from trainers.llm.tasks import extract_answer
@@ -56,11 +57,12 @@ def critic_examples(problems: Any, attempts: list[str], score: Any) -> list[tupl
 def write_examples(path: Path, role: str, examples: list[tuple[str, str]], prompts: Prompts,
                    tok: Any) -> None:
     """Tokenize ``role``'s examples once into ``path/prompts`` and ``path/targets`` (aligned
-    token stores; a target ends with EOS unless it stops at a closing tag)."""
+    token stores; a target ends with EOS unless the role stops at a closing tag)."""
+    eos = [tok.eos_token_id] if STOP[role] is None else []
     with TokenStoreWriter(path / "prompts") as wp, TokenStoreWriter(path / "targets") as wt:
         for user, target in examples:
             wp.extend([prompts(role, user)])
-            wt.extend([np.asarray(tok(target, add_special_tokens=False)["input_ids"],
+            wt.extend([np.asarray(tok(target, add_special_tokens=False)["input_ids"] + eos,
                                   np.int64)])
 
 
@@ -101,3 +103,38 @@ def sft_steps(model: Any, role: str, opt: torch.optim.Optimizer, store: Path, pa
         opt.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
     return stream.state_dict(), losses
+
+
+def warm_up(cfg: Any, model: Any, tok: Any, prompts: Prompts,
+            opts: dict[str, torch.optim.Optimizer], problems: Any, score: Any, run_dir: Path
+            ) -> dict[str, float]:
+    """``--warmup-steps`` supervised steps of the proposer and the critic (``opts``: their
+    AdamW optimizers) on ``--warmup-steps * --warmup-batch`` examples each, written once to
+    ``run_dir/warmup/<role>`` (critic examples: one attempt of the untrained solver at each
+    of the first training problems, labelled by ``score``). Returns each role's first and
+    last loss (``warmup_<role>_loss_first`` / ``_last``)."""
+    n = cfg.warmup_steps * cfg.warmup_batch
+    if n + 1 > len(problems):
+        raise ValueError(f"--warmup-steps: {cfg.warmup_steps} x --warmup-batch "
+                         f"{cfg.warmup_batch} examples need more than --train-size "
+                         f"{len(problems)} problems")
+    activate(model, "solver")
+    sampling = cfg.sampling(cfg.solver_tokens, generate_dtype=cfg.generate_dtype)
+    attempts = generate(model, tok, [prompts("solver", problems[i]["question"])
+                                     for i in range(n)], sampling, n_per_prompt=1,
+                        max_new=cfg.solver_tokens)
+    examples = {"proposer": proposer_examples(problems, n),
+                "critic": critic_examples(problems, [tok.decode(c, skip_special_tokens=True)
+                                                     for c, _ in attempts], score)}
+    out = {}
+    for role in WARMUP_ROLES:
+        path = run_dir / "warmup" / role
+        if not (path / "targets").exists():
+            write_examples(path, role, examples[role], prompts, tok)
+        _, losses = sft_steps(model, role, opts[role], path,
+                              cfg.packing(cfg.pack_tokens, cfg.train_dtype), tok.pad_token_id,
+                              cfg.warmup_batch, cfg.warmup_steps, cfg.seed)
+        out[f"warmup_{role}_loss_first"], out[f"warmup_{role}_loss_last"] = losses[0], losses[-1]
+        log.info("warm-up of the %s: %d steps, loss %.3f -> %.3f", role, cfg.warmup_steps,
+                 losses[0], losses[-1])
+    return out
