@@ -201,11 +201,14 @@ def tensor_summary(monitor: MemoryMonitor, step: int) -> dict[str, Any]:
 
 
 def draw_curve(path: Path, history: list[dict[str, Any]]) -> None:
-    """``curve.png``: each role's mean reward and the solver's accuracy on seed problems."""
+    """``curve.png``: each role's mean reward and format score, the proposals' well-formed
+    rate and the solver's accuracy on seed problems."""
     plot_curve(path, history, x="step", xlabel="step",
                series=[*(Series(f"{r}_reward", f"{r} reward") for r in ROLES),
+                       *(Series(f"{r}_format", f"{r} format") for r in ROLES),
+                       Series("proposals_valid", "proposals well formed"),
                        Series("seed_accuracy", "solver accuracy (seeds)")],
-               ylabel="mean reward", title="CRSP per-role rewards")
+               ylabel="mean per step", title="CRSP per-role rewards and formats")
 
 
 def step_budget(spec: str, device: torch.device) -> int | None:
