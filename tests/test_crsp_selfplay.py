@@ -210,10 +210,15 @@ def test_held_out_evaluation_of_a_run(tiny_dir, tmp_path, capsys):
         lo, hi = c["critic_accuracy"]["wilson95"]
         assert 0 <= lo <= c["critic_accuracy"]["rate"] <= hi <= 1
         assert c["critic_majority_rate"]["rate"] >= 0.5
+        assert 0 <= c["critic_balanced_accuracy"] <= 1
     assert out["proposer"]["first"]["steps"] == [1, 1] and out["proposer"]["last"]["n"] == 4
     cfg = Config(train_size=20, task="basic_arithmetic")
     data, keep, overlap = evaluate.held_out(cfg, 20, cfg.seed)  # the training draw itself
     assert keep == [] and overlap == 0
+    data, keep, _ = evaluate.held_out(cfg, 40, 5)
+    assert len({data[i]["question"] for i in keep}) == len(keep)  # distinct
+    says, labels = np.array([True, False, False, False]), np.array([True, True, False, False])
+    assert evaluate.balanced_accuracy(says, labels) == 0.75
 
 
 def test_warmup_resumes_exactly_mid_epoch(tiny_dir, tmp_path):

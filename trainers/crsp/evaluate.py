@@ -3,10 +3,12 @@
 
 - solver accuracy on held-out problems (reasoning-gym, ``--eval-seed``; every problem whose
   question is among the run's training problems is removed and the overlap after removal is
-  reported: 0), one greedy attempt each, scored by the task's verifier;
+  reported: 0; each distinct question once), one greedy attempt each, scored by the task's
+  verifier;
 - critic verdict accuracy on held-out solver attempts (one sampled attempt per problem by
   that checkpoint's solver, labelled by the verifier), the verdict being the likelier of the
-  two verdict continuations (``rollout.verdict_logprobs``), against the majority-class rate;
+  two verdict continuations (``rollout.verdict_logprobs``), against the majority-class rate
+  (and the balanced accuracy: the mean recall of the two classes);
 - from ``metrics.jsonl``, the proposer's well-formed proposals over the first and the last
   ``--window`` steps;
 
@@ -38,11 +40,15 @@ def proportion(k: float, n: int) -> dict[str, Any]:
 
 def held_out(cfg: Config, n: int, seed: int) -> tuple[Any, list[int], int]:
     """``(dataset, indices, overlap)``: ``n`` problems of the run's task drawn with ``seed``,
-    the indices of those whose question no training problem has, and the overlap left."""
+    the indices of those whose question no training problem has (each distinct question
+    once), and the overlap left."""
     train_q = {p["question"] for p in task_problems(cfg.task, cfg.train_size, cfg.seed,
                                                     cfg.task_config)}
     data = task_problems(cfg.task, n, seed, cfg.task_config)
-    keep = [i for i in range(n) if data[i]["question"] not in train_q]
+    first = {}  # each distinct question once
+    for i in range(n):
+        first.setdefault(data[i]["question"], i)
+    keep = [i for q, i in first.items() if q not in train_q]
     return data, keep, sum(data[i]["question"] in train_q for i in keep)
 
 
@@ -80,8 +86,17 @@ def evaluate_checkpoint(cfg: Config, run_dir: Path, step: int, data: Any, keep: 
     return {"step": step, "solver_accuracy": proportion(int(sum(solved)), n),
             "critic_accuracy": proportion(int((says == labels).sum()), n),
             "critic_majority_rate": proportion(int(max(labels.sum(), n - labels.sum())), n),
+            "critic_balanced_accuracy": balanced_accuracy(says, labels),
             "critic_says_correct": float(says.mean()),
             "attempts_correct": proportion(int(labels.sum()), n)}
+
+
+def balanced_accuracy(says: np.ndarray, labels: np.ndarray) -> float:
+    """Mean of the recall on correct and on incorrect attempts (0.5: no better than a
+    constant verdict; a class with no attempt is left out)."""
+    recalls = [float((says[labels == c] == c).mean()) for c in (True, False)
+               if (labels == c).any()]
+    return float(np.mean(recalls))
 
 
 def _cache() -> Any:
