@@ -321,8 +321,8 @@ def start_ranks(cfg: Config) -> tuple[torch.device, int, int]:
         return resolve_device(cfg.device), 0, 1
     if not cfg.memory_opt:
         sys.exit("--no-memory-opt runs on one process only (it is the 1-rank baseline)")
-    if cfg.num_iterations > 1:
-        sys.exit("--num-iterations > 1 runs on one process only")
+    if cfg.num_iterations > 1 or cfg.warmup_steps:
+        sys.exit("--num-iterations > 1 and --warmup-steps run on one process only")
     from trainers.crsp.fsdp import init_distributed, rank_device
     device = rank_device(cfg.device)
     rank, world = init_distributed(device)
