@@ -43,7 +43,7 @@ def tiny_dir(tmp_path_factory):
 
 def small_config(tiny_dir, **kw):
     return Config(model=str(tiny_dir), lora_rank=4, max_prompt_tokens=24, proposer_tokens=8,
-                  solver_tokens=8, critic_tokens=8, pack_tokens=48, chunk_tokens=7,
+                  solver_tokens=8, critic_tokens=20, pack_tokens=48, chunk_tokens=7,
                   memory_budget="none", beta=0.1, epsilon=0.2, **kw)
 
 
@@ -194,7 +194,8 @@ def test_bad_checkpoint_layers_are_named():
 
 
 def test_rollout_rewards_every_role(tiny_dir):
-    cfg = small_config(tiny_dir, seeds_per_step=2, solver_samples=3, critiques_per_problem=2)
+    cfg = small_config(tiny_dir, seeds_per_step=2, solver_samples=3, critiques_per_problem=2,
+                       proposer_samples=1, critic_samples=1)  # no group: running statistics
     model, tok, _ = roles.make_model(cfg)
     prompts = roles.Prompts(tok, cfg.max_prompt_tokens, ByteLRUCache(1 << 20))
     seeds = [{"question": "What is 2 + 3?", "answer": "5"},
@@ -218,8 +219,10 @@ def test_rollout_rewards_every_role(tiny_dir):
 
 
 ARGS = ["--train-size", "20", "--seeds-per-step", "2", "--solver-samples", "2",
-        "--critiques-per-problem", "1", "--max-prompt-tokens", "120", "--pack-tokens", "160",
-        "--proposer-tokens", "10", "--solver-tokens", "8", "--critic-tokens", "6",
+        "--critiques-per-problem", "1", "--max-prompt-tokens", "200", "--pack-tokens", "240",
+        "--proposer-tokens", "10", "--solver-tokens", "8", "--critic-tokens", "20",
+        "--proposer-length-target", "8", "--solver-length-target", "6",
+        "--critic-length-target", "18", "--proposer-samples", "2", "--critic-samples", "2",
         "--lora-rank", "4", "--memory-budget", "none", "--generate-threads", "1",
         "--train-threads", "1", "--lr", "1e-2",
         "--task", "basic_arithmetic"]
@@ -292,7 +295,7 @@ def test_one_step_run_logs_the_memory_plan_and_each_phase(tiny_dir, tmp_path, ca
     err = capsys.readouterr().err
     plan = next(line for line in err.splitlines() if "memory plan:" in line)
     assert "INFO trainers.crsp" in plan and "budget none" in plan
-    assert "micro-batches of 512 tokens (rows of 160)" in plan
+    assert "micro-batches of 512 tokens (rows of 240)" in plan
     assert "checkpointing all (layers [0, 1])" in plan and "shared reference saves" in plan
     assert "memory saved by shared_reference" in err
     step = next(line for line in err.splitlines() if "step 1: rollout" in line)

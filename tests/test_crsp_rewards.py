@@ -102,3 +102,29 @@ def test_running_normalisation_equals_the_whole_history():
         allr = np.concatenate(seen)
         np.testing.assert_allclose(adv, (r - allr.mean()) / np.sqrt(allr.var() + 1e-8),
                                    rtol=1e-6)
+
+
+def test_novelty_is_measured_against_the_seed_example_too():
+    sketch = R.NoveltySketch(8, 64)
+    seed = "Tom has 3 apples and buys 4 more. How many apples does he have?"
+    assert sketch.novelty([seed])[0] == 1.0  # an empty sketch: nothing to compare with
+    assert sketch.novelty([seed], [seed])[0] == 0.0  # the example copied
+    other = "A train leaves at noon at 60 miles per hour. How far has it gone by three?"
+    assert sketch.novelty([other], [seed])[0] > 0.8
+
+
+@pytest.mark.parametrize("role, text, ended, want", [
+    ("proposer", "Ann has 2. How many?</problem><answer>2</answer>", True, 1.0),
+    ("proposer", "Ann has 2. How many?</problem><answer>two</answer>", True, 2 / 3),
+    ("proposer", "Ann has 2. How many?</problem>", False, 1 / 3),
+    ("proposer", "no closing tag <answer>2</answer>", True, 0.0),
+    ("solver", "2 + 2 = 4 <answer>4</answer>", True, 1.0),
+    ("solver", "<answer>four</answer>", True, 0.5),
+    ("solver", "it is 4", True, 0.0),
+    ("critic", "correct</verdict> fine", True, 1.0),
+    ("critic", "correct</verdict> and on and on", False, 0.0),
+])
+def test_format_score_gives_partial_credit(role, text, ended, want):
+    from trainers.crsp.formats import format_score
+
+    assert format_score(role, text, ended) == pytest.approx(want)

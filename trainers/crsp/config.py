@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainers.config import check_rules
-from trainers.llm.config import LLM_RESUMABLE, LLMConfig, check_llm
+from trainers.llm.config import LLM_RESUMABLE, LLMConfig, check_dtype, check_llm
 
 
 @dataclass
@@ -20,11 +20,28 @@ class Config(LLMConfig):
     steps: int = 10
     """Total training steps (a resumed run may raise it)."""
     seeds_per_step: int = 2
-    """Seed problems per step; the proposer writes one new problem from each."""
+    """Seed problems per step; the proposer writes ``--proposer-samples`` new problems from
+    each."""
+    proposer_samples: int = 4
+    """Proposals per seed problem: a group, whose rewards give group-relative advantages
+    (1: no group, running normalisation instead)."""
     solver_samples: int = 4
-    """Solver attempts per problem (seed and proposed): the solvability band needs several."""
-    critiques_per_problem: int = 2
+    """Solver attempts per problem (seed and proposed): a group, and the solvability band
+    needs several."""
+    critiques_per_problem: int = 1
     """Solver attempts per problem that the critic judges (the first ones)."""
+    critic_samples: int = 4
+    """Verdicts (each with its reason) per judged attempt: a group (1: running
+    normalisation instead)."""
+    warmup_steps: int = 0
+    """Supervised format warm-up steps per role (proposer, critic) before the first step of a
+    new run (``trainers/crsp/warmup.py``; examples through ``rlbuffers.stream``); 0: off."""
+    warmup_batch: int = 4
+    """Examples per warm-up step."""
+    num_iterations: int = 1
+    """Updates of each role per step on the same batch (PPO epochs): from the second on, the
+    importance ratio against the stored behaviour log-probs differs from 1 and clipping acts.
+    > 1 needs --memory-opt."""
     max_prompt_tokens: int = 320
     """Seed prompts longer than this are left out of the order; longer role prompts are cut
     from the left (the count is logged as truncated prompts)."""
@@ -32,10 +49,17 @@ class Config(LLMConfig):
     """Completion limit of the proposer."""
     solver_tokens: int = 96
     """Completion limit of the solver."""
-    critic_tokens: int = 48
-    """Completion limit of the critic."""
-    length_target: int = 64
-    """Target completion length of the length reward (tokens)."""
+    critic_tokens: int = 32
+    """Completion limit of the critic (its verdict, then the reason)."""
+    proposer_length_target: int = 48
+    """Target length of the proposer's length reward (tokens, <= --proposer-tokens)."""
+    solver_length_target: int = 40
+    """Target length of the solver's length reward (tokens, <= --solver-tokens)."""
+    critic_length_target: int = 16
+    """Target length of the critic's length reward (tokens, <= --critic-tokens)."""
+    format_weight: float = 0.5
+    """Weight of the format reward (partial credit per part of each role's format); it does
+    not decay."""
     alpha0: float = 0.5
     """Weight of the intrinsic rewards (creativity, length) at step 0."""
     alpha_decay: float = 0.95
@@ -44,6 +68,11 @@ class Config(LLMConfig):
     """Problems the novelty sketch remembers (MinHash signatures in a ring)."""
     sketch_perm: int = 64
     """MinHash permutations per signature."""
+    generate_dtype: str = "float32"
+    """Weights' dtype while generating: 'float32', 'bfloat16' or 'float16'."""
+    train_dtype: str = "float32"
+    """Autocast dtype of the update's forward (log-probs): 'float32', 'bfloat16' or
+    'float16' (the naive path ignores it)."""
     memory_opt: bool = True
     """False (--no-memory-opt): the original path, the comparison baseline: a full copy of the
     model as reference, full [B, T, V] logits, all roles' graphs at once, one full batch,
@@ -78,9 +107,23 @@ def longest_completion(c: Config) -> int:
 RESUMABLE = LLM_RESUMABLE | {"steps", "tensor_summary"}
 
 
+def length_target(c: Config, role: str) -> int:
+    """``role``'s target length of the length reward (tokens, within its own cap)."""
+    return {"proposer": c.proposer_length_target, "solver": c.solver_length_target,
+            "critic": c.critic_length_target}[role]
+
+
+def group_size(c: Config, role: str) -> int:
+    """Completions per prompt of ``role`` (its group for group-relative advantages)."""
+    return {"proposer": c.proposer_samples, "solver": c.solver_samples,
+            "critic": c.critic_samples}[role]
+
+
 def check_config(c: Config) -> None:
     """Raise ValueError naming the first setting out of range (the base's, then CRSP's)."""
     check_llm(c)
+    check_dtype(c, "generate_dtype")
+    check_dtype(c, "train_dtype")
     longest = c.max_prompt_tokens + longest_completion(c)
     check_rules(c, {
         "steps": (c.steps >= 1, ">= 1"),
@@ -89,6 +132,19 @@ def check_config(c: Config) -> None:
         "solver_samples": (c.solver_samples >= 2, ">= 2 (the solvability band)"),
         "critiques_per_problem": (0 <= c.critiques_per_problem <= c.solver_samples,
                                   "in [0, --solver-samples]"),
+        "proposer_samples": (c.proposer_samples >= 1, ">= 1"),
+        "critic_samples": (c.critic_samples >= 1, ">= 1"),
+        "warmup_steps": (c.warmup_steps >= 0, ">= 0"),
+        "warmup_batch": (c.warmup_batch >= 1, ">= 1"),
+        "num_iterations": (c.num_iterations >= 1 and (c.memory_opt or c.num_iterations == 1),
+                           ">= 1 (> 1 only with --memory-opt)"),
+        "proposer_length_target": (1 <= c.proposer_length_target <= c.proposer_tokens,
+                                   f"in [1, --proposer-tokens={c.proposer_tokens}]"),
+        "solver_length_target": (1 <= c.solver_length_target <= c.solver_tokens,
+                                 f"in [1, --solver-tokens={c.solver_tokens}]"),
+        "critic_length_target": (1 <= c.critic_length_target <= c.critic_tokens,
+                                 f"in [1, --critic-tokens={c.critic_tokens}]"),
+        "format_weight": (c.format_weight >= 0, ">= 0"),
         "lora_rank": (c.lora_rank >= 1, ">= 1 (roles are adapters)"),
         "alpha_decay": (0 < c.alpha_decay <= 1, "in (0, 1]"),
         "micro_batch_tokens": (c.micro_batch_tokens >= 0, ">= 0 (0: planned)"),

@@ -4,17 +4,23 @@ Roles (Cognition via Rewarded Self-Play): a *proposer* writes a new problem with
 from a seed problem, a *solver* answers problems, a *critic* judges a solution. Per role:
 
 - solver: correctness on seed problems (reasoning-gym's verifier); on proposed problems, half
-  agreement with the proposer's answer and half the critic's verdict on that attempt;
-- critic: agreement of its verdict with the verifiable outcome (seed problems only);
+  agreement with the proposer's answer and half the critic's verdicts on that attempt (the
+  fraction saying correct);
+- critic: agreement of its verdict with the outcome (the verifier on seed problems, the
+  proposer's answer on proposed ones);
 - proposer: solvability in a band (the solver's success rate on the problem is neither 0 nor
   1) plus *creativity*, the novelty of the problem against a bounded sketch of earlier ones
-  (MinHash signatures, Broder 1997, via ``datasketch``, in a ring of fixed size);
-- every role: a length term, ``-|tokens - target| / target`` clipped to [-1, 0], computed in
-  mini-batches.
+  and against its own seed example (MinHash signatures, Broder 1997, via ``datasketch``, in a
+  ring of fixed size);
+- every role: a format term (``trainers.crsp.formats.format_score``, partial credit, weight
+  ``--format-weight``, no decay) and a length term, ``-|tokens - target| / target`` clipped
+  to [-1, 0], with each role's target within its own completion limit.
 
 Intrinsic terms (creativity, length) are weighted by ``alpha(step) = alpha0 * decay**step``
-(cached per step); each role's total is normalised with running mean / std (Chan et al. 1979
-parallel moments: ``rlbuffers.memory.RunningMeanStd``), so no reward history is stored.
+(one cached schedule per run, read once per role each step). Advantages are group-relative
+(``trainers.llm.policy_loss.group_advantages``: each role samples several completions per
+prompt); a role with one completion per prompt is normalised with running mean / std (Chan
+et al. 1979 parallel moments: ``rlbuffers.memory.RunningMeanStd``) instead.
 """
 
 from __future__ import annotations
@@ -56,8 +62,11 @@ def solvability(success: np.ndarray) -> np.ndarray:
 
 
 def length_reward(lengths: Sequence[int], target: int, mini_batch: int = 1024) -> np.ndarray:
-    """``-|n - target| / target`` clipped to [-1, 0] per completion (float32[N]), computed
-    ``mini_batch`` completions at a time (no temporary larger than that)."""
+    """``-|n - target| / target`` clipped to [-1, 0] per completion (float32[N]).
+
+    One vectorised pass over the N integers; ``mini_batch`` bounds the temporary for a
+    caller with millions of lengths. A CRSP step passes one role's completions (tens), so
+    there it is a single batch."""
     if target < 1:
         raise ValueError(f"target: expected >= 1 token, got {target}")
     n = np.asarray(lengths, np.int64)
@@ -102,12 +111,18 @@ class NoveltySketch:
         m.update_batch([s.encode() for s in shingles])
         return np.asarray(m.hashvalues, np.uint32)
 
-    def novelty(self, texts: Sequence[str]) -> np.ndarray:
+    def novelty(self, texts: Sequence[str], examples: Sequence[str] | None = None
+                ) -> np.ndarray:
+        """float32[N]: 1 - the largest estimated Jaccard similarity of each text to the
+        sketch and, with ``examples`` (one per text: the seed problem it was written
+        from), to its own example, so copying the example scores no creativity."""
         held = self.signatures[:min(self.count, self.capacity)]
         out = np.ones(len(texts), np.float32)
-        if len(held):
-            for i, t in enumerate(texts):
-                out[i] = 1.0 - float((held == self.signature(t)).mean(axis=1).max())
+        for i, t in enumerate(texts):
+            sig = self.signature(t)
+            rows = held if examples is None else np.vstack([held, self.signature(examples[i])])
+            if len(rows):
+                out[i] = 1.0 - float((rows == sig).mean(axis=1).max())
         return out
 
     def add(self, texts: Sequence[str]) -> None:
@@ -124,6 +139,21 @@ class NoveltySketch:
         self.__init__(state["capacity"], state["num_perm"], state["seed"])  # type: ignore[misc]
         self.count = int(state["count"])
         self.signatures[:] = np.asarray(state["signatures"], np.uint32)
+
+
+def advantages(stats: dict[str, RunningMeanStd], role: str, rewards: np.ndarray, group: int
+               ) -> tuple[np.ndarray, float]:
+    """``role``'s advantages (float32[N], groups of ``group`` contiguous completions) and the
+    fraction of groups whose rewards were all equal: group-relative
+    (``group_advantages``, scaled by the group's std; they sum to 0 in every group) when
+    ``group`` >= 2, else running normalisation (:func:`normalise`; fraction 0). Either way
+    ``stats[role]`` is updated with the rewards."""
+    from trainers.llm.policy_loss import group_advantages
+
+    if group >= 2:  # the running statistics still follow the role's rewards (logged)
+        stats[role].update(np.asarray(rewards, np.float64))
+        return group_advantages(np.asarray(rewards, np.float32), group, "group")
+    return normalise(stats, role, rewards), 0.0
 
 
 def normalise(stats: dict[str, RunningMeanStd], role: str, rewards: np.ndarray) -> np.ndarray:

@@ -15,20 +15,13 @@ import torch
 
 from rlbuffers.cache import ByteLRUCache
 from trainers.crsp.config import Config
+from trainers.crsp.formats import render
 from trainers.llm.checkpointing import set_gradient_checkpointing
-from trainers.llm.tasks import SYSTEM
 
 log = logging.getLogger("trainers.crsp.roles")
 
 ROLES = ("proposer", "solver", "critic")
 ROLE_ID = {r: i for i, r in enumerate(ROLES)}
-PROPOSER_SYSTEM = ("You write new math word problems. Read the example, then write a different "
-                   "problem of the same kind inside <problem></problem> and its numeric answer "
-                   "inside <answer></answer>.")
-CRITIC_SYSTEM = ("You check solutions to math problems. Explain briefly whether the final "
-                 "answer is right, then write <verdict>correct</verdict> or "
-                 "<verdict>incorrect</verdict>.")
-SYSTEMS = {"proposer": PROPOSER_SYSTEM, "solver": SYSTEM, "critic": CRITIC_SYSTEM}
 
 
 def make_model(cfg: Config, device: torch.device | str = "cpu") -> tuple[Any, Any, Any]:
@@ -89,13 +82,12 @@ class Prompts:
     truncated: int = 0
 
     def __call__(self, role: str, user: str) -> np.ndarray:
-        """int64 token ids of ``role``'s system prompt and ``user``'s message."""
+        """int64 token ids of ``role``'s system prompt, ``user``'s message and the role's
+        prefilled opening tag (``trainers.crsp.formats``)."""
         key = (role, user)
         ids = self.cache.get(key)
         if ids is None:
-            text = self.tok.apply_chat_template(
-                [{"role": "system", "content": SYSTEMS[role]}, {"role": "user", "content": user}],
-                add_generation_prompt=True, tokenize=False)
+            text = render(self.tok, role, user)
             ids = np.asarray(self.tok(text, add_special_tokens=False)["input_ids"], np.int64)
             self.cache.put(key, ids)
         if len(ids) > self.max_tokens:

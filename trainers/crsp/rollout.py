@@ -1,7 +1,9 @@
-"""One CRSP step's rollout: the proposer writes a new problem from each seed problem, the
-solver attempts every seed and well-formed proposed problem (``--solver-samples`` each), the
-critic judges the first ``--critiques-per-problem`` attempts of each; then every utterance is
-rewarded (``trainers.crsp.rewards``) and each role's rewards normalised into advantages."""
+"""One CRSP step's rollout: the proposer writes ``--proposer-samples`` new problems from each
+seed problem, the solver attempts every seed and well-formed proposed problem
+(``--solver-samples`` each), the critic judges the first ``--critiques-per-problem`` attempts
+of each (``--critic-samples`` verdicts each, every verdict chosen between the two verdict
+continuations' log-probs, then its reason generated); then every utterance is rewarded
+(``trainers.crsp.rewards``) and each role's rewards turned into group-relative advantages."""
 
 from __future__ import annotations
 
@@ -9,21 +11,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from rlbuffers.memory import RunningMeanStd
-from trainers.crsp.config import Config, longest_completion
+from rlbuffers.memory.micro_batch import split_tokens
+from trainers.crsp.config import Config, group_size, length_target, longest_completion
+from trainers.crsp.formats import STOP, VERDICTS, cut_at_stop, format_scores, proposal_parts
 from trainers.crsp.rewards import (
     NoveltySketch,
+    advantages,
     alpha_schedule,
     length_reward,
-    normalise,
-    parse_proposal,
-    parse_verdict,
     solvability,
 )
 from trainers.crsp.roles import ROLES, Prompts, activate
+from trainers.llm.device import to_device
 from trainers.llm.generation import generate
-from trainers.llm.settings import Sampling
+from trainers.llm.packed_logprobs import packed_batch, packed_logprobs
+from trainers.llm.settings import Packing, Sampling
 from trainers.llm.tasks import extract_answer, numeric_match
 
 
@@ -54,31 +59,74 @@ class RoleBatch:
 def sample(model: Any, tok: Any, sampling: Sampling, role: str, prompts: list[np.ndarray],
            n: int, max_new: int) -> list[list[tuple[np.ndarray, bool]]]:
     """``n`` completions (at most ``max_new`` tokens) of each prompt by ``role``'s adapter,
-    grouped per prompt."""
+    grouped per prompt, each cut right after its role's closing tag (``formats.STOP``);
+    ``truncated``: it reached ``max_new`` without its closing tag or EOS."""
     activate(model, role)
-    flat = generate(model, tok, prompts, sampling, n_per_prompt=n, max_new=max_new)
+    flat = [(c, t) if not hit else (cut, False) for c, t in
+            generate(model, tok, prompts, sampling, n_per_prompt=n, max_new=max_new)
+            for cut, hit in [cut_at_stop(tok, c, STOP[role])]]
     return [flat[i * n:(i + 1) * n] for i in range(len(prompts))]
 
 
+def verdict_ids(tok: Any) -> dict[bool, np.ndarray]:
+    """Token ids of the two verdict continuations (``formats.VERDICTS``)."""
+    return {v: np.asarray(tok(t, add_special_tokens=False)["input_ids"], np.int64)
+            for v, t in VERDICTS.items()}
+
+
+@torch.no_grad()
+def verdict_logprobs(model: Any, tok: Any, prompts: list[np.ndarray], packing: Packing
+                     ) -> np.ndarray:
+    """float64[N, 2]: the critic's log-prob of each verdict continuation (correct,
+    incorrect) after each prompt (which ends with the prefilled ``<verdict>``): the sum of
+    its tokens' log-probs, both packed after the prompt once."""
+    activate(model, "critic")
+    model.eval()
+    options = verdict_ids(tok)
+    pair = [options[True], options[False]]
+    batch = to_device(packed_batch(prompts, [pair] * len(prompts), packing,
+                                   tok.pad_token_id, {}), model.device)
+    flat = torch.zeros(int(batch["mask"].sum()))
+    for rows in split_tokens(batch["real"].sum(1).tolist(), 2 * packing.pack_tokens):
+        micro = {k: v[rows] for k, v in batch.items()}
+        flat[micro["index"][micro["mask"]].cpu()] = packed_logprobs(model, micro, packing).cpu()
+    cuts = np.cumsum([0] + [len(o) for _ in prompts for o in pair])
+    sums = np.add.reduceat(flat.double().numpy(), cuts[:-1])
+    return sums.reshape(len(prompts), 2)
+
+
+def choose_verdicts(logprobs: np.ndarray, k: int) -> np.ndarray:
+    """bool[N, k]: ``k`` verdicts per prompt (True: correct) drawn from the softmax over the
+    two continuations' log-probs (``torch``'s global generator: checkpointed)."""
+    p_correct = torch.sigmoid(torch.from_numpy(logprobs[:, 0] - logprobs[:, 1]))
+    return (torch.rand(len(logprobs), k, dtype=torch.float64) < p_correct[:, None]).numpy()
+
+
 def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dict[str, Any]],
-            score: Any, sketch: NoveltySketch, stats: dict[str, RunningMeanStd], step: int
-            ) -> tuple[dict[str, RoleBatch], dict[str, float]]:
+            score: Any, sketch: NoveltySketch, stats: dict[str, RunningMeanStd],
+            alpha: Any = None, *, step: int) -> tuple[dict[str, RoleBatch], dict[str, float]]:
     """Generate every role's utterances for ``seeds`` and reward them. ``score(answer,
-    entry)`` is reasoning-gym's verifier of a seed problem. Returns the role batches and the
-    step's metrics (rewards per role, seed accuracy, proposals' validity and novelty)."""
-    alpha = alpha_schedule(cfg.alpha0, cfg.alpha_decay)(step)
-    sampling = cfg.sampling(longest_completion(cfg))  # the budget read now
+    entry)`` is reasoning-gym's verifier of a seed problem; ``alpha`` the run's cached
+    schedule ``step -> weight of the intrinsic terms`` (None: one built here). Returns the
+    role batches and the step's metrics (rewards and format scores per role, seed accuracy,
+    proposals' validity and novelty, the critic's agreement and the majority-class rate)."""
+    alpha = alpha or alpha_schedule(cfg.alpha0, cfg.alpha_decay)
+    sampling = cfg.sampling(longest_completion(cfg), generate_dtype=cfg.generate_dtype)
+    packing = cfg.packing(cfg.pack_tokens, cfg.train_dtype)
     out = {r: RoleBatch() for r in ROLES}
     text = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
-    # Proposer: one new problem per seed.
-    p_prompts = [prompts("proposer", "Example:\n" + s["question"]) for s in seeds]
-    for p, comps in zip(p_prompts, sample(model, tok, sampling, "proposer", p_prompts, 1,
-                                          cfg.proposer_tokens), strict=True):
+    # Proposer: --proposer-samples new problems per seed (a group each).
+    p_prompts = [prompts("proposer", "Problem:\n" + s["question"]) for s in seeds]
+    for p, comps in zip(p_prompts, sample(model, tok, sampling, "proposer", p_prompts,
+                                          cfg.proposer_samples, cfg.proposer_tokens),
+                        strict=True):
         out["proposer"].add(p, comps)
-    proposals = [parse_proposal(text(c)) for c in out["proposer"].completions]
+    parts = [proposal_parts(text(c)) for c in out["proposer"].completions]
+    valid = np.array([q is not None and a is not None for q, a in parts])
+    source = [i // cfg.proposer_samples for i in range(len(parts))]  # the seed of each
     # Solver: attempts on every seed and every well-formed proposal.
     problems = [(s["question"], s.get("entry", s), None) for s in seeds] + [
-        (q, None, a) for q, a in (x for x in proposals if x is not None)]
+        (q, None, a) for (q, a), v in zip(parts, valid, strict=True) if v]
     s_prompts = [np.asarray(s["prompt_ids"], np.int64) if "prompt_ids" in s  # the token store
                  else prompts("solver", s["question"]) for s in seeds]
     s_prompts += [prompts("solver", q) for q, _, _ in problems[len(seeds):]]
@@ -90,48 +138,78 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
         got = [extract_answer(text(c))[0] for c, _ in comps]
         outcome.append([0.0 if not g else float(score(g, entry) == 1.0) if entry is not None
                         else numeric_match(g, answer) for g in got])
-    # Critic: verdicts on the first attempts of each problem.
-    c_prompts, judged = [], []
-    for k, ((q, _, _), comps) in enumerate(zip(problems, attempts, strict=True)):
-        for j in range(cfg.critiques_per_problem):
-            c_prompts.append(prompts("critic", f"Problem:\n{q}\n\nSolution:\n{text(comps[j][0])}"))
-            judged.append((k, j))
-    verdicts: dict[tuple[int, int], bool | None] = {}
-    for p, comps, kj in zip(c_prompts, sample(model, tok, sampling, "critic", c_prompts, 1,
-                                               cfg.critic_tokens), judged, strict=True):
-        out["critic"].add(p, comps)
-        verdicts[kj] = parse_verdict(text(comps[0][0]))
-    # Rewards.
+    # Critic: --critic-samples verdicts (then a reason each) per judged attempt.
+    judged = [(k, j) for k in range(len(problems)) for j in range(cfg.critiques_per_problem)]
+    c_prompts = [prompts("critic", f"Problem:\n{problems[k][0]}\n\nSolution:\n"
+                                   f"{text(attempts[k][j][0])}") for k, j in judged]
+    options = verdict_ids(tok)
+    verdicts = choose_verdicts(verdict_logprobs(model, tok, c_prompts, packing),
+                               cfg.critic_samples) if judged \
+        else np.zeros((0, cfg.critic_samples), bool)
+    reason_prompts = [np.concatenate([p, options[bool(v)]])
+                      for p, row in zip(c_prompts, verdicts, strict=True) for v in row]
+    room = cfg.critic_tokens - max(len(o) for o in options.values())
+    if room < 1:
+        raise ValueError(f"--critic-tokens: expected more than the longest verdict "
+                         f"({cfg.critic_tokens - room} tokens), got "
+                         f"{cfg.critic_tokens}")
+    reasons = sample(model, tok, sampling, "critic", reason_prompts, 1, room) \
+        if reason_prompts else []
+    for i, p in enumerate(c_prompts):
+        group = reasons[i * cfg.critic_samples:(i + 1) * cfg.critic_samples]
+        out["critic"].add(p, [(np.concatenate([options[bool(v)], r[0][0]]), r[0][1])
+                              for v, r in zip(verdicts[i], group, strict=True)])
+    # Rewards: extrinsic per role.
     n_seed = len(seeds)
-    solver_r = [o if k < n_seed or (k, j) not in verdicts else
-                0.5 * o + 0.5 * float(verdicts[(k, j)] is True)
+    says_correct = {kj: float(verdicts[i].mean()) for i, kj in enumerate(judged)}
+    solver_r = [o if k < n_seed or (k, j) not in says_correct else
+                0.5 * o + 0.5 * says_correct[(k, j)]
                 for k, row in enumerate(outcome) for j, o in enumerate(row)]
-    critic_r = [float(verdicts[(k, j)] is bool(outcome[k][j])) for k, j in judged]
+    truth = np.array([bool(outcome[k][j]) for k, j in judged], bool)
+    critic_r = (verdicts == truth[:, None]).astype(np.float32).reshape(-1)
     rates = iter([float(np.mean(row)) for row in outcome[n_seed:]])
-    valid = [x is not None for x in proposals]
-    band = np.array([solvability(np.array([next(rates)]))[0] if v else 0.0 for v in valid])
-    new_problems = [x[0] for x in proposals if x is not None]
-    novelty = np.zeros(len(proposals), np.float32)
-    novelty[np.flatnonzero(valid)] = sketch.novelty(new_problems)
+    band = np.array([solvability(np.array([next(rates)]))[0] if v else 0.0 for v in valid],
+                    np.float32)
+    novelty = np.zeros(len(parts), np.float32)
+    new_problems = [q for (q, _), v in zip(parts, valid, strict=True) if v]
+    novelty[valid] = sketch.novelty(new_problems, [seeds[source[i]]["question"]
+                                                   for i in np.flatnonzero(valid)])
     sketch.add(new_problems)
-    extrinsic = {"proposer": band, "solver": np.array(solver_r), "critic": np.array(critic_r)}
+    extrinsic = {"proposer": band, "solver": np.array(solver_r, np.float32),
+                 "critic": critic_r}
+    metrics: dict[str, float] = {}
     for role in ROLES:
         b = out[role]
-        lengths = [len(c) for c in b.completions]
+        a = alpha(step)  # the cached schedule: computed once per step, read per role
+        ends = [not t for t in b.truncated]
         b.parts = {"extrinsic": extrinsic[role].tolist(),
-                   "length": length_reward(lengths, cfg.length_target).tolist()}
+                   "format": format_scores(role, [text(c) for c in b.completions],
+                                           ends).tolist(),
+                   "length": length_reward([len(c) for c in b.completions],
+                                           length_target(cfg, role)).tolist()}
         intrinsic = np.asarray(b.parts["length"])
         if role == "proposer":
             b.parts["creativity"] = novelty.tolist()
             intrinsic = intrinsic + novelty
-        b.reward = (extrinsic[role] + alpha * intrinsic).astype(np.float32)
-        b.advantage = normalise(stats, role, b.reward)
-    metrics = {"alpha": alpha, "proposals_valid": float(np.mean(valid)),
-               "seed_accuracy": float(np.mean(outcome[:n_seed])),
-               "proposed_solve_rate": float(np.mean(outcome[n_seed:])) if outcome[n_seed:]
-               else 0.0, "critic_agreement": float(np.mean(critic_r)) if critic_r else 0.0,
-               "novelty": float(novelty[valid].mean()) if any(valid) else 0.0,
-               "truncated_prompts": prompts.truncated}
-    for role in ROLES:
-        metrics[f"{role}_reward"] = float(out[role].reward.mean())
+        b.reward = (extrinsic[role] + cfg.format_weight * np.asarray(b.parts["format"])
+                    + a * intrinsic).astype(np.float32)
+        if len(b.reward):
+            b.advantage, metrics[f"{role}_flat_groups"] = advantages(
+                stats, role, b.reward, group_size(cfg, role))
+        metrics[f"{role}_reward"] = float(b.reward.mean()) if len(b.reward) else 0.0
+        metrics[f"{role}_format"] = float(np.mean(b.parts["format"])) if len(b.reward) else 0.0
+    seed_truth = truth[[k < n_seed for k, _ in judged]]
+    seed_agree = critic_r.reshape(len(judged), -1)[[k < n_seed for k, _ in judged]] \
+        if judged else np.zeros((0, 1))
+    metrics.update({
+        "alpha": alpha(step), "proposals_valid": float(np.mean(valid)),
+        "seed_accuracy": float(np.mean(outcome[:n_seed])),
+        "proposed_solve_rate": float(np.mean(outcome[n_seed:])) if outcome[n_seed:] else 0.0,
+        "critic_agreement": float(np.mean(critic_r)) if len(critic_r) else 0.0,
+        "critic_seed_agreement": float(seed_agree.mean()) if seed_agree.size else 0.0,
+        "critic_seed_majority": float(max(seed_truth.mean(), 1 - seed_truth.mean()))
+        if seed_truth.size else 0.0,
+        "critic_says_correct": float(verdicts.mean()) if verdicts.size else 0.0,
+        "novelty": float(novelty[valid].mean()) if valid.any() else 0.0,
+        "truncated_prompts": prompts.truncated})
     return out, metrics

@@ -54,21 +54,23 @@ from rlbuffers.memory import AdaptiveMicroBatch, MemoryMonitor, RunningMeanStd, 
 from rlbuffers.memory.reference import reference_bytes_saved
 from rlbuffers.stream.sources import IndexSource
 from rlbuffers.stream.stages import BlockShuffle, Stage
-from rlbuffers.stream.token_store import TokenStore
+from rlbuffers.stream.token_store import TokenStore, build_token_store
+from rlbuffers.stream.tokenize import TextTokenizer
 from trainers.common import Run, open_run, rng_states, set_rng_states
 from trainers.config import start
 from trainers.crsp.buffer import buffer_fields, utterances
 from trainers.crsp.config import RESUMABLE, Config, check_config, longest_completion
+from trainers.crsp.formats import render
 from trainers.crsp.naive import naive_grads
-from trainers.crsp.rewards import NoveltySketch
+from trainers.crsp.rewards import NoveltySketch, alpha_schedule
 from trainers.crsp.roles import ROLES, Prompts, make_model, role_parameters, set_checkpointing
 from trainers.crsp.rollout import rollout
 from trainers.crsp.update import micro_batches, optimised_grads
+from trainers.crsp.warmup import warm_up
 from trainers.curves import Series, plot_curve
 from trainers.llm.device import place_models, resolve_device
 from trainers.llm.model import model_dir
 from trainers.llm.policy_loss import clip_and_step
-from trainers.llm.prompts import prompt_store
 from trainers.llm.settings import parse_budget
 from trainers.llm.tasks import task_problems
 from trainers.phases import Phases
@@ -96,6 +98,7 @@ class Trainer:
     rng: np.random.Generator
     state: dict[str, Any]  # step, groups, data order (plain data)
     plan: dict[str, Any]  # the memory plan's numbers (in every metrics row)
+    alpha: Any  # the cached schedule step -> weight of the intrinsic rewards
     fsdp_units: list[Any] | None = None  # the sharded decoder layers under torchrun
 
     def state_dict(self) -> dict[str, Any]:
@@ -116,21 +119,39 @@ class Trainer:
         clip_and_step(role_parameters(self.model, role), self.opts[role], self.cfg.max_grad_norm)
 
 
-def seed_stream(n: int, seed: int, shuffle_buffer: int) -> Stage:
-    """Indices of the seed problems (rows of the token store ``DIR/seeds``), streamed without
-    end: ``rlbuffers.stream``'s ``IndexSource`` (a seeded permutation per pass) through a
+def seed_stream(items: int | list[int], seed: int, shuffle_buffer: int) -> Stage:
+    """Indices of the seed problems (rows of the token store ``DIR/seeds``; ``items``: the
+    usable ones, or an int n for all of ``range(n)``), streamed without end:
+    ``rlbuffers.stream``'s ``IndexSource`` (a seeded permutation per pass) through a
     ``BlockShuffle`` of ``shuffle_buffer`` samples (``--seed-shuffle-buffer``). Its
     ``state_dict()`` (a few integers) resumes it exactly."""
-    stage: Stage = IndexSource(range(n), seed=seed, cycle=True)
+    indices = range(items) if isinstance(items, int) else items
+    stage: Stage = IndexSource(indices, seed=seed, cycle=True)
     if shuffle_buffer > 1:
         stage = BlockShuffle(stage, shuffle_buffer, seed=seed)
     return stage
 
 
-def next_seeds(t: Trainer, store: TokenStore, problems: Any) -> list[dict[str, Any]]:
+def usable_seeds(store: TokenStore, max_prompt_tokens: int, need: int) -> list[int]:
+    """Indices of the seed prompts of at most ``max_prompt_tokens`` tokens (the longer ones
+    are left out of the order: they could not be packed with a completion).
+
+    Raises:
+        ValueError: fewer than ``need`` fit (``--max-prompt-tokens`` named).
+    """
+    usable = [i for i in range(len(store)) if store.length(i) <= max_prompt_tokens]
+    if len(usable) < need:
+        raise ValueError(f"--max-prompt-tokens: only {len(usable)} of {len(store)} seed "
+                         f"prompts fit in {max_prompt_tokens} tokens, need {need}")
+    return usable
+
+
+def next_seeds(t: Trainer, store: TokenStore, problems: Any, usable: list[int]
+               ) -> list[dict[str, Any]]:
     """The step's ``--seeds-per-step`` seed problems (question, reasoning-gym entry and the
-    solver's prompt, memory-mapped from the token store); advances the stream's state."""
-    stream = seed_stream(len(store), t.cfg.seed, t.cfg.seed_shuffle_buffer)
+    solver's prompt, memory-mapped from the token store) drawn from ``usable``; advances the
+    stream's state."""
+    stream = seed_stream(usable, t.cfg.seed, t.cfg.seed_shuffle_buffer)
     if t.state["data"]:
         stream.load_state_dict(t.state["data"])
     indices = list(itertools.islice(stream, t.cfg.seeds_per_step))
@@ -143,12 +164,13 @@ def update(t: Trainer, batches: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Every role's gradients and optimizer step: sharded (torchrun), role by role (memory
     optimised) or all roles at once (``--no-memory-opt``)."""
     cfg, pad_id = t.cfg, t.tok.pad_token_id
-    packing, loss = cfg.packing(cfg.pack_tokens), cfg.policy_loss()
+    packing, loss = cfg.packing(cfg.pack_tokens, cfg.train_dtype), cfg.policy_loss()
     if t.fsdp_units is not None:
         from trainers.crsp.fsdp import sharded_grads
         return sharded_grads(t.model, batches, packing, loss, pad_id, t.amb, t.step_role)
     if cfg.memory_opt:
-        return optimised_grads(t.model, batches, packing, loss, pad_id, t.amb, t.step_role)
+        return optimised_grads(t.model, batches, packing, loss, pad_id, t.amb, t.step_role,
+                               cfg.num_iterations)
     grads = naive_grads(t.model, t.reference, batches, loss, cfg.temperature,
                         cfg.max_prompt_tokens + longest_completion(cfg), pad_id)
     for role in grads:
@@ -162,7 +184,7 @@ def rollout_step(t: Trainer, seeds: list[dict[str, Any]], score: Any, step: int
     generates on the unsharded base and the others receive its result."""
     def run_rollout() -> Any:
         return rollout(t.cfg, t.model, t.tok, t.prompts, seeds, score, t.sketch, t.stats,
-                       step=step - 1)
+                       t.alpha, step=step - 1)
 
     if t.fsdp_units is None:
         return run_rollout()
@@ -180,11 +202,14 @@ def tensor_summary(monitor: MemoryMonitor, step: int) -> dict[str, Any]:
 
 
 def draw_curve(path: Path, history: list[dict[str, Any]]) -> None:
-    """``curve.png``: each role's mean reward and the solver's accuracy on seed problems."""
+    """``curve.png``: each role's mean reward and format score, the proposals' well-formed
+    rate and the solver's accuracy on seed problems."""
     plot_curve(path, history, x="step", xlabel="step",
                series=[*(Series(f"{r}_reward", f"{r} reward") for r in ROLES),
+                       *(Series(f"{r}_format", f"{r} format") for r in ROLES),
+                       Series("proposals_valid", "proposals well formed"),
                        Series("seed_accuracy", "solver accuracy (seeds)")],
-               ylabel="mean reward", title="CRSP per-role rewards")
+               ylabel="mean per step", title="CRSP per-role rewards and formats")
 
 
 def step_budget(spec: str, device: torch.device) -> int | None:
@@ -210,9 +235,11 @@ def setup(cfg: Config, device: torch.device, rank: int, world: int
     ckpt_plan = set_checkpointing(model, cfg, budget)
     plan["checkpointed_layers"] = ckpt_plan["layers"]
 
-    def create(d: Path) -> None:
-        prompt_store(cfg.task, cfg.train_size, cfg.seed, cfg.task_config, tok,
-                     model_dir(cfg.model), d / "seeds")
+    def create(d: Path) -> None:  # the solver's prompts (CRSP's system prompt) tokenized once
+        problems = task_problems(cfg.task, cfg.train_size, cfg.seed, cfg.task_config)
+        build_token_store(d / "seeds", (render(tok, "solver", p["question"]) for p in problems),
+                          TextTokenizer.from_file(model_dir(cfg.model) / "tokenizer.json"),
+                          total=cfg.train_size, progress=False)
         ReplayBuffer.create(d / "buffer", capacity=cfg.buffer_capacity,
                             fields=buffer_fields(), seed=cfg.seed).close()
 
@@ -226,7 +253,7 @@ def setup(cfg: Config, device: torch.device, rank: int, world: int
     opts = {r: torch.optim.AdamW(role_parameters(model, r), lr=cfg.lr, weight_decay=0.0,
                                  fused=True)
             for r in ROLES}
-    packing = cfg.packing(cfg.pack_tokens)
+    packing = cfg.packing(cfg.pack_tokens, cfg.train_dtype)
     amb = micro_batches(model, cfg, packing, tok.pad_token_id,
                         budget if world == 1 else None)  # ranks must agree
     plan["micro_batch_tokens"] = amb.max_tokens
@@ -238,7 +265,8 @@ def setup(cfg: Config, device: torch.device, rank: int, world: int
                 Prompts(tok, cfg.max_prompt_tokens, ByteLRUCache(cfg.prompt_cache_bytes)),
                 NoveltySketch(cfg.sketch_capacity, cfg.sketch_perm, cfg.seed),
                 {r: RunningMeanStd() for r in ROLES}, np.random.default_rng(cfg.seed),
-                {"step": 0, "groups": 0, "data": {}}, plan, units)
+                {"step": 0, "groups": 0, "data": {}}, plan,
+                alpha_schedule(cfg.alpha0, cfg.alpha_decay), units)
     plan["saving_shared_reference_bytes"] = reference_bytes_saved(model) if cfg.memory_opt \
         else 0
     monitor.record_saving("shared_reference", plan["saving_shared_reference_bytes"])
@@ -287,23 +315,36 @@ def commit(t: Trainer, run: Run, monitor: MemoryMonitor, row: dict[str, Any]) ->
                writers={"adapters.safetensors": lambda p: save_file(adapters, str(p))})
 
 
+def start_ranks(cfg: Config) -> tuple[torch.device, int, int]:
+    """``(device, rank, world)``: one process, or a torchrun rank (process group joined)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # WORLD_SIZE: set by torchrun
+    if world == 1:
+        return resolve_device(cfg.device), 0, 1
+    if not cfg.memory_opt:
+        sys.exit("--no-memory-opt runs on one process only (it is the 1-rank baseline)")
+    if cfg.num_iterations > 1 or cfg.warmup_steps:
+        sys.exit("--num-iterations > 1 and --warmup-steps run on one process only")
+    from trainers.crsp.fsdp import init_distributed, rank_device
+    device = rank_device(cfg.device)
+    rank, world = init_distributed(device)
+    return device, rank, world
+
+
 def main(argv: list[str] | None = None) -> None:
     cfg = start(Config, argv, module="trainers.crsp", doc=__doc__, resumable=RESUMABLE,
                 check=check_config)
-    rank, world = 0, int(os.environ.get("WORLD_SIZE", "1"))  # WORLD_SIZE: set by torchrun
-    if world > 1:
-        if not cfg.memory_opt:
-            sys.exit("--no-memory-opt runs on one process only (it is the 1-rank baseline)")
-        from trainers.crsp.fsdp import init_distributed, rank_device
-        device = rank_device(cfg.device)
-        rank, world = init_distributed(device)
-    else:
-        device = resolve_device(cfg.device)
+    device, rank, world = start_ranks(cfg)
     train_threads = cfg.train_threads or os.cpu_count() or 1
     torch.set_num_threads(train_threads)
     t, run, monitor = setup(cfg, device, rank, world)
     store = TokenStore(run.dir / "seeds")
+    usable = usable_seeds(store, cfg.max_prompt_tokens, cfg.seeds_per_step)
+    log.info("seed prompts: %d of %d fit --max-prompt-tokens %d", len(usable), len(store),
+             cfg.max_prompt_tokens)
     problems = task_problems(cfg.task, cfg.train_size, cfg.seed, cfg.task_config)
+    if cfg.warmup_steps and not run.resumed:  # a new run: the format warm-up first
+        t.plan.update(warm_up(cfg, t.model, t.tok, t.prompts, t.opts, problems,
+                              problems.score_answer, run.dir))
     summary_asked = threading.Event()  # kill -USR1 PID: a tensor summary after this step
     in_main = threading.current_thread() is threading.main_thread()
     old_handler = signal.signal(signal.SIGUSR1, lambda *_: summary_asked.set()) if in_main \
@@ -314,7 +355,7 @@ def main(argv: list[str] | None = None) -> None:
             t0, step = time.perf_counter(), t.state["step"] + 1
             row: dict[str, Any] = {"step": step}
             phases = Phases(monitor, row)
-            seeds = next_seeds(t, store, problems)
+            seeds = next_seeds(t, store, problems, usable)
             with phases("rollout"):  # every role's utterances, rewards and advantages
                 torch.set_num_threads(cfg.generate_threads)
                 batches, metrics = rollout_step(t, seeds, problems.score_answer, step)
@@ -328,6 +369,8 @@ def main(argv: list[str] | None = None) -> None:
             t.state["step"] = step
             row.update({**metrics, **{f"{r}_loss": grads[r]["loss"] for r in grads},
                         **{f"{r}_kl": float(grads[r].get("kl", 0.0)) for r in grads},
+                        **{f"{r}_clip_fraction": grads[r]["clip_fractions"][-1]
+                           for r in grads if "clip_fractions" in grads[r]},
                         "utterances": int(sum(len(batches[r].completions) for r in ROLES)),
                         "ranks": world, **t.plan})
             if cfg.tensor_summary or summary_asked.is_set():

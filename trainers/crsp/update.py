@@ -40,13 +40,13 @@ def role_tensors(b: RoleBatch, packing: Packing, pad_id: int) -> dict[str, torch
 
 def optimised_grads(model: Any, batches: dict[str, RoleBatch], packing: Packing,
                     loss: PolicyLoss, pad_id: int, amb: AdaptiveMicroBatch,
-                    on_role: Any = lambda role: None) -> dict[str, dict[str, Any]]:
-    """Per role, one after another: reference log-probs (adapters off), then the TR-RPG loss
-    backpropagated micro-batch by micro-batch into that role's adapter (``.grad``), then
-    ``on_role(role)`` (the trainer's optimizer step of that role: the next role's
-    micro-batches start from zeroed gradients). Batches go to the model's device. Returns
-    per role ``accumulate_gradients``' statistics with ``ref`` and ``behaviour`` (flat
-    float32[n tokens], CPU)."""
+                    on_role: Any = lambda role: None, iterations: int = 1
+                    ) -> dict[str, dict[str, Any]]:
+    """Per role, one after another: reference log-probs (adapters off), then ``iterations``
+    times the TR-RPG loss backpropagated micro-batch by micro-batch into that role's adapter
+    (``.grad``) followed by ``on_role(role)`` (the trainer's optimizer step of that role,
+    which zeroes the gradients). Batches go to the model's device. Returns per role
+    :func:`role_gradients`' statistics."""
     out = {}
     for role in ROLES:
         b = batches[role]
@@ -55,24 +55,43 @@ def optimised_grads(model: Any, batches: dict[str, RoleBatch], packing: Packing,
         activate(model, role)
         batch = to_device(role_tensors(b, packing, pad_id), model.device)
         out[role] = role_gradients(model, amb, batch, packing, loss,
-                                   sum(len(c) for c in b.completions))
+                                   sum(len(c) for c in b.completions), iterations,
+                                   lambda r=role: on_role(r))
         on_role(role)
     return out
 
 
 def role_gradients(model: Any, amb: AdaptiveMicroBatch, batch: dict[str, torch.Tensor],
-                   packing: Packing, loss: PolicyLoss, n_tokens: int) -> dict[str, Any]:
-    """The active role's step on packed ``batch``: reference log-probs (adapters off), then
-    the TR-RPG loss backpropagated micro-batch by micro-batch into its adapter's ``.grad``.
-    Returns ``accumulate_gradients``' statistics and ``ref`` (float32[n_tokens], flat, CPU)."""
+                   packing: Packing, loss: PolicyLoss, n_tokens: int, iterations: int = 1,
+                   between: Any = lambda: None) -> dict[str, Any]:
+    """The active role's update on packed ``batch``: reference log-probs (adapters off), then
+    ``iterations`` passes of the TR-RPG loss backpropagated micro-batch by micro-batch into
+    its adapter's ``.grad``, ``between()`` (the optimizer step) after each pass but the last.
+
+    The first pass runs the policy that sampled the batch (nothing has stepped since the
+    rollout), so its log-probs are the behaviour log-probs (recorded, ratio 1); they are
+    stored in the batch as ``old`` and every later pass takes its importance ratio against
+    them, so clipping (``epsilon``, ``epsilon_high``) acts on a reused batch (PPO's epochs).
+
+    Returns the first pass's ``accumulate_gradients`` statistics (``loss``: the on-policy
+    loss), ``ref`` and ``behaviour`` (float32[n_tokens], flat, CPU), and per pass ``losses``
+    and ``clip_fractions`` (0 on the first)."""
     ref = packed_reference_logprobs(model, batch, packing, None, n_tokens=n_tokens)
     mask = batch["mask"]
     batch["ref"] = torch.zeros_like(batch["advantage"])
     batch["ref"][mask] = ref.to(mask.device)[batch["index"][mask]]
     model.train()
-    res = accumulate_gradients(model, amb, batch, loss, packing, n_tokens,
-                               record_behaviour=True)
-    return {**res, "ref": ref}
+    passes = []
+    for i in range(iterations):
+        if i:
+            between()
+        passes.append(accumulate_gradients(model, amb, batch, loss, packing, n_tokens,
+                                           record_behaviour=i == 0))
+        if i == 0 and iterations > 1:
+            batch["old"] = torch.zeros_like(batch["advantage"])
+            batch["old"][mask] = passes[0]["behaviour"].to(mask.device)[batch["index"][mask]]
+    return {**passes[0], "ref": ref, "losses": [p["loss"] for p in passes],
+            "clip_fractions": [p["clip_fraction"] for p in passes]}
 
 
 def plan_micro_batch_tokens(model: Any, cfg: Config, packing: Packing, pad_id: int,

@@ -1,0 +1,286 @@
+"""CRSP's learning signal per role (issue 36) on the tiny random Llama: the well-formed path end
+to end with a scripted sampler (a proposal parsed, solved and critiqued, every reward part
+non-trivial, group advantages summing to 0 per group), the importance ratio against the stored
+behaviour log-probs on a reused batch (clipping changes the gradient), the seed-length filter,
+the alpha schedule's cache hits and the per-role length targets."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from tests.heavy import require
+
+require("reasoning_gym", "transformers", "peft", "tokenizers", "datasketch")
+
+from rlbuffers.cache import ByteLRUCache  # noqa: E402
+from rlbuffers.memory import AdaptiveMicroBatch, RunningMeanStd  # noqa: E402
+from rlbuffers.stream.token_store import TokenStore, TokenStoreWriter  # noqa: E402
+from tests.tiny_lm import make_tiny_lm_dir  # noqa: E402
+from trainers.crsp import roles, rollout, train, update  # noqa: E402
+from trainers.crsp.config import Config, check_config, group_size  # noqa: E402
+from trainers.crsp.rewards import NoveltySketch, alpha_schedule  # noqa: E402
+from trainers.crsp.roles import ROLES  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return make_tiny_lm_dir(tmp_path_factory.mktemp("tiny"))
+
+
+def config(tiny_dir, **kw):
+    return Config(model=str(tiny_dir), lora_rank=4, max_prompt_tokens=40, proposer_tokens=64,
+                  solver_tokens=16, critic_tokens=30, pack_tokens=112, chunk_tokens=7,
+                  memory_budget="none", beta=0.1, proposer_length_target=30,
+                  solver_length_target=6, critic_length_target=20, **kw)
+
+
+#: What the scripted sampler writes, by the end of the prompt (proposer: after <problem>;
+#: critic reason: after </verdict>; solver otherwise), cycling through the list per sample.
+SCRIPT = {
+    "proposer": ["Ann has 2 cats and 3 dogs. How many pets?</problem><answer>5</answer> extra",
+                 "Bo has 4 and 4. How many?</problem><answer>8</answer>",
+                 "What is 2 + 3?</problem><answer>5</answer>",  # the seed itself: no novelty
+                 "no closing tag at all"],
+    "solver": ["2 + 3 = 5 <answer>5</answer> and more", "<answer>4</answer>", "it is 8",
+               "<answer>8</answer>"],
+    "critic": [" Right.", " The sum is wrong, it should be something else entirely ok"],
+}
+
+
+def scripted_generate(tok):
+    """A stand-in for ``trainers.llm.generation.generate``: completions from SCRIPT."""
+    calls = {"n": 0}
+
+    def generate(model, tok_, prompts, sampling, *, n_per_prompt, max_new, greedy=False):
+        out = []
+        for p in prompts:
+            head = tok.decode(p[-12:])
+            role = "proposer" if head.endswith("problem>") else \
+                "critic" if head.endswith("verdict>") else "solver"
+            for _ in range(n_per_prompt):
+                text = SCRIPT[role][calls["n"] % len(SCRIPT[role])]
+                calls["n"] += 1
+                ids = np.asarray(tok(text, add_special_tokens=False)["input_ids"], np.int64)
+                out.append((ids[:max_new], len(ids) > max_new))
+        return out
+
+    return generate
+
+
+def test_well_formed_path_end_to_end(tiny_dir, monkeypatch):
+    cfg = config(tiny_dir, seeds_per_step=1, proposer_samples=4, solver_samples=4,
+                 critiques_per_problem=2, critic_samples=4)
+    model, tok, _ = roles.make_model(cfg)
+    monkeypatch.setattr(rollout, "generate", scripted_generate(tok))
+    prompts = roles.Prompts(tok, cfg.max_prompt_tokens, ByteLRUCache(1 << 20))
+    seeds = [{"question": "What is 2 + 3?", "answer": "5"}]
+    torch.manual_seed(0)
+    alpha = alpha_schedule(cfg.alpha0, cfg.alpha_decay)
+    batches, metrics = rollout.rollout(
+        cfg, model, tok, prompts, seeds, lambda a, e: float(a == e["answer"]),
+        NoveltySketch(8, 16), {r: RunningMeanStd() for r in ROLES}, alpha, step=0)
+    # Three of four proposals are well formed; each is solved (4 attempts) and critiqued.
+    assert metrics["proposals_valid"] == 0.75
+    assert len(batches["solver"].prompts) == 1 + 3
+    assert len(batches["critic"].prompts) == 2 * 4 and len(batches["critic"].completions) == 32
+    text = [tok.decode(c) for c in batches["proposer"].completions]
+    assert text[0].endswith("</answer>") and "extra" not in text[0]  # cut at the closing tag
+    assert batches["solver"].completions[0].size < len(tok(SCRIPT["solver"][0])["input_ids"])
+    for c in batches["critic"].completions:  # verdict first, then the reason
+        assert tok.decode(c).split("</verdict>")[0] in ("correct", "incorrect")
+    # Every reward part of every role takes more than one value (a signal), and the group
+    # advantages sum to 0 in every group.
+    for role in ROLES:
+        b = batches[role]
+        for name, values in b.parts.items():
+            assert len(set(values)) > 1, (role, name, values)
+        sums = b.advantage.reshape(-1, group_size(cfg, role)).sum(1)
+        np.testing.assert_allclose(sums, 0.0, atol=1e-5)
+        assert np.abs(b.advantage).max() > 0
+    creativity = batches["proposer"].parts["creativity"]
+    assert creativity[2] == 0.0 and creativity[3] == 0.0  # the seed copied; malformed
+    assert creativity[0] > 0.5
+    assert batches["proposer"].parts["format"] == [1.0, 1.0, 1.0, 0.0]
+    assert 0 < metrics["critic_seed_majority"] <= 1
+    # The cached schedule: one value per step, read by every role and the metrics row.
+    assert alpha.cache_info().misses == 1 and alpha.cache_info().hits == 3
+
+
+def synthetic(vocab, seed=0):
+    rng = np.random.default_rng(seed)
+    b = rollout.RoleBatch()
+    for _ in range(3):
+        b.add(rng.integers(3, vocab, 10), [(rng.integers(3, vocab, 6), False) for _ in range(4)])
+    b.advantage = rng.normal(size=12).astype(np.float32)
+    return b
+
+
+@pytest.mark.parametrize("eps", [1e-3])
+def test_ratio_against_stored_behaviour_clips_on_a_reused_batch(tiny_dir, eps):
+    """Two passes over one batch with an SGD step between: pass 1 is on-policy (ratio 1, the
+    same gradient whatever epsilon); in pass 2 the ratio against the stored behaviour
+    log-probs moves away from 1, a small epsilon clips tokens and the gradient changes."""
+    grads = {}
+    for name, e in (("wide", 10.0), ("narrow", eps)):
+        cfg = config(tiny_dir, epsilon=e, num_iterations=2)
+        model, tok, _ = roles.make_model(cfg)
+        with torch.no_grad():
+            for n, p in sorted(model.named_parameters()):
+                if "lora_B" in n:
+                    p.fill_(0.05)
+        roles.activate(model, "solver")
+        params = roles.role_parameters(model, "solver")
+        opt = torch.optim.SGD(params, lr=5.0)
+        seen = []
+
+        def between(model=model, opt=opt, params=params, seen=seen):
+            seen.append([p.grad.clone() for p in params])
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        packing = cfg.packing(cfg.pack_tokens)
+        batch = update.role_tensors(synthetic(len(tok)), packing, tok.pad_token_id)
+        res = update.role_gradients(model, AdaptiveMicroBatch(model, max_micro_batch=1), batch,
+                                    packing, cfg.policy_loss(), 12 * 6, 2, between)
+        seen.append([p.grad.clone() for p in params])
+        grads[name] = (seen, res)
+    (wide, wres), (narrow, nres) = grads["wide"], grads["narrow"]
+    for a, b in zip(wide[0], narrow[0], strict=True):  # pass 1: ratio 1, equal
+        torch.testing.assert_close(a, b)
+    assert wres["clip_fractions"][0] == nres["clip_fractions"][0] == 0.0
+    assert wres["clip_fractions"][1] == 0.0 < nres["clip_fractions"][1]
+    assert any(not torch.allclose(a, b) for a, b in zip(wide[1], narrow[1], strict=True))
+    assert nres["behaviour"].shape == (72,) and len(nres["losses"]) == 2
+    assert nres["losses"][1] != nres["losses"][0]  # the ratio moved away from 1
+
+
+def test_seed_length_filter(tmp_path):
+    """Seed prompts longer than --max-prompt-tokens never enter the order (they would not pack
+    with a completion); too few usable ones is a clear error."""
+    with TokenStoreWriter(tmp_path / "s", dtype="uint16") as w:
+        w.extend([np.arange(n) for n in (5, 50, 7, 60, 3)])
+    store = TokenStore(tmp_path / "s")
+    usable = train.usable_seeds(store, 10, 2)
+    assert usable == [0, 2, 4]
+    drawn = list(itertools.islice(train.seed_stream(usable, 0, 0), 30))
+    assert set(drawn) == {0, 2, 4}
+    with pytest.raises(ValueError, match="--max-prompt-tokens: only 3 of 5 seed prompts fit "
+                                         "in 10 tokens, need 4"):
+        train.usable_seeds(store, 10, 4)
+
+
+def test_length_targets_within_each_cap():
+    with pytest.raises(ValueError, match=r"--critic-length-target: expected in \[1, "
+                                         r"--critic-tokens=32\], got 64"):
+        check_config(Config(critic_length_target=64))
+    with pytest.raises(ValueError, match="--num-iterations: expected >= 1 \\(> 1 only with"):
+        check_config(Config(num_iterations=2, memory_opt=False))
+    with pytest.raises(ValueError, match="--train-dtype: expected 'float32', 'bfloat16'"):
+        check_config(Config(train_dtype="int8"))
+    check_config(Config())
+
+
+def test_held_out_evaluation_of_a_run(tiny_dir, tmp_path, capsys):
+    """``python -m trainers.crsp.evaluate``: held-out problems disjoint from the training
+    ones (a draw with the training seed overlaps wholly and is removed), the solver and critic
+    figures of the initial and the last checkpoint, the proposer's windows from the metrics."""
+    import json
+
+    from tests.test_crsp import ARGS
+    from trainers.crsp import evaluate
+
+    run = tmp_path / "run"
+    train.main([*ARGS, "--model", str(tiny_dir), "--steps", "2", "--run-dir", str(run)])
+    evaluate.main(["--run-dir", str(run), "--steps", "0,2", "--problems", "12",
+                   "--window", "1"])
+    out = json.loads(capsys.readouterr().out)
+    assert out == json.loads((run / "eval.json").read_text())
+    assert out["overlap_with_training"] == 0 and out["held_out"] + out["removed_as_seen"] == 12
+    assert [c["step"] for c in out["checkpoints"]] == [0, 2]
+    for c in out["checkpoints"]:
+        n = c["solver_accuracy"]["n"]
+        assert n == out["held_out"] and c["critic_accuracy"]["n"] == n
+        lo, hi = c["critic_accuracy"]["wilson95"]
+        assert 0 <= lo <= c["critic_accuracy"]["rate"] <= hi <= 1
+        assert c["critic_majority_rate"]["rate"] >= 0.5
+        assert 0 <= c["critic_balanced_accuracy"] <= 1
+    assert out["proposer"]["first"]["steps"] == [1, 1] and out["proposer"]["last"]["n"] == 4
+    cfg = Config(train_size=20, task="basic_arithmetic")
+    data, keep, overlap = evaluate.held_out(cfg, 20, cfg.seed)  # the training draw itself
+    assert keep == [] and overlap == 0
+    data, keep, _ = evaluate.held_out(cfg, 40, 5)
+    assert len({data[i]["question"] for i in keep}) == len(keep)  # distinct
+    says, labels = np.array([True, False, False, False]), np.array([True, True, False, False])
+    assert evaluate.balanced_accuracy(says, labels) == 0.75
+
+
+def test_warmup_resumes_exactly_mid_epoch(tiny_dir, tmp_path):
+    """The format warm-up reads its examples through rlbuffers.stream (aligned token stores,
+    a resumable IndexSource, shared-prefix packing): 2 + 2 steps with the stream state
+    round-tripped through JSON and a rebuilt optimizer equal 4 uninterrupted steps (the
+    epoch is 6 examples, so the break falls mid-epoch), and the loss falls."""
+    import copy
+    import json
+
+    from trainers.crsp import warmup
+    from trainers.llm.tasks import task_problems
+
+    cfg = config(tiny_dir)
+    problems = task_problems("basic_arithmetic", 8, 0)
+    model, tok, _ = roles.make_model(cfg)
+    prompts = roles.Prompts(tok, cfg.max_prompt_tokens, ByteLRUCache(1 << 20))
+    examples = warmup.proposer_examples(problems, 6)
+    assert examples[0][1].endswith(f"</problem><answer>{problems[1]['answer']}</answer>")
+    warmup.write_examples(tmp_path / "proposer", "proposer", examples, prompts, tok)
+    critic = warmup.critic_examples(problems, [f"<answer>{problems[0]['answer']}</answer>",
+                                               "<answer>x</answer>"],
+                                    lambda a, e: float(a == str(e["answer"])))
+    assert [t.split("</verdict>")[0] for _, t in critic] == ["correct", "incorrect"]
+    packing = cfg.packing(cfg.pack_tokens)
+
+    def run(model, opt, steps, state):
+        return warmup.sft_steps(model, "proposer", opt, tmp_path / "proposer", packing,
+                                tok.pad_token_id, 2, steps, seed=3, state=state)
+
+    def adapters(m):
+        return {n: p.detach().clone() for n, p in m.named_parameters() if ".proposer." in n}
+
+    whole_model, _, _ = roles.make_model(cfg)
+    opt = torch.optim.AdamW(roles.role_parameters(whole_model, "proposer"), lr=1e-2)
+    whole_state, losses = run(whole_model, opt, 4, None)
+    assert whole_state == {"kind": "index", "pass": 1, "position": 2}  # 8 examples read of 6
+    opt = torch.optim.AdamW(roles.role_parameters(model, "proposer"), lr=1e-2)
+    state, first = run(model, opt, 2, None)
+    assert state["position"] == 4  # mid-epoch
+    saved = copy.deepcopy(opt.state_dict())
+    opt = torch.optim.AdamW(roles.role_parameters(model, "proposer"), lr=1e-2)
+    opt.load_state_dict(saved)
+    state, second = run(model, opt, 2, json.loads(json.dumps(state)))
+    assert state == whole_state and first + second == pytest.approx(losses, rel=1e-5)
+    got, want = adapters(model), adapters(whole_model)
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-5, atol=1e-7, msg=n)
+    assert losses[-1] < losses[0]
+
+
+def test_a_new_run_warms_up_the_proposer_and_the_critic_first(tiny_dir, tmp_path):
+    from tests.test_crsp import ARGS, rows
+
+    run = tmp_path / "run"
+    train.main([*ARGS, "--model", str(tiny_dir), "--steps", "1", "--run-dir", str(run),
+                "--warmup-steps", "3", "--warmup-batch", "2"])
+    (row,) = rows(run)
+    for role in ("proposer", "critic"):
+        assert row[f"warmup_{role}_loss_last"] < row[f"warmup_{role}_loss_first"]
+        assert len(TokenStore(run / "warmup" / role / "targets")) == 6
+    from transformers import AutoTokenizer
+
+    eos = AutoTokenizer.from_pretrained(tiny_dir).eos_token_id
+    assert int(TokenStore(run / "warmup" / "critic" / "targets")[0][-1]) == eos  # it stops
