@@ -53,11 +53,12 @@ def fake_evaluate(monkeypatch):
     """The held-out evaluation replaced by a counter (its own tests are in test_grpo)."""
     calls = []
 
-    def evaluate(model, tok, sampling, problems, asdiv):
-        calls.append(len(problems))
-        return {"task": {"accuracy": 0.5, "n": len(problems), "ci95": [0.0945, 0.9055]}}
+    def evaluate_sets(model, tok, sampling, sets, *, asdiv=True, label=""):
+        calls.append(len(sets.task))
+        return {"task": {"accuracy": 0.5, "n": len(sets.task), "ci95": [0.0945, 0.9055],
+                         "overlap": 0}}
 
-    monkeypatch.setattr(train, "evaluate", evaluate)
+    monkeypatch.setattr(train, "evaluate_sets", evaluate_sets)
     monkeypatch.setattr(train, "score_group", fake_scores)
     return calls
 
@@ -121,18 +122,19 @@ def test_grpo_interrupted_in_the_final_evaluation_evaluates_on_resume(
     """The last step committed but its evaluation was cut: a plain --resume evaluates (and
     trains nothing)."""
     run = tmp_path / "run"
-    real = train.evaluate
+    real = train.evaluate_sets
 
-    def cut_after(model, tok, sampling, problems, asdiv):
+    def cut_after(model, tok, sampling, sets, **kw):
         if len(fake_evaluate) == 1:  # the second call is the final evaluation
             raise KeyboardInterrupt
-        return real(model, tok, sampling, problems, asdiv)
+        return real(model, tok, sampling, sets, **kw)
 
-    monkeypatch.setattr(train, "evaluate", cut_after)
+    monkeypatch.setattr(train, "evaluate_sets", cut_after)
     with pytest.raises(SystemExit, match="step 1 is the last complete one"):
         train.main([*EVAL_ARGS, "--model", str(tiny_dir), "--run-dir", str(run), "--steps", "1"])
-    assert not (run / "eval.json").exists()
-    monkeypatch.setattr(train, "evaluate", real)
+    # eval.json holds the evaluation before the first step, not the cut final one
+    assert "after" not in json.loads((run / "eval.json").read_text())
+    monkeypatch.setattr(train, "evaluate_sets", real)
     train.main(["--resume", "--run-dir", str(run)])
     assert fake_evaluate == [2, 2] and len(rows(run)) == 1
     assert json.loads((run / "eval.json").read_text())["after"]["step"] == 1

@@ -19,6 +19,7 @@ from trainers.llm.evaluation import (
 )
 from trainers.llm.settings import Sampling
 from trainers.llm.tasks import asdiv_problems
+from trainers.phases import heartbeat
 from trainers.summary import format_eval
 
 log = logging.getLogger("trainers.grpo")
@@ -71,11 +72,13 @@ def evaluate_sets(model: Any, tok: Any, sampling: Sampling, sets: EvalSets, *,
     n, ci95, overlap, answered, formatted, completion_tokens_mean)."""
     out: dict[str, Any] = {}
     if sets.task:
-        out["task"] = evaluate(model, tok, sets.task, sampling, sets.correct,
-                               train_keys=sets.keys, progress=f"eval {label} task")
+        with heartbeat(f"held-out evaluation: {len(sets.task)} task problems"):
+            out["task"] = evaluate(model, tok, sets.task, sampling, sets.correct,
+                                   train_keys=sets.keys, progress=f"eval {label} task")
     if asdiv and sets.asdiv:
-        out["asdiv"] = evaluate(model, tok, sets.asdiv, sampling, numeric_correct,
-                                train_keys=sets.keys, progress=f"eval {label} asdiv")
+        with heartbeat(f"held-out evaluation: {len(sets.asdiv)} asdiv problems"):
+            out["asdiv"] = evaluate(model, tok, sets.asdiv, sampling, numeric_correct,
+                                    train_keys=sets.keys, progress=f"eval {label} asdiv")
     if out:
         log.info("held-out accuracy %s: %s", label, format_eval(out))
     return out

@@ -340,12 +340,12 @@ def memory_plan(cfg: Config, device: torch.device, budget: int | None,
 
 
 def curve(path: Path, history: list[dict[str, Any]], task: str,
-          points: list[dict[str, Any]]) -> None:
+          points: list[dict[str, Any]] | None = None) -> None:
     """``curve.png``: rollout reward and accuracy per step, the held-out points (greedy
     accuracy and its 95% interval: before, every --eval-every steps, after), the KL on the
     right axis."""
     have = {h["step"] for h in history if "eval_accuracy" in h}
-    rows = sorted([*history, *(p for p in points if p["step"] not in have)],
+    rows = sorted([*history, *(p for p in points or [] if p["step"] not in have)],
                   key=lambda r: r["step"])
     plot_curve(path, rows, x="step", xlabel="step",
                series=[Series("reward_mean", "reward (mean)"),
