@@ -262,8 +262,8 @@ def test_build_plans_from_the_measured_step_on_the_longest_utterances(tiny, tmp_
     agent, guide = plans["utterance_tokens_planned_agent"], plans[
         "utterance_tokens_planned_guidance"]
     assert agent != 512 + 2 * 8 + 6
-    # once, on rows of `agent` tokens (the pair padded: one a token shorter), 8-token answers
-    assert probed == [([([agent], 8), ([agent, agent - 1], 16)], agent)]
+    # once, on rows of `agent` tokens (padded: every second a token shorter), 8-token answers
+    assert probed == [([([agent], 8), ([agent, agent - 1, agent], 24)], agent)]
     assert plans["activation_bytes_per_utterance_agent"] == 500 * agent
     assert plans["activation_bytes_per_utterance_guidance"] == 500 * guide
 
@@ -279,9 +279,9 @@ def test_build_plans_from_the_measured_step_on_the_longest_utterances(tiny, tmp_
     assert max(x for x, t in zip(lens, b["turn"], strict=True) if t == 1) <= guide
 
 
-def test_default_memory_budget_is_2_gib_and_auto_reads_the_device():
-    assert Config().memory_budget == str(2 * 2**30)
-    assert train.update_budget(Config().memory_budget, torch.device("cpu")) == 2 * 2**30
+def test_default_memory_budget_is_1_5_gib_and_auto_reads_the_device():
+    assert Config().memory_budget == str(3 * 2**29)
+    assert train.update_budget(Config().memory_budget, torch.device("cpu")) == 3 * 2**29
     assert train.update_budget("auto", torch.device("cpu")) > 0
 
 

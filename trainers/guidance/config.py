@@ -86,8 +86,8 @@ class Config(LLMConfig):
     guidance model and the reference (instead of adapters over one base)."""
     buffer_episodes: int = 10000
     """Episodes the utterance buffer keeps (capacity: 3 utterances each)."""
-    memory_budget: str = str(2 * 2**30)
-    """Extra bytes a generation batch or policy-step micro-batch may use: 2 GiB by default
+    memory_budget: str = str(3 * 2**29)
+    """Extra bytes a generation batch or policy-step micro-batch may use: 1.5 GiB by default
     (leaves the rest of the machine to other work); 'auto' for all the training device's free
     memory less a margin, 'none' for whole batches, or an integer."""
     train_threads: int = 1

@@ -115,12 +115,14 @@ def utterance_step_cost(policies: Policies, role: str, tokens: int, action_token
     """The measured memory of a policy step per token, on utterances of ``tokens`` tokens
     (``action_tokens`` of them the action): ``probe_activation_bytes`` runs ``role``'s real
     step (decoder forward with the attention mask, chunked LM-head log-probs, backward into the
-    adapter's gradients) on 1 and 2 such utterances and fits a fixed part and a part per token
-    (on a CUDA device its allocator peak, else the process RSS). The second utterance is one
-    token shorter, so the pair is padded as real batches are (a masked attention path costs
-    more than an unpadded one). Measured once, on the longest utterances (the agent's): a
-    second probe in the same process reads less, since the allocator keeps the first one's
-    freed pages. Gradients are zeroed afterwards."""
+    adapter's gradients) on 1 and 3 such utterances and fits a fixed part and a part per token
+    (on a CUDA device its allocator peak, else the process RSS). Every second utterance is one
+    token shorter, so the batch is padded as real batches are (a masked attention path costs
+    more than an unpadded one). On the CPU the RSS probe reads low (the step reuses pages the
+    allocator kept from the previous one: 1 and 2 utterances read 305-413 MiB per 203-token
+    SmolLM2-135M utterance where real micro-batches took 457), hence 3, not 2. Measured
+    once, on the longest utterances (the agent's): a second probe in the same process reads
+    less still. Gradients are zeroed afterwards."""
     model = policies.use(role)
     model.train()
     device = next(model.parameters()).device
@@ -136,7 +138,7 @@ def utterance_step_cost(policies: Policies, role: str, tokens: int, action_token
         (lp * micro["weight"][micro["target"]]).sum().backward()
         model.zero_grad(set_to_none=True)
 
-    return probe_activation_bytes(step, make_batch, sizes=(1, 2), tokens_per_item=tokens,
+    return probe_activation_bytes(step, make_batch, sizes=(1, 3), tokens_per_item=tokens,
                                   device=device if device.type == "cuda" else None)
 
 
