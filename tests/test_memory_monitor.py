@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 
 import numpy as np
@@ -79,9 +80,13 @@ def test_reuse_heap_keeps_large_freed_blocks_until_trim():
     interpreters: conftest's allocator settings must not leak in."""
     import subprocess
 
+    # Only what finds the interpreter and the package: variables earlier tests' libraries
+    # leave in this process's environment (Ray's, torch's, allocator settings) stay out.
+    env = {k: os.environ[k] for k in ("PATH", "PYTHONPATH", "HOME") if k in os.environ}
+
     def run(arg, ret):
         out = subprocess.run([sys.executable, "-c", REUSE.format(arg=arg, ret=ret)],
-                             capture_output=True, text=True, check=True).stdout
+                             capture_output=True, text=True, check=True, env=env).stdout
         return [int(x) / MIB for x in out.split()]
 
     before_free, kept, reused, trimmed = run("", True)
