@@ -1,5 +1,9 @@
 """Child process of test_crash.py: extend and save in a loop until killed.
 
+``python -m tests.crash_writer PATH SEED [KILL_AT]``: with ``KILL_AT``, the process sends itself
+SIGKILL just before its ``KILL_AT``-th filesystem operation (tests/faults.py, counted from the
+start: the buffer's create or open, then every extend and save).
+
 Transition ``i`` holds ``i`` in every field, so any reopened state can be checked against the
 ids alone. Prints ``start`` first, ``ready`` once the buffer is created or opened, and
 ``committed <commit> <total_added>`` after each save returns.
@@ -56,4 +60,9 @@ def main(path: str, seed: int) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 3:
+        from tests.faults import FaultInjector
+
+        with FaultInjector(at=int(sys.argv[3]), mode="kill").installed():
+            main(sys.argv[1], int(sys.argv[2]))
     main(sys.argv[1], int(sys.argv[2]))

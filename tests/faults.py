@@ -7,7 +7,9 @@ writing, ``pwrite``, ``fsync``, rename/replace/link, unlink/rmdir, mkdir) and, a
   :class:`SimulatedCrash` (a ``BaseException``, so no ``except Exception`` handler can carry on
   writing), which is what a SIGKILL between two system calls leaves on disk;
 - ``mode="error"``: that one operation fails with ``OSError(errno)`` (EIO, ENOSPC), and the
-  process goes on.
+  process goes on;
+- ``mode="kill"``: the process sends itself SIGKILL just before that operation (a real death,
+  threads and all, at a chosen point instead of a timed one: tests/test_crash.py).
 
 Reads are not counted. The patches are on the ``os`` module and ``io.open``, so threads
 (zarr's I/O, the parallel fsyncs) are covered too.
@@ -19,6 +21,7 @@ import builtins
 import errno
 import io
 import os
+import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -43,7 +46,7 @@ class FaultInjector:
 
     Args:
         at: 1-based index of the operation to hit; None only counts.
-        mode: ``"crash"`` or ``"error"``.
+        mode: ``"crash"``, ``"error"`` or ``"kill"``.
         error: the errno of an injected ``OSError``.
     """
 
@@ -63,6 +66,8 @@ class FaultInjector:
             self.ops.append(f"{kind} {what}")
             if self.count != self.at:
                 return
+            if self.mode == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
             if self.mode == "crash":
                 self.crashed = True
                 raise SimulatedCrash(f"crash at op {self.count}: {kind} {what}")

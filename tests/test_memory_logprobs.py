@@ -94,7 +94,10 @@ def test_bfloat16_inputs_follow_naive_in_fp32():
        temperature=st.sampled_from([1.0, 0.7]), seed=st.integers(0, 2**16))
 def test_bf16_matmuls_follow_naive_fp32(b, t, v, chunk, bias, entropy, temperature, seed):
     """``matmul_dtype=bfloat16``: values and gradients within bf16 rounding of the fp32
-    naive computation (the matmul inputs rounded to 8 mantissa bits)."""
+    naive computation. The gradient bound adds the error of the naive computation with bf16
+    matmuls (inputs and logits rounded to 8 mantissa bits, softmax in fp32): where the
+    gradient cancels (an entropy-only gradient of a near-uniform 2-token softmax is ~ the
+    logits' difference) rounding the logits alone moves it by several percent."""
     hidden, weight, bias_t, targets = leaves(b, t, 32, v, bias=bias, seed=seed)
     targets[0, 0] = -100
     ts = (hidden, weight, bias_t)
@@ -104,16 +107,21 @@ def test_bf16_matmuls_follow_naive_fp32(b, t, v, chunk, bias, entropy, temperatu
                               temperature=temperature, with_entropy=entropy,
                               matmul_dtype=torch.bfloat16)
 
-    def ref():
-        lp, ent = naive(hidden, weight, targets, bias_t, temperature)
-        return (lp, ent) if entropy else lp
+    def ref(dtype):
+        def run():
+            cast = (lambda x: x) if dtype is None else (lambda x: x if x is None else x.to(dtype))
+            lp, ent = naive(cast(hidden), cast(weight), targets, cast(bias_t), temperature)
+            return (lp, ent) if entropy else lp
+        return run
 
-    (vals, gs), (rvals, rgs) = grads(ours, ts, seed), grads(ref, ts, seed)
+    (vals, gs), (rvals, rgs) = grads(ours, ts, seed), grads(ref(None), ts, seed)
+    _, bgs = grads(ref(torch.bfloat16), ts, seed)
     for got, want in zip(vals, rvals, strict=True):
         torch.testing.assert_close(got, want, atol=5e-2, rtol=2e-2)
-    for got, want in zip(gs, rgs, strict=True):
+    for got, want, bf16 in zip(gs, rgs, bgs, strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape
-        assert float((got - want).norm()) <= 2e-2 * float(want.norm()) + 1e-6
+        rounding = float((bf16 - want).norm())
+        assert float((got - want).norm()) <= 2e-2 * float(want.norm()) + 2 * rounding + 1e-6
     assert vals[0].dtype == torch.float32 and vals[0][0, 0] == 0.0
 
 
