@@ -3,7 +3,9 @@
 # interrupt / TensorBoard test with --device auto (CUDA there). Usage: tools/gpu_newcomer.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+# shellcheck source=tools/gpu_env.sh
+source tools/gpu_env.sh
+export PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/gpu_newcomer}
 mkdir -p "$out"
 python3 -c "import torch, transformers, peft, reasoning_gym; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" 2>&1 | tee "$out/env.txt"

@@ -8,18 +8,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-/tmp/gpu_smoke}}
 mkdir -p "$out"
-if compgen -G ".whl/*.whl" > /dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl || exit 1
-    # reasoning-gym imports pycosat for one task family; no wheel for it: a stub module
-    [ -f /tmp/site/pycosat.py ] || python3 -c "import pycosat" 2>/dev/null \
-        || echo '"""stub: no SAT tasks here"""' > /tmp/site/pycosat.py
-    # compiled now, warnings off: an old package's SyntaxWarning must not fail the tests
-    python3 -W ignore -m compileall -q /tmp/site > /dev/null
-    export PYTHONPATH=/tmp/site:$PWD
-else
-    export PYTHONPATH=$PWD
-fi
+# shellcheck source=tools/gpu_env.sh
+source tools/gpu_env.sh
 export PYTHONUNBUFFERED=1 RLBUFFERS_REQUIRE_ALL=1  # a missing package fails, never skips
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'transformers',
