@@ -122,3 +122,26 @@ def test_scale_is_checked():
     with pytest.raises(ValueError, match="scale: expected 'group' or 'running', got 'batch'"):
         R.advantages({"critic": RunningMeanStd()}, "critic", np.zeros(4, np.float32), 4,
                      "batch")
+
+
+def test_rolling_balanced_accuracy_over_steps_equals_the_pooled_verdicts():
+    rng = np.random.default_rng(3)
+    rows, pooled = [], []
+    for step in range(12):  # most steps judge attempts of one class only
+        labels = rng.random(6) < (0.4 if step % 8 == 0 else 0.0)
+        says = rng.random(6) < 0.5
+        pooled.append((says, labels))
+        rows.append({"step": step + 1, **R.confusion(says, labels)})
+    got = R.rolling_balanced_accuracy(rows, 4)
+    defined = 0
+    for i, value in enumerate(got):
+        says = np.concatenate([s for s, _ in pooled[max(0, i - 3):i + 1]])
+        labels = np.concatenate([y for _, y in pooled[max(0, i - 3):i + 1]])
+        if labels.any() and not labels.all():
+            defined += 1
+            assert value == pytest.approx(naive_balanced_accuracy(says, labels))
+        else:
+            assert value is None
+    assert 0 < defined < len(rows)
+    # Rows without counts (an older run's) get None and count for nothing.
+    assert R.rolling_balanced_accuracy([{"step": 1}, *rows[:1]], 4) == [None, got[0]]

@@ -113,7 +113,11 @@ def test_well_formed_path_end_to_end(tiny_dir, monkeypatch):
     # class frequency of the judged attempts; the verdict distribution is in the metrics.
     rate = metrics["critic_class_rate"]
     assert 0 < rate < 1 and 0 <= metrics["critic_truth_correct"] <= 1
-    assert 0 <= metrics["critic_balanced_accuracy"] <= 1
+    counts = [metrics[k] for k in ("critic_tp", "critic_fn", "critic_tn", "critic_fp")]
+    assert sum(counts) == 32 and metrics["critic_tp"] + metrics["critic_fp"] == round(
+        32 * metrics["critic_says_correct"])
+    ba = metrics["critic_balanced_accuracy"]  # None when the step judged one class only
+    assert ba is None or 0 <= ba <= 1
     assert set(np.round(np.abs(batches["critic"].parts["extrinsic"]), 5)) <= {
         round(0.5 / rate, 5), round(0.5 / (1 - rate), 5)}
     for role in ROLES:

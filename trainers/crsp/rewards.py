@@ -195,6 +195,32 @@ def balanced_accuracy(says: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean(recalls)) if recalls else 0.0
 
 
+#: Metrics keys of the critic's confusion counts per step (verdicts, True: "correct").
+CONFUSION = ("critic_tp", "critic_fn", "critic_tn", "critic_fp")
+
+
+def confusion(says: np.ndarray, labels: np.ndarray) -> dict[str, int]:
+    """Counts of verdicts ``says`` (bool[N]) against ``labels`` (bool[N]): true positive
+    (says correct, is correct), false negative, true negative, false positive."""
+    says, labels = np.asarray(says, bool), np.asarray(labels, bool)
+    cells = (says & labels, ~says & labels, ~says & ~labels, says & ~labels)
+    return {k: int(c.sum()) for k, c in zip(CONFUSION, cells, strict=True)}
+
+
+def rolling_balanced_accuracy(rows: Sequence[dict[str, Any]], window: int
+                              ) -> list[float | None]:
+    """Per row, the critic's balanced accuracy over the confusion counts of that row and the
+    ``window - 1`` before it (None while either class has no verdict in the window, or for
+    rows without counts): a step judges a few attempts, often of one class only."""
+    out: list[float | None] = []
+    for i in range(len(rows)):
+        got = [r for r in rows[max(0, i - window + 1):i + 1] if CONFUSION[0] in r]
+        tp, fn, tn, fp = (sum(r[k] for r in got) for k in CONFUSION)
+        ok = CONFUSION[0] in rows[i] and tp + fn > 0 and tn + fp > 0
+        out.append((tp / (tp + fn) + tn / (tn + fp)) / 2 if ok else None)
+    return out
+
+
 def advantages(stats: dict[str, RunningMeanStd], role: str, rewards: np.ndarray, group: int,
                scale: str = "group") -> tuple[np.ndarray, float]:
     """``role``'s advantages (float32[N], groups of ``group`` contiguous completions) and the

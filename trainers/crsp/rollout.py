@@ -25,6 +25,7 @@ from trainers.crsp.rewards import (
     balanced_accuracy,
     balanced_verdict_reward,
     class_rate,
+    confusion,
     length_reward,
     solvability,
 )
@@ -108,7 +109,7 @@ def choose_verdicts(logprobs: np.ndarray, k: int) -> np.ndarray:
 
 def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dict[str, Any]],
             score: Any, sketch: NoveltySketch, stats: dict[str, RunningMeanStd],
-            alpha: Any = None, *, step: int) -> tuple[dict[str, RoleBatch], dict[str, float]]:
+            alpha: Any = None, *, step: int) -> tuple[dict[str, RoleBatch], dict[str, Any]]:
     """Generate every role's utterances for ``seeds`` and reward them. ``score(answer,
     entry)`` is reasoning-gym's verifier of a seed problem; ``alpha`` the run's cached
     schedule ``step -> weight of the intrinsic terms`` (None: one built here). Returns the
@@ -186,7 +187,7 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
     sketch.add(new_problems)
     extrinsic = {"proposer": band, "solver": np.array(solver_r, np.float32),
                  "critic": critic_r}
-    metrics: dict[str, float] = {}
+    metrics: dict[str, Any] = {}
     for role in ROLES:
         b = out[role]
         a = alpha(step)  # the cached schedule: computed once per step, read per role
@@ -211,6 +212,7 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
     seed_truth = truth[[k < n_seed for k, _ in judged]]
     seed_agree = agree.reshape(len(judged), -1)[[k < n_seed for k, _ in judged]] \
         if judged else np.zeros((0, 1))
+    says, labels = verdicts.reshape(-1), np.repeat(truth, verdicts.shape[1])
     metrics.update({
         "alpha": alpha(step), "proposals_valid": float(np.mean(valid)),
         "seed_accuracy": float(np.mean(outcome[:n_seed])),
@@ -223,9 +225,10 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
         # shows as says_correct -> 0 or 1 and balanced accuracy -> 0.5.
         "critic_says_correct": float(verdicts.mean()) if verdicts.size else 0.0,
         "critic_truth_correct": float(truth.mean()) if truth.size else 0.0,
-        "critic_balanced_accuracy": balanced_accuracy(
-            verdicts.reshape(-1), np.repeat(truth, verdicts.shape[1])),
-        "critic_class_rate": class_rate(stats[TRUTH]),
+        # None on a step whose judged attempts are all of one class (it is not defined).
+        "critic_balanced_accuracy": balanced_accuracy(says, labels)
+        if labels.any() and not labels.all() else None,
+        **confusion(says, labels), "critic_class_rate": class_rate(stats[TRUTH]),
         "novelty": float(novelty[valid].mean()) if valid.any() else 0.0,
         "truncated_prompts": prompts.truncated})
     return out, metrics
