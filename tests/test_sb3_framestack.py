@@ -201,12 +201,32 @@ def test_restart_without_episode_end_equals_sb3(tmp_path, write_batch):
     rows = ours.storage[:]
     marked = rows["done"] & ~rows["env_terminated"].any(1) & ~rows["env_truncated"].any(1)
     assert marked.tolist() == [False, False, True] + [False] * 9   # the step before the restart
+    ours.commit()   # the newest step is appended: a restart now ends its episode in storage
+    episodes = ours.storage.episodes
+    assert side_by_side(ours, theirs, frame_stacked_env(2, True, p_end=0.0), 3, seed=9) == 6
+    assert ours.storage.episodes == episodes + 1
+    ours.close()
+
+
+@pytest.mark.parametrize("optimize", [False, True])
+def test_reset_then_refill_equals_sb3(tmp_path, optimize):
+    """``reset`` then steps of freshly reset environments (stacks that do not continue)."""
+    venv = frame_stacked_env(2, False)
+    space, act = venv.observation_space, venv.action_space
+    kwargs = dict(device="cpu", n_envs=2, optimize_memory_usage=optimize,
+                  handle_timeout_termination=not optimize)
+    theirs = ReplayBuffer(12, space, act, **kwargs)
+    ours = ZarrReplayBuffer(12, space, act, **kwargs, path=tmp_path / "buf", frame_stack_axis=0)
+    side_by_side(ours, theirs, venv, 5)
+    ours.reset()
+    theirs.reset()
+    assert side_by_side(ours, theirs, frame_stacked_env(2, False), 8, seed=3) == 16
     ours.close()
 
 
 def test_bad_stacks_and_arguments(tmp_path):
-    """A next_obs that is not obs shifted, or a restart after the previous step was committed,
-    is refused before anything changes."""
+    """A next_obs that is not obs shifted is refused before anything changes; a restart after
+    the previous step was committed ends its episode in the rlbuffers buffer."""
     venv = frame_stacked_env(2, False)
     space, act = venv.observation_space, venv.action_space
     buf = ZarrReplayBuffer(10, space, act, "cpu", n_envs=2, path=tmp_path / "a",
@@ -217,10 +237,12 @@ def test_bad_stacks_and_arguments(tmp_path):
     assert buf.pos == 0 and len(buf.storage) == 0
     buf.add(obs, next_obs, action, reward, np.zeros(2, bool), [{}, {}])
     buf.commit()
-    with pytest.raises(FieldError, match="reset_num_timesteps=False"):
-        buf.add(obs, next_obs, action, reward, np.zeros(2, bool), [{}, {}])
-    assert buf.pos == 1 and len(buf.storage) == 1
-    np.testing.assert_array_equal(buf.storage[0]["obs"], obs[None][0])
+    assert buf.storage.episodes == 0
+    buf.add(obs, next_obs, action, reward, np.zeros(2, bool), [{}, {}])   # a restart
+    assert buf.pos == 2 and buf.storage.episodes == 1
+    rows = buf.storage[:]
+    np.testing.assert_array_equal(rows["obs"], np.stack([obs, obs]))
+    np.testing.assert_array_equal(rows["next_obs"], np.stack([next_obs, next_obs]))
     for axis in (3, -4, 1.0, True):
         with pytest.raises(ValueError, match="frame_stack_axis"):
             ZarrReplayBuffer(10, space, act, path=tmp_path / f"b{axis}", frame_stack_axis=axis)

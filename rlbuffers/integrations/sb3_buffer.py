@@ -326,8 +326,8 @@ class _ZarrBuffer(SB3ReplayBuffer):
     def reset(self) -> None:
         """Empty the buffer as SB3 does (``pos = 0``, ``full = False``): the stored rows stay
         on disk until ``add`` overwrites them, but are no longer sampled."""
-        if self._rb is not None:
-            self.storage  # noqa: B018 (appends the staged steps)
+        if self._rb is not None:  # frame-stacked: the newest stays staged (see ``add``)
+            self._flush(keep=int(self._layout.stack_axis is not None))
         super().reset()
         self._pending = None
 
@@ -429,8 +429,9 @@ class ZarrReplayBuffer(_ZarrBuffer):
             the bytes of ``obs`` alone, ``1 / 2k`` of ``obs`` plus ``next_obs``) and the
             stacks are rebuilt on sampling, bit-identical; ``add`` then refuses (FieldError)
             a stack that does not continue the previous step's of its environment (frames
-            ``1..k-1`` become ``0..k-2``) unless that environment's episode ended, and a
-            ``next_obs`` that is not ``obs`` shifted by one frame. Layout and its cost:
+            a ``next_obs`` that is not ``obs`` shifted by one frame; a step whose stacks do
+            not continue the previous step's (environments reset mid-episode) ends the
+            previous step's episode in the rlbuffers buffer. Layout and its cost:
             :mod:`rlbuffers.integrations.sb3_layout`.
 
     Raises:

@@ -16,7 +16,9 @@ Two layouts (``n_envs`` environments, observation shape ``obs_shape``):
   derived from it (``next_of``; without ``optimize_memory_usage``), ``action``
   ``[n_envs, action_dim]``, ``reward`` float32 ``[n_envs]``, ``env_terminated``,
   ``env_truncated`` bool ``[n_envs]`` (as above, per environment) and ``done`` ``()`` bool:
-  some environment's episode ended at this step, which is an episode end for the core buffer.
+  some environment's episode ended at this step (or the next step's stacks restart: SB3 reset
+  the environments), which is an episode end for the core buffer. Where that step was
+  appended already, ``ReplayBuffer.end_episode`` ends it instead.
 
 Why one row per step for frame stacks: the core rebuilds a stack from the frames of the
 previous rows of the same episode. Interleaved rows put another environment's transition
@@ -227,28 +229,18 @@ class Layout:
     def check_step(self, step: dict[str, np.ndarray], staged: list[dict[str, np.ndarray]],
                    rb: ReplayBuffer) -> None:
         """Frame-stacked: refuse a step (:meth:`step_rows`) whose ``next_obs`` is not its
-        ``obs`` shifted; if it does not continue the previous step (the newest of ``staged``,
-        else of ``rb``; environments reset outside an episode end, as a second
-        ``learn(reset_num_timesteps=True)`` does), mark that step ``done`` (in place): the
-        buffer keeps the newest step staged for this.
+        ``obs`` shifted; if it does not continue the previous step (environments reset
+        outside an episode end, as a second ``learn(reset_num_timesteps=True)`` does), end
+        that step's episode: set its ``done`` if it is staged (the newest of ``staged``), else
+        ``rb.end_episode()``.
 
         Raises:
-            FieldError: a ``next_obs`` not shifted, or a restart after the previous step was
-            appended to ``rb`` (committed): nothing changes.
+            FieldError: a ``next_obs`` not shifted (nothing changes).
         """
         self.check_shift(step)
         if staged:
-            previous = staged[-1]
-        elif len(rb):
-            previous = {k: np.asarray(v)[None] for k, v in rb[-1].items()}
-        else:
-            return
-        if self.continues(previous, step):
-            return
-        if not staged:
-            raise FieldError(
-                "obs: the frame stacks of this step do not continue the previous step's, "
-                "which is committed already with its episodes open (the environments were "
-                "reset outside an episode end, e.g. by learn(reset_num_timesteps=True) "
-                "after a commit): continue with reset_num_timesteps=False")
-        previous["done"] = np.ones_like(previous["done"])
+            if not self.continues(staged[-1], step):
+                staged[-1]["done"] = np.ones_like(staged[-1]["done"])
+        elif len(rb) and not self.continues(
+                {k: np.asarray(v)[None] for k, v in rb[-1].items()}, step):
+            rb.end_episode()
