@@ -211,7 +211,8 @@ class Layout:
             raise FieldError(
                 f"next_obs: environment {int(np.argmax(bad))}'s next observation is not its "
                 f"observation shifted by one frame along frame_stack_axis={self.stack_axis} "
-                "(frames 1..k-1 of obs must be frames 0..k-2 of next_obs)")
+                "(frames 1..k-1 of obs must be frames 0..k-2 of next_obs; at an episode end "
+                "pass the final observation, as SB3's terminal_observation, not the reset one)")
 
     def continues(self, previous: dict[str, np.ndarray], row: dict[str, np.ndarray]) -> bool:
         """Whether step ``row`` continues step ``previous`` (both ``[1, ...]`` rows of
