@@ -3,8 +3,12 @@ SB3's ReplayBuffer, bit for bit, while storing one frame per environment per ste
 
 from __future__ import annotations
 
+import tempfile
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.heavy import require
 
@@ -224,6 +228,53 @@ def test_reset_then_refill_equals_sb3(tmp_path, optimize):
     ours.close()
 
 
+@settings(max_examples=30, deadline=None)
+@given(buffer_size=st.integers(1, 12), n_envs=st.integers(1, 3),
+       mode=st.sampled_from([(True, False), (False, False), (False, True)]),
+       channel_last=st.booleans(), count=st.integers(1, 24),
+       reset_at=st.none() | st.integers(0, 23), restart_at=st.none() | st.integers(1, 23),
+       commit_at=st.none() | st.integers(0, 23), batch_size=st.integers(1, 9),
+       write_batch=st.integers(1, 6), seed=st.integers(0, 2**16))
+def test_samples_equal_sb3_property(buffer_size, n_envs, mode, channel_last, count, reset_at,
+                                    restart_at, commit_at, batch_size, write_batch, seed):
+    """Any capacity, environment count, layout, length, reset, mid-episode restart, commit
+    point, batch size and write batch: SB3's batches, or the same kind of error where SB3
+    cannot sample."""
+    timeouts, optimize = mode
+    venv = frame_stacked_env(n_envs, channel_last, p_end=seed % 5 / 10, limit=2 + seed % 6)
+    space, act = venv.observation_space, venv.action_space
+    kwargs = dict(device="cpu", n_envs=n_envs, optimize_memory_usage=optimize,
+                  handle_timeout_termination=timeouts)
+    theirs = ReplayBuffer(buffer_size, space, act, **kwargs)
+    feed = steps(venv, count)
+    with tempfile.TemporaryDirectory() as tmp:
+        ours = ZarrReplayBuffer(buffer_size, space, act, **kwargs, path=f"{tmp}/buf",
+                                write_batch=write_batch, frame_stack_axis=-1 if channel_last
+                                else 0)
+        for step in range(count):
+            if step == restart_at:
+                feed = steps(frame_stacked_env(n_envs, channel_last), count)
+            if step == reset_at:
+                ours.reset()
+                theirs.reset()
+            if step == commit_at:
+                ours.commit()
+            args = next(feed)
+            ours.add(*args)
+            theirs.add(*args)
+            np.random.seed(step)
+            try:
+                expected = theirs.sample(batch_size)
+            except ValueError:
+                np.random.seed(step)
+                with pytest.raises(ValueError):
+                    ours.sample(batch_size)
+                continue
+            np.random.seed(step)
+            assert_same_samples(ours.sample(batch_size), expected)
+        ours.close()
+
+
 def test_bad_stacks_and_arguments(tmp_path):
     """A next_obs that is not obs shifted is refused before anything changes; a restart after
     the previous step was committed ends its episode in the rlbuffers buffer."""
@@ -249,3 +300,34 @@ def test_bad_stacks_and_arguments(tmp_path):
     with pytest.raises(ValueError, match="frame_stack_axis"):
         ZarrReplayBuffer(10, spaces.Discrete(3), act, path=tmp_path / "c", frame_stack_axis=0)
     buf.close()
+
+
+def test_dqn_training_equals_sb3_buffer(tmp_path):
+    """Whole DQN runs (MlpPolicy on 4 stacked 5x5 frames, 2 envs, the ring wrapped, then a
+    second ``learn`` that resets the environments mid-episode): the same parameters and
+    samples with ZarrReplayBuffer(frame_stack_axis=0) as with SB3's buffer."""
+    import torch as th
+    from stable_baselines3 import DQN
+
+    def run(**kwargs):
+        model = DQN("MlpPolicy", frame_stacked_env(2, False, p_end=0.1, limit=7),
+                    buffer_size=60, learning_starts=16, batch_size=8, train_freq=2,
+                    policy_kwargs={"net_arch": [16]}, seed=0, device="cpu", **kwargs)
+        model.learn(120)
+        model.learn(40)
+        return model
+
+    theirs = run()
+    ours = run(replay_buffer_class=ZarrReplayBuffer,
+               replay_buffer_kwargs={"path": tmp_path / "buf", "frame_stack_axis": 0})
+    a, b = ours.policy.state_dict(), theirs.policy.state_dict()
+    assert ours._n_updates == theirs._n_updates > 0
+    for name in b:
+        assert th.equal(a[name], b[name]), name
+    rb, ref = ours.replay_buffer, theirs.replay_buffer
+    assert (rb.pos, rb.full) == (ref.pos, ref.full) and ref.full
+    np.random.seed(7)
+    expected = ref.sample(32)
+    np.random.seed(7)
+    assert_same_samples(rb.sample(32), expected)
+    rb.close()
