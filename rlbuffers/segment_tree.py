@@ -61,12 +61,15 @@ class SegmentTree:
         Returns:
             int64[m] leaf indices, never a zero-valued leaf while the root is positive.
         """
-        mass = np.asarray(mass, dtype=np.float64).copy()
+        mass = np.array(mass, dtype=np.float64).ravel()  # a copy: updated in place below
         i = np.ones(len(mass), dtype=np.int64)
-        while i[0] < self.n:
-            left = self.tree[2 * i]
-            right_ok = self.tree[2 * i + 1] > 0
-            go_right = ((mass >= left) & right_ok) | (left <= 0)
-            mass = np.where(go_right, mass - left, mass)
-            i = 2 * i + go_right
+        tree = self.tree
+        for _ in range(self.n.bit_length() - 1):  # one vectorised step per level, root down
+            i <<= 1  # the left child
+            left = tree.take(i)
+            go_right = mass >= left
+            go_right &= tree.take(i + 1) > 0
+            go_right |= left <= 0
+            np.subtract(mass, left, out=mass, where=go_right)
+            i += go_right
         return i - self.n

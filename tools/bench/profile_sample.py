@@ -1,0 +1,150 @@
+"""Where ``ReplayBuffer.sample(256)`` spends its time, on the workloads of
+``tools/bench/bench_peers.py`` at its sizes, with cpprb side by side where it imports.
+
+For each workload: fill an rlbuffers buffer (uniform, then one with a ``PrioritizedSampler``
+whose first half of transitions gets priority 1e-6, as bench_peers does) and a cpprb buffer;
+warm up; then ``--rounds`` interleaved rounds timing ``sample(256)`` of every system in turn
+(medians reported), then one cProfile run of rlbuffers' sampling split by the functions it
+calls (index drawing, column gathers, batch assembly).
+
+Run: ``python -m tools.bench.profile_sample [--workloads abc] [--rounds 7]`` (cpprb must be
+importable, e.g. ``pip install --target DIR cpprb`` and ``DIR`` on ``PYTHONPATH``; without it
+an in-RAM numpy gather of the same data stands in as the reference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import pstats
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tools.bench.bench_peers import CPPRB, RLB, B, Workload, atari, big_float, padded, tokens
+
+
+class NumpyRef:
+    """An in-RAM numpy copy of the same data, sampled by fancy indexing (the reference when
+    cpprb is missing)."""
+
+    name = "numpy in RAM"
+
+    def __init__(self, wl: Workload, n: int) -> None:
+        parts = list(wl.batches(0, n))
+        self.cols = {k: (padded([r for p in parts for r in p[k]])[0] if k == "obs" and wl.ragged
+                         else np.concatenate([p[k] for p in parts])) for k in parts[0]}
+        self.rng = np.random.default_rng(0)
+        self.n = n
+
+    def sample(self) -> Any:
+        idx = self.rng.integers(0, self.n, B)
+        return {k: v[idx] for k, v in self.cols.items()}
+
+
+def _time(fn: Callable[[], Any], seconds: float) -> float:
+    """Calls per second of ``fn`` over about ``seconds``."""
+    t, k = time.perf_counter(), 0
+    while k < 5 or time.perf_counter() - t < seconds:
+        fn()
+        k += 1
+    return k / (time.perf_counter() - t)
+
+
+def systems(wl: Workload, scratch: Path) -> dict[str, Callable[[], Any]]:
+    """Name -> a ``sample(256)`` callable of each system, filled and warmed."""
+    cap = wl.n + wl.n // 50
+    low = np.arange(wl.n) < wl.n // 2
+    out: dict[str, Callable[[], Any]] = {}
+    for per in (False, True):
+        d = scratch / f"rlb-{per}"
+        d.mkdir()
+        s = RLB(wl, cap, d)
+        s.build(per=per)
+        for b in wl.batches(0, wl.n):
+            s.add(b)
+        if per:
+            s.set_priorities(low, wl.n)
+        out[f"rlbuffers {'prioritized' if per else 'uniform'}"] = s.sample
+    try:
+        import cpprb  # noqa: F401
+    except ImportError:
+        out["numpy in RAM (no cpprb)"] = NumpyRef(wl, wl.n).sample
+        return out
+    for per in (False, True):
+        c = CPPRB(wl, cap, scratch)
+        c.build(per=per)
+        for b in wl.batches(0, wl.n):
+            c.add(b)
+        if per:
+            c.set_priorities(low, wl.n)
+        out[f"cpprb {'prioritized' if per else 'uniform'}"] = c.sample
+    return out
+
+
+def profile(fn: Callable[[], Any], calls: int, top: int) -> str:
+    """cProfile of ``calls`` calls of ``fn``: the ``top`` functions by total time."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    import io
+
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(top)
+    return s.getvalue()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--workloads", default="abc")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--seconds", type=float, default=1.0, help="per system and round")
+    ap.add_argument("--atari", type=int, default=100_000)
+    ap.add_argument("--frames", type=int, default=5000)
+    ap.add_argument("--big", type=int, default=10_000)
+    ap.add_argument("--tokens", type=int, default=20_000)
+    ap.add_argument("--profile", type=int, default=200, help="calls per cProfile (0: none)")
+    ap.add_argument("--dir", default=None)
+    args = ap.parse_args()
+    makers = {"a": lambda: atari(args.atari, args.frames), "b": lambda: big_float(args.big),
+              "c": lambda: tokens(args.tokens)}
+    for key in args.workloads:
+        root = Path(tempfile.mkdtemp(prefix="rlb-prof-", dir=args.dir))
+        try:
+            wl = makers[key]()
+            t = time.perf_counter()
+            fns = systems(wl, root)
+            print(f"## {wl.title}, {wl.n:,} transitions (built in "
+                  f"{time.perf_counter() - t:.0f} s)", flush=True)
+            for fn in fns.values():  # warm: about n rows each, as bench_peers does
+                for _ in range(-(-wl.n // B)):
+                    fn()
+            rates: dict[str, list[float]] = {k: [] for k in fns}
+            for _ in range(args.rounds):
+                for name, fn in fns.items():
+                    rates[name].append(_time(fn, args.seconds))
+            for name, r in rates.items():
+                print(f"{name:28s} median {statistics.median(r):9,.0f} /s  "
+                      f"(rounds: {', '.join(f'{x:,.0f}' for x in r)})", flush=True)
+            if args.profile:
+                for name, fn in fns.items():
+                    if name.startswith("rlbuffers"):
+                        print(f"### cProfile {name}, {args.profile} calls\n"
+                              + profile(fn, args.profile, 18), flush=True)
+            del fns
+            gc.collect()
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
