@@ -53,7 +53,15 @@ class SegmentTree:
         return float(self.tree[1])
 
     def find_prefix(self, mass: np.ndarray) -> np.ndarray:
-        """For a sum tree: the leaf ``i`` with ``sum(leaves[:i]) <= mass < sum(leaves[:i+1])``.
+        """For a sum tree of leaves >= 0: the leaf ``i`` with ``sum(leaves[:i]) <= mass <
+        sum(leaves[:i+1])``.
+
+        All ``m`` searches descend together, one vectorised step per level. At each node the
+        search goes right iff ``(mass >= left and right > 0) or left <= 0`` (then ``mass -=
+        left``). Where the root is positive and finite and every mass is >= 0, each visited
+        node is positive and each mass stays >= 0, so ``left <= 0`` implies ``mass >= left``
+        and ``right > 0``: the last test adds nothing and is skipped (same leaves, fewer numpy
+        calls).
 
         Args:
             mass: float64[m] in ``[0, root)``.
@@ -63,13 +71,15 @@ class SegmentTree:
         """
         mass = np.array(mass, dtype=np.float64).ravel()  # a copy: updated in place below
         i = np.ones(len(mass), dtype=np.int64)
-        tree = self.tree
-        for _ in range(self.n.bit_length() - 1):  # one vectorised step per level, root down
+        tree, right_of = self.tree, self.tree[1:]  # right_of[k] = tree[k + 1]
+        full_test = not (0 < self.tree[1] < np.inf and (len(mass) == 0 or mass.min() >= 0))
+        for _ in range(self.n.bit_length() - 1):
             i <<= 1  # the left child
             left = tree.take(i)
             go_right = mass >= left
-            go_right &= tree.take(i + 1) > 0
-            go_right |= left <= 0
+            go_right &= right_of.take(i) > 0
+            if full_test:
+                go_right |= left <= 0
             np.subtract(mass, left, out=mass, where=go_right)
             i += go_right
         return i - self.n

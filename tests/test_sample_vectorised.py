@@ -43,6 +43,17 @@ def test_find_prefix_equals_scalar_descent(values, fracs, spare):
         assert (np.array(values + [0.0] * spare)[got] > 0).all()
 
 
+@settings(max_examples=50, deadline=None)
+@given(values=leaves, mass=st.lists(st.floats(-5, 1e7, allow_nan=False), min_size=1,
+                                    max_size=20))
+def test_find_prefix_outside_its_domain_still_follows_the_full_rule(values, mass):
+    """Masses < 0 or >= root (or a zero root) take the unshortened test at every node."""
+    tree = SegmentTree(len(values), np.add, 0.0)
+    tree.rebuild(np.array(values))
+    got = tree.find_prefix(np.array(mass))
+    assert got.tolist() == [descend(tree, m) for m in mass]
+
+
 def test_find_prefix_of_no_draws_and_of_one_leaf():
     tree = SegmentTree(1, np.add, 0.0)
     tree.rebuild(np.array([2.0]))

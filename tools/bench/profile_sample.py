@@ -4,8 +4,12 @@
 For each workload: fill an rlbuffers buffer (uniform, then one with a ``PrioritizedSampler``
 whose first half of transitions gets priority 1e-6, as bench_peers does) and a cpprb buffer;
 warm up; then ``--rounds`` interleaved rounds timing ``sample(256)`` of every system in turn
-(medians reported), then one cProfile run of rlbuffers' sampling split by the functions it
-calls (index drawing, column gathers, batch assembly).
+(medians of wall and CPU time reported), then one cProfile run of rlbuffers' sampling split by
+the functions it calls (index drawing, column gathers, batch assembly).
+
+``--baseline REV`` adds "before" rows: the same buffers sampled with the sampling functions of
+git revision ``REV`` (the functions in :data:`PATCHED`, swapped in for that system's turn of
+each round), so before and after are compared in one process on the same data.
 
 Run: ``python -m tools.bench.profile_sample [--workloads abc] [--rounds 7]`` (cpprb must be
 importable, e.g. ``pip install --target DIR cpprb`` and ``DIR`` on ``PYTHONPATH``; without it
@@ -15,20 +19,67 @@ an in-RAM numpy gather of the same data stands in as the reference).
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
 import cProfile
 import gc
 import pstats
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
+import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tools.bench.bench_peers import CPPRB, RLB, B, Workload, atari, big_float, padded, tokens
+
+#: (module, class, method) of the functions on the sampling path that ``--baseline`` swaps.
+PATCHED = [("rlbuffers.segment_tree", "SegmentTree", "find_prefix"),
+           ("rlbuffers.samplers", "PrioritizedSampler", "sample"),
+           ("rlbuffers.storage.working", "FixedColumn", "gather"),
+           ("rlbuffers.storage.working", "RaggedColumn", "gather")]
+
+
+def baseline_methods(rev: str) -> list[tuple[type, str, Callable[..., Any]]]:
+    """The methods of :data:`PATCHED` as git revision ``rev`` wrote them, compiled in today's
+    modules (so their helpers resolve): ``(class, name, function)``."""
+    root = Path(__file__).resolve().parents[2]
+    out = []
+    for mod_name, cls_name, meth in PATCHED:
+        mod = sys.modules.get(mod_name) or __import__(mod_name, fromlist=["_"])
+        path = mod_name.replace(".", "/") + ".py"
+        src = subprocess.run(["git", "-C", str(root), "show", f"{rev}:{path}"], check=True,
+                             capture_output=True, text=True).stdout
+        cls_node = next(n for n in ast.parse(src).body
+                        if isinstance(n, ast.ClassDef) and n.name == cls_name)
+        fn_node = next(n for n in cls_node.body
+                       if isinstance(n, ast.FunctionDef) and n.name == meth)
+        fn_node.decorator_list = []
+        code = textwrap.dedent(ast.get_source_segment(src, fn_node) or "")
+        scope = dict(vars(mod))
+        exec(compile("from __future__ import annotations\n" + code, f"{rev}:{path}", "exec"),
+             scope)
+        out.append((getattr(mod, cls_name), meth, scope[meth]))
+    return out
+
+
+@contextlib.contextmanager
+def swapped(methods: list[tuple[type, str, Callable[..., Any]]]) -> Iterator[None]:
+    """Run with ``methods`` installed on their classes; the current ones restored after."""
+    saved = [(cls, name, cls.__dict__[name]) for cls, name, _ in methods]
+    try:
+        for cls, name, fn in methods:
+            setattr(cls, name, fn)
+        yield
+    finally:
+        for cls, name, fn in saved:
+            setattr(cls, name, fn)
 
 
 class NumpyRef:
@@ -49,13 +100,14 @@ class NumpyRef:
         return {k: v[idx] for k, v in self.cols.items()}
 
 
-def _time(fn: Callable[[], Any], seconds: float) -> float:
-    """Calls per second of ``fn`` over about ``seconds``."""
-    t, k = time.perf_counter(), 0
+def _time(fn: Callable[[], Any], seconds: float) -> tuple[float, float]:
+    """Calls per second of ``fn`` over about ``seconds``, and CPU seconds per call (all threads
+    of this process: less sensitive than the wall time to other processes on the machine)."""
+    t, c, k = time.perf_counter(), time.process_time(), 0
     while k < 5 or time.perf_counter() - t < seconds:
         fn()
         k += 1
-    return k / (time.perf_counter() - t)
+    return k / (time.perf_counter() - t), (time.process_time() - c) / k
 
 
 def systems(wl: Workload, scratch: Path) -> dict[str, Callable[[], Any]]:
@@ -103,6 +155,23 @@ def profile(fn: Callable[[], Any], calls: int, top: int) -> str:
     return s.getvalue()
 
 
+def measure(fns: dict[str, Callable[[], Any]], before: list[tuple[type, str, Any]],
+            rounds: int, seconds: float) -> None:
+    """Interleaved rounds of every system in turn; prints medians (rate and CPU per call)."""
+    rates: dict[str, list[float]] = {k: [] for k in fns}
+    cpu: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            with swapped(before) if name.endswith("(before)") else contextlib.nullcontext():
+                r, c = _time(fn, seconds)
+            rates[name].append(r)
+            cpu[name].append(c)
+    for name, r in rates.items():
+        print(f"{name:40s} median {statistics.median(r):9,.0f} /s, CPU "
+              f"{statistics.median(cpu[name]) * 1e6:9,.0f} us/call  "
+              f"(rounds /s: {', '.join(f'{x:,.0f}' for x in r)})", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--workloads", default="abc")
@@ -114,6 +183,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=20_000)
     ap.add_argument("--profile", type=int, default=200, help="calls per cProfile (0: none)")
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--baseline", default=None, help="git revision to compare with (before)")
     args = ap.parse_args()
     makers = {"a": lambda: atari(args.atari, args.frames), "b": lambda: big_float(args.big),
               "c": lambda: tokens(args.tokens)}
@@ -123,21 +193,19 @@ def main() -> None:
             wl = makers[key]()
             t = time.perf_counter()
             fns = systems(wl, root)
+            before = baseline_methods(args.baseline) if args.baseline else []
+            if before:
+                fns = {**{f"{k} (before)": v for k, v in fns.items()
+                          if k.startswith("rlbuffers")}, **fns}
             print(f"## {wl.title}, {wl.n:,} transitions (built in "
                   f"{time.perf_counter() - t:.0f} s)", flush=True)
             for fn in fns.values():  # warm: about n rows each, as bench_peers does
                 for _ in range(-(-wl.n // B)):
                     fn()
-            rates: dict[str, list[float]] = {k: [] for k in fns}
-            for _ in range(args.rounds):
-                for name, fn in fns.items():
-                    rates[name].append(_time(fn, args.seconds))
-            for name, r in rates.items():
-                print(f"{name:28s} median {statistics.median(r):9,.0f} /s  "
-                      f"(rounds: {', '.join(f'{x:,.0f}' for x in r)})", flush=True)
+            measure(fns, before, args.rounds, args.seconds)
             if args.profile:
                 for name, fn in fns.items():
-                    if name.startswith("rlbuffers"):
+                    if name.startswith("rlbuffers") and not name.endswith("(before)"):
                         print(f"### cProfile {name}, {args.profile} calls\n"
                               + profile(fn, args.profile, 18), flush=True)
             del fns
