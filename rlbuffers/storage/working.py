@@ -247,13 +247,15 @@ class RaggedColumn:
         lengths = self.length.view(np.ndarray)[slots]
         starts = self.start.view(np.ndarray)[slots]
         ends = starts + lengths * self.spec.item_bytes
-        chunks, which = np.unique(slots // self.base_chunk_rows, return_inverse=True)
-        last = np.zeros(len(chunks), dtype=np.int64)  # the furthest byte read in each chunk
-        np.maximum.at(last, which, ends)
-        maps = [memoryview(self._values(c, e) if e else b"")  # an empty file has no map
-                for c, e in zip(chunks.tolist(), last.tolist(), strict=True)]
+        chunk = slots // self.base_chunk_rows
+        last = np.zeros(ceil_div(self.capacity, self.base_chunk_rows), dtype=np.int64)
+        np.maximum.at(last, chunk, ends)  # the furthest byte read in each chunk
+        maps = {-1: memoryview(b"")}  # the key of rows of 0 bytes (their file may be empty)
+        for c in np.flatnonzero(last).tolist():
+            maps[c] = memoryview(self._values(c, int(last[c])))
+        keys = np.where(ends > starts, chunk, -1).tolist()
         blob = bytearray().join([maps[k][a:b] for k, a, b in
-                                 zip(which.tolist(), starts.tolist(), ends.tolist(), strict=True)])
+                                 zip(keys, starts.tolist(), ends.tolist(), strict=True)])
         flat = np.frombuffer(blob, dtype=self.spec.dtype).reshape(-1, *self.spec.row_shape)
         bounds = np.zeros(len(slots) + 1, dtype=np.int64)
         np.cumsum(lengths, out=bounds[1:])

@@ -82,6 +82,23 @@ def swapped(methods: list[tuple[type, str, Callable[..., Any]]]) -> Iterator[Non
             setattr(cls, name, fn)
 
 
+@contextlib.contextmanager
+def pread_reads(sample: Callable[[], Any]) -> Iterator[None]:
+    """Run with the fixed columns of the buffer behind ``sample`` (a bound ``RLB.sample``)
+    gathered by ``pread`` threads (:attr:`FixedColumn.random_reads`), restored after."""
+    cols = list(sample.__self__.buf._storage.working.columns.values())  # type: ignore[attr-defined]
+    was = [getattr(c, "random_reads", None) for c in cols]
+    try:
+        for c in cols:
+            if hasattr(c, "random_reads"):
+                c.random_reads = True
+        yield
+    finally:
+        for c, w in zip(cols, was, strict=True):
+            if w is not None:
+                c.random_reads = w
+
+
 class NumpyRef:
     """An in-RAM numpy copy of the same data, sampled by fancy indexing (the reference when
     cpprb is missing)."""
@@ -162,7 +179,8 @@ def measure(fns: dict[str, Callable[[], Any]], before: list[tuple[type, str, Any
     cpu: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            with swapped(before) if name.endswith("(before)") else contextlib.nullcontext():
+            with swapped(before) if name.endswith("(before)") else contextlib.nullcontext(), \
+                    pread_reads(fn) if name.endswith("(pread)") else contextlib.nullcontext():
                 r, c = _time(fn, seconds)
             rates[name].append(r)
             cpu[name].append(c)
@@ -184,6 +202,8 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=200, help="calls per cProfile (0: none)")
     ap.add_argument("--dir", default=None)
     ap.add_argument("--baseline", default=None, help="git revision to compare with (before)")
+    ap.add_argument("--pread", action="store_true",
+                    help="add rows gathering fixed fields with pread threads (random_reads)")
     args = ap.parse_args()
     makers = {"a": lambda: atari(args.atari, args.frames), "b": lambda: big_float(args.big),
               "c": lambda: tokens(args.tokens)}
@@ -194,6 +214,9 @@ def main() -> None:
             t = time.perf_counter()
             fns = systems(wl, root)
             before = baseline_methods(args.baseline) if args.baseline else []
+            if args.pread:
+                fns = {**fns, **{f"{k} (pread)": v for k, v in fns.items()
+                                 if k.startswith("rlbuffers")}}
             if before:
                 fns = {**{f"{k} (before)": v for k, v in fns.items()
                           if k.startswith("rlbuffers")}, **fns}
