@@ -54,6 +54,15 @@ def test_find_prefix_outside_its_domain_still_follows_the_full_rule(values, mass
     assert got.tolist() == [descend(tree, m) for m in mass]
 
 
+def test_find_prefix_where_rounding_would_enter_a_zero_subtree():
+    """0 + 5.37 + 8.29 rounds so that the largest mass minus 5.37 is >= 8.29: a search testing
+    only ``mass >= left`` would go right into the zero leaf 3; the full rule keeps leaf 2."""
+    tree = SegmentTree(3, np.add, 0.0)
+    tree.rebuild(np.array([0.0, 5.37, 8.29]))
+    mass = np.array([np.nextafter(tree.root, 0), 0.0, 5.37])
+    assert tree.find_prefix(mass).tolist() == [descend(tree, float(m)) for m in mass] == [2, 1, 2]
+
+
 def test_find_prefix_of_no_draws_and_of_one_leaf():
     tree = SegmentTree(1, np.add, 0.0)
     tree.rebuild(np.array([2.0]))

@@ -24,6 +24,7 @@ import contextlib
 import cProfile
 import gc
 import pstats
+import resource
 import shutil
 import statistics
 import subprocess
@@ -117,14 +118,18 @@ class NumpyRef:
         return {k: v[idx] for k, v in self.cols.items()}
 
 
-def _time(fn: Callable[[], Any], seconds: float) -> tuple[float, float]:
-    """Calls per second of ``fn`` over about ``seconds``, and CPU seconds per call (all threads
-    of this process: less sensitive than the wall time to other processes on the machine)."""
+def _time(fn: Callable[[], Any], seconds: float) -> tuple[float, float, float, float]:
+    """Calls per second of ``fn`` over about ``seconds``; per call: CPU seconds (all threads
+    of this process: less sensitive than the wall time to other processes on the machine),
+    minor and major page faults (a major fault reads from disk: a page not in page cache)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
     t, c, k = time.perf_counter(), time.process_time(), 0
     while k < 5 or time.perf_counter() - t < seconds:
         fn()
         k += 1
-    return k / (time.perf_counter() - t), (time.process_time() - c) / k
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
+    ru2 = resource.getrusage(resource.RUSAGE_SELF)
+    return k / wall, cpu / k, (ru2.ru_minflt - ru.ru_minflt) / k, (ru2.ru_majflt - ru.ru_majflt) / k
 
 
 def systems(wl: Workload, scratch: Path) -> dict[str, Callable[[], Any]]:
@@ -175,19 +180,17 @@ def profile(fn: Callable[[], Any], calls: int, top: int) -> str:
 def measure(fns: dict[str, Callable[[], Any]], before: list[tuple[type, str, Any]],
             rounds: int, seconds: float) -> None:
     """Interleaved rounds of every system in turn; prints medians (rate and CPU per call)."""
-    rates: dict[str, list[float]] = {k: [] for k in fns}
-    cpu: dict[str, list[float]] = {k: [] for k in fns}
+    res: dict[str, list[tuple[float, float, float, float]]] = {k: [] for k in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
             with swapped(before) if name.endswith("(before)") else contextlib.nullcontext(), \
                     pread_reads(fn) if name.endswith("(pread)") else contextlib.nullcontext():
-                r, c = _time(fn, seconds)
-            rates[name].append(r)
-            cpu[name].append(c)
-    for name, r in rates.items():
-        print(f"{name:40s} median {statistics.median(r):9,.0f} /s, CPU "
-              f"{statistics.median(cpu[name]) * 1e6:9,.0f} us/call  "
-              f"(rounds /s: {', '.join(f'{x:,.0f}' for x in r)})", flush=True)
+                res[name].append(_time(fn, seconds))
+    for name, r in res.items():
+        rate, cpu, minor, major = (statistics.median(x) for x in zip(*r, strict=True))
+        print(f"{name:34s} median {rate:7,.0f} /s, CPU {cpu * 1e6:7,.0f} us/call, faults/call "
+              f"{minor:5.1f} minor {major:5.2f} major  (rounds /s: "
+              f"{', '.join(f'{x[0]:,.0f}' for x in r)})", flush=True)
 
 
 def main() -> None:
