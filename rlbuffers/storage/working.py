@@ -179,6 +179,7 @@ class RaggedColumn:
     ) -> None:
         self.path, self.spec, self.capacity = path, spec, capacity
         self.base_chunk_rows = base_chunk_rows
+        self._row_bytes = spec.item_bytes  # computed once: gather needs it on every call
         if create:
             path.mkdir(parents=True, exist_ok=True)
             for name in ("start", "length"):
@@ -246,7 +247,7 @@ class RaggedColumn:
         slots = np.asarray(slots, dtype=np.int64).ravel()
         lengths = self.length.view(np.ndarray)[slots]
         starts = self.start.view(np.ndarray)[slots]
-        ends = starts + lengths * self.spec.item_bytes
+        ends = starts + lengths * self._row_bytes
         chunk = slots // self.base_chunk_rows
         last = np.zeros(ceil_div(self.capacity, self.base_chunk_rows), dtype=np.int64)
         np.maximum.at(last, chunk, ends)  # the furthest byte read in each chunk
