@@ -245,11 +245,12 @@ class PrioritizedSampler:
         _need(ctx, 1)
         tsum, tmin = self._trees(ctx)
         total = tsum.root
-        bounds = (np.arange(batch_size) + rng.random(batch_size)) * (total / batch_size)
-        slots = tsum.find_prefix(np.minimum(bounds, np.nextafter(total, 0)))
-        p = tsum.get(slots)
-        weights = (p / tmin.root) ** (-self.beta)
-        return Draw(slots.astype(np.int64), weights.astype(np.float32))
+        bounds = np.arange(batch_size) + rng.random(batch_size)
+        bounds *= total / batch_size
+        slots = tsum.find_prefix(np.minimum(bounds, np.nextafter(total, 0), out=bounds))
+        weights = tsum.get(slots) / tmin.root
+        weights **= -self.beta
+        return Draw(slots, weights.astype(np.float32))
 
     def on_write(self, slots: np.ndarray, ctx: SampleContext) -> np.ndarray:
         """New transitions in ``slots`` get ``max_priority``; returns their raw priorities."""

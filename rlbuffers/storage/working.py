@@ -100,6 +100,7 @@ class FixedColumn:
         if view.shape != shape or view.dtype != spec.dtype:
             raise OSError(f"{path}: expected {shape} {spec.dtype}, found {view.shape} {view.dtype}")
         self.view = view
+        self._rows = view.view(np.ndarray)  # the same map, indexed without memmap's overhead
         self.offset = int(view.offset)
         self.fd = os.open(path, os.O_RDWR)
         self._random_reads = False
@@ -115,7 +116,7 @@ class FixedColumn:
         memory map, or, with :attr:`random_reads`, one ``pread`` per row."""
         if self.random_reads:
             return self._gather_pread(np.asarray(slots, dtype=np.int64))
-        return self.view[slots]
+        return self._rows[slots]
 
     @property
     def random_reads(self) -> bool:
@@ -166,7 +167,7 @@ class FixedColumn:
 
     def close(self) -> None:
         os.close(self.fd)
-        self.view = self._writable = None  # type: ignore[assignment]
+        self.view = self._rows = self._writable = None  # type: ignore[assignment]
 
 
 class RaggedColumn:
@@ -178,6 +179,7 @@ class RaggedColumn:
     ) -> None:
         self.path, self.spec, self.capacity = path, spec, capacity
         self.base_chunk_rows = base_chunk_rows
+        self._row_bytes = spec.item_bytes  # computed once: gather needs it on every call
         if create:
             path.mkdir(parents=True, exist_ok=True)
             for name in ("start", "length"):
@@ -240,23 +242,26 @@ class RaggedColumn:
 
     def gather(self, slots: np.ndarray) -> list[np.ndarray]:
         """Values of ``slots`` (int64[N]) as a list of N arrays ``[len_i, *row]``: views into
-        one new flat array (copied out of the memory-mapped values files)."""
+        one new flat array, copied out of the memory-mapped values files by one
+        ``bytearray.join`` of the rows' byte ranges (no numpy call per row)."""
         slots = np.asarray(slots, dtype=np.int64).ravel()
-        item = self.spec.item_bytes
-        lengths = np.asarray(self.length[slots])
-        nbytes = lengths * item
-        starts = np.asarray(self.start[slots])
-        bounds = np.concatenate([[0], np.cumsum(lengths)]).tolist()
-        flat = np.empty((bounds[-1], *self.spec.row_shape), dtype=self.spec.dtype)
-        dst = memoryview(flat.reshape(-1).view(np.uint8))
-        chunks = (slots // self.base_chunk_rows).tolist()
-        ends = (starts + nbytes).tolist()
-        pos = 0
-        for c, a, b in zip(chunks, starts.tolist(), ends, strict=True):
-            if b > a:
-                dst[pos : pos + b - a] = self._values(c, b)[a:b]
-                pos += b - a
-        return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        lengths = self.length.view(np.ndarray)[slots]
+        starts = self.start.view(np.ndarray)[slots]
+        ends = starts + lengths * self._row_bytes
+        chunk = slots // self.base_chunk_rows
+        last = np.zeros(ceil_div(self.capacity, self.base_chunk_rows), dtype=np.int64)
+        np.maximum.at(last, chunk, ends)  # the furthest byte read in each chunk
+        maps = {-1: memoryview(b"")}  # the key of rows of 0 bytes (their file may be empty)
+        for c in np.flatnonzero(last).tolist():
+            maps[c] = memoryview(self._values(c, int(last[c])))
+        keys = np.where(ends > starts, chunk, -1).tolist()
+        blob = bytearray().join([maps[k][a:b] for k, a, b in
+                                 zip(keys, starts.tolist(), ends.tolist(), strict=True)])
+        flat = np.frombuffer(blob, dtype=self.spec.dtype).reshape(-1, *self.spec.row_shape)
+        bounds = np.zeros(len(slots) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=bounds[1:])
+        b = bounds.tolist()
+        return [flat[x:y] for x, y in zip(b[:-1], b[1:], strict=True)]
 
     def read_range(self, start: int, stop: int) -> list[np.ndarray]:
         """Values of slots ``[start, stop)``."""

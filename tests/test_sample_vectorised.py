@@ -1,0 +1,144 @@
+"""The vectorised sampling paths against naive references: the sum-tree descent (all draws
+one level at a time) against a scalar descent per draw, prioritized draws against the
+formulas of Schaul et al. (2016) computed draw by draw from the same generator state, and the
+ragged gather (one join of byte ranges) against reading each row's bytes from its values file."""
+
+from pathlib import Path
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlbuffers import FieldSpec, PrioritizedSampler, ReplayBuffer
+from rlbuffers.segment_tree import SegmentTree
+
+
+def descend(tree: SegmentTree, mass: float) -> int:
+    """One prefix-sum search, a node at a time, with the comparisons of the original loop."""
+    i = 1
+    while i < tree.n:
+        left, right = tree.tree[2 * i], tree.tree[2 * i + 1]
+        go_right = bool((mass >= left and right > 0) or left <= 0)
+        if go_right:
+            mass = mass - left
+        i = 2 * i + go_right
+    return i - tree.n
+
+
+leaves = st.lists(st.one_of(st.just(0.0), st.floats(1e-9, 1e6, allow_nan=False)),
+                  min_size=1, max_size=70)
+
+
+@settings(max_examples=150, deadline=None)
+@given(values=leaves, fracs=st.lists(st.floats(0, 1, exclude_max=True), min_size=1, max_size=40),
+       spare=st.integers(0, 9))
+def test_find_prefix_equals_scalar_descent(values, fracs, spare):
+    tree = SegmentTree(len(values) + spare, np.add, 0.0)  # spare: empty leaves past the data
+    tree.rebuild(np.array(values))
+    mass = np.array(fracs) * tree.root
+    got = tree.find_prefix(mass)
+    assert got.dtype == np.int64 and got.shape == mass.shape
+    assert got.tolist() == [descend(tree, float(m)) for m in mass]
+    if tree.root > 0:
+        assert (np.array(values + [0.0] * spare)[got] > 0).all()
+
+
+@settings(max_examples=50, deadline=None)
+@given(values=leaves, mass=st.lists(st.floats(-5, 1e7, allow_nan=False), min_size=1,
+                                    max_size=20))
+def test_find_prefix_outside_its_domain_still_follows_the_full_rule(values, mass):
+    """Masses < 0 or >= root (or a zero root) take the unshortened test at every node."""
+    tree = SegmentTree(len(values), np.add, 0.0)
+    tree.rebuild(np.array(values))
+    got = tree.find_prefix(np.array(mass))
+    assert got.tolist() == [descend(tree, m) for m in mass]
+
+
+def test_find_prefix_where_rounding_would_enter_a_zero_subtree():
+    """0 + 5.37 + 8.29 rounds so that the largest mass minus 5.37 is >= 8.29: a search testing
+    only ``mass >= left`` would go right into the zero leaf 3; the full rule keeps leaf 2."""
+    tree = SegmentTree(3, np.add, 0.0)
+    tree.rebuild(np.array([0.0, 5.37, 8.29]))
+    mass = np.array([np.nextafter(tree.root, 0), 0.0, 5.37])
+    assert tree.find_prefix(mass).tolist() == [descend(tree, float(m)) for m in mass] == [2, 1, 2]
+
+
+def test_find_prefix_of_no_draws_and_of_one_leaf():
+    tree = SegmentTree(1, np.add, 0.0)
+    tree.rebuild(np.array([2.0]))
+    assert tree.find_prefix(np.array([0.0, 1.9])).tolist() == [0, 0]
+    assert tree.find_prefix(np.zeros(0)).shape == (0,)
+
+
+def reference_draw(sampler: PrioritizedSampler, raw: np.ndarray, size: int, batch: int,
+                   rng: np.random.Generator) -> tuple[list[int], list[float]]:
+    """Slots and weights of one stratified prioritized draw, computed draw by draw."""
+    tsum = SegmentTree(len(raw), np.add, 0.0)
+    tsum.rebuild(raw**sampler.alpha)
+    low = float(np.min(raw[:size] ** sampler.alpha))
+    total = tsum.root
+    u = rng.random(batch)
+    slots, weights = [], []
+    for j in range(batch):
+        mass = min((j + u[j]) * (total / batch), np.nextafter(total, 0))
+        s = descend(tsum, mass)
+        slots.append(s)
+        weights.append(float(np.float32((tsum.tree[tsum.n + s] / low) ** -sampler.beta)))
+    return slots, weights
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 40), seed=st.integers(0, 2**32 - 1), batch=st.integers(1, 33),
+       prios=st.lists(st.floats(0, 50, allow_nan=False), min_size=40, max_size=40))
+def test_prioritized_draws_equal_the_reference_for_the_same_rng_state(tmp_path_factory, n,
+                                                                       seed, batch, prios):
+    sampler = PrioritizedSampler(alpha=0.7, beta=0.5)
+    buf = ReplayBuffer.create(tmp_path_factory.mktemp("b") / "b", capacity=40, sampler=sampler,
+                              fields={"x": FieldSpec((), "int64")}, seed=seed)
+    buf.extend({"x": np.arange(n)})
+    buf.update_priorities(np.arange(n), np.array(prios[:n]))
+    raw = np.zeros(40)
+    raw[:n] = np.abs(np.array(prios[:n])) + sampler.eps
+    want_slots, want_weights = reference_draw(
+        sampler, raw, n, batch, np.random.Generator(np.random.PCG64(seed)))
+    out = buf.sample(batch)
+    assert out["indices"].tolist() == want_slots  # ids = slots before the ring wraps
+    assert out["x"].tolist() == want_slots
+    assert out["weights"].dtype == np.float32
+    assert out["weights"].tolist() == want_weights
+    buf.close()
+
+
+def naive_rows(col, slots: np.ndarray) -> list[np.ndarray]:
+    """Each row read on its own from its chunk's values file."""
+    out = []
+    for s in slots.tolist():
+        path = Path(col.path) / f"c{s // col.base_chunk_rows}.bin"
+        data = path.read_bytes() if path.exists() else b""
+        a, k = int(col.start[s]), int(col.length[s])
+        raw = data[a : a + k * col.spec.item_bytes]
+        out.append(np.frombuffer(raw, dtype=col.spec.dtype).reshape(k, *col.spec.row_shape))
+    return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(lengths=st.lists(st.integers(0, 9), min_size=1, max_size=60),
+       picks=st.lists(st.integers(0, 10**6), min_size=0, max_size=80),
+       chunk=st.integers(1, 8))
+def test_ragged_gather_equals_rows_read_one_by_one(tmp_path_factory, lengths, picks, chunk):
+    fields = {"tok": FieldSpec((None, 2), "int16")}
+    buf = ReplayBuffer.create(tmp_path_factory.mktemp("r") / "b", capacity=24, fields=fields,
+                              chunk_transitions=chunk)
+    rows = [np.arange(2 * k, dtype=np.int16).reshape(k, 2) + 3 * i for i, k in enumerate(lengths)]
+    buf.extend({"tok": rows})  # more than the capacity: chunks rewritten and compacted
+    col = buf._storage.working.columns["tok"]
+    slots = np.array([p % min(len(lengths), 24) for p in picks], dtype=np.int64)
+    got = col.gather(slots)
+    want = naive_rows(col, slots)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == np.int16 and g.shape == w.shape and g.flags.writeable
+        np.testing.assert_array_equal(g, w)
+    kept = rows[-24:]
+    assert all(np.array_equal(buf[i]["tok"], kept[i]) for i in range(len(kept)))
+    buf.close()
