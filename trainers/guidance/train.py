@@ -378,8 +378,12 @@ def setup_updates(cfg: Config, device: torch.device, policies: Policies, tok: An
              "none" if budget is None else f"{budget / MIB:,.0f} MiB", cfg.memory_budget, device)
     E, K = cfg.episodes_per_iteration, cfg.hints_per_answer
     ambs, plans = {}, {"memory_budget_bytes": budget, **describe(plan)}
-    cost = None if budget is None else utterance_step_cost(  # once: the longest utterances
-        policies, "agent", longest["agent"], cfg.max_answer_tokens, tok.pad_token_id, cfg)
+    cost = None
+    if budget is not None:  # once: the longest utterances (a real step on 1 and 3 of them)
+        with heartbeat(f"measuring a policy step's memory on {longest['agent']}-token "
+                       "utterances"):
+            cost = utterance_step_cost(policies, "agent", longest["agent"],
+                                       cfg.max_answer_tokens, tok.pad_token_id, cfg)
     for role, items in (("agent", E * (1 + K)), ("guidance", E * K)):
         ambs[role], mb = micro_batches(role, policies.use(role), budget, items, longest[role],
                                        cost)

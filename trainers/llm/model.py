@@ -39,26 +39,30 @@ def smollm2_dir() -> Path:
     # said before the slow imports, so the first run is not silent
     log.info("first run: converting SmolLM2-135M-Instruct (%s, %.0f MB) to fp32 once "
              "(~20-40 s, ~540 MB) into %s", gguf, gguf.stat().st_size / 1e6, SMOLLM2_DIR)
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trainers.phases import heartbeat
 
-    tmp = SMOLLM2_DIR.with_name(SMOLLM2_DIR.name + f".tmp-{os.getpid()}")
-    if not (SMOLLM2_DIR / "config.json").exists():
-        model = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
-        model.hf_quantizer = None  # dequantized to fp32: no longer a quantized model
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(tmp)
-    else:  # an older cache holds the model only
-        tmp.mkdir(parents=True, exist_ok=True)
-        for p in SMOLLM2_DIR.iterdir():
-            os.link(p, tmp / p.name)
-    AutoTokenizer.from_pretrained(src, gguf_file=name).save_pretrained(tmp)
-    if SMOLLM2_DIR.exists():
-        import shutil
+    with heartbeat("converting SmolLM2-135M-Instruct (one-time)"):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        shutil.rmtree(SMOLLM2_DIR)
-    os.replace(tmp, SMOLLM2_DIR)
+        tmp = SMOLLM2_DIR.with_name(SMOLLM2_DIR.name + f".tmp-{os.getpid()}")
+        if not (SMOLLM2_DIR / "config.json").exists():
+            model = AutoModelForCausalLM.from_pretrained(src, gguf_file=name,
+                                                         dtype=torch.float32)
+            model.hf_quantizer = None  # dequantized to fp32: no longer a quantized model
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            model.save_pretrained(tmp)
+        else:  # an older cache holds the model only
+            tmp.mkdir(parents=True, exist_ok=True)
+            for p in SMOLLM2_DIR.iterdir():
+                os.link(p, tmp / p.name)
+        AutoTokenizer.from_pretrained(src, gguf_file=name).save_pretrained(tmp)
+        if SMOLLM2_DIR.exists():
+            import shutil
+
+            shutil.rmtree(SMOLLM2_DIR)
+        os.replace(tmp, SMOLLM2_DIR)
     log.info("converted in %.0f s: %s", time.perf_counter() - t0, SMOLLM2_DIR)
     return SMOLLM2_DIR
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,12 @@ def check_task(task: str, config: str) -> None:
     from trainers.config import ConfigError
     from trainers.phases import heartbeat
 
-    with heartbeat(f"checking --task {task} (importing reasoning-gym)"):
+    with heartbeat(f"checking --task {task} (importing reasoning-gym)"), \
+            warnings.catch_warnings():
+        # cellpylib (a reasoning-gym dependency) compares with `is "recursive"`: Python warns
+        # while compiling it on the first import after installation (8 lines of noise)
+        warnings.filterwarnings("ignore", r'"is" with a literal', SyntaxWarning,
+                                r".*cellpylib")
         import reasoning_gym.factory
 
     names = sorted(reasoning_gym.factory.DATASETS)
