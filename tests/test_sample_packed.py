@@ -147,3 +147,27 @@ def test_packed_row_index_out_of_range():
     np.testing.assert_array_equal(p[-1], [2, 3, 4])
     with pytest.raises(IndexError, match=r"row: expected an index in \[-2, 2\), got 2"):
         p[2]
+
+
+@pytest.mark.parametrize("mode", ["r+", "r"])
+def test_packed_values_are_a_copy(tmp_path, mode):
+    """Writing into a packed sample changes nothing stored; a reader's list rows are
+    read-only views of its chunk cache (as before the packed format), the packed values a
+    new array."""
+    path = tmp_path / "b"
+    rows = make_rows([4, 0, 6, 2, 3], "tok", 0)
+    buf = ReplayBuffer.create(path, capacity=8, fields={"tok": FieldSpec((None,), "int32")},
+                              seed=3, chunk_transitions=2)
+    buf.extend({"tok": rows})
+    if mode == "r":
+        buf.save()
+        buf.close()
+        buf = ReplayBuffer.open(path, mode="r")
+        assert not any(r.flags.writeable for r in buf.sample(8, rng=np.random.default_rng(0))
+                       ["tok"] if len(r))
+    got = buf.sample(8, rng=np.random.default_rng(1), ragged="packed")["tok"]
+    assert got.values.flags.writeable and got.values.size > 0
+    got.values[:] = -1
+    again = buf.sample(8, rng=np.random.default_rng(1), ragged="packed")
+    check_packed(again["tok"], [rows[i] for i in again["indices"].tolist()], "int32", ())
+    buf.close()
