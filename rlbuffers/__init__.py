@@ -34,6 +34,7 @@ from rlbuffers.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from rlbuffers.buffer import ReplayBuffer, SaveReport
+    from rlbuffers.packed import Packed
     from rlbuffers.samplers import (
         GroupSampler,
         PrioritizedSampler,
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 #: name -> module of the names imported on first use.
 _LAZY = {
     "ReplayBuffer": "rlbuffers.buffer", "SaveReport": "rlbuffers.buffer",
-    "FieldSpec": "rlbuffers.spec",
+    "FieldSpec": "rlbuffers.spec", "Packed": "rlbuffers.packed",
     **{n: "rlbuffers.samplers" for n in ("GroupSampler", "PrioritizedSampler", "Sampler",
                                          "SequenceSampler", "UniformSampler",
                                          "register_sampler")},
@@ -71,6 +72,7 @@ __all__ = [
     "ManifestError",
     "NotABufferError",
     "NotPrioritizedError",
+    "Packed",
     "PrioritizedSampler",
     "RLBuffersError",
     "ReadOnlyError",

@@ -16,6 +16,7 @@ from rlbuffers import framestack, samplers, spec
 from rlbuffers.compression import DEFAULT_CODEC
 from rlbuffers.deprecation import UNSET, renamed_attribute, renamed_keyword
 from rlbuffers.errors import BufferClosedError, ManifestError, ReadOnlyError
+from rlbuffers.packed import check_ragged_format
 from rlbuffers.ring import RingState
 from rlbuffers.samplers import EPISODE_ID, PRIORITY, SampleContext, Sampler
 from rlbuffers.spec import FieldSpec
@@ -270,27 +271,51 @@ class ReplayBuffer:
         self._open_check()
         return self._storage.gather(name, np.asarray(slots, dtype=np.int64).ravel())
 
-    def _rows(self, slots: np.ndarray) -> dict[str, Any]:
-        """``{field: [*slots.shape, *shape]}`` of stored ``slots`` (stacks rebuilt)."""
-        get = (self._stacks.reader(self._ring, self._gather, slots) if self._stacks
-               else lambda n: self._gather(n, slots))
+    def _rows(self, slots: np.ndarray, ragged: str = "list") -> dict[str, Any]:
+        """``{field: [*slots.shape, *shape]}`` of stored ``slots`` (stacks rebuilt; ragged
+        fields as ``ragged`` says: see :meth:`sample`)."""
+        plain = (self._stacks.reader(self._ring, self._gather, slots) if self._stacks
+                 else lambda n: self._gather(n, slots))
+        flat = np.asarray(slots, dtype=np.int64).ravel()
+
+        def get(name: str) -> Any:
+            if ragged == "packed" and self._fields[name].ragged:
+                self._open_check()
+                return self._storage.gather_packed(name, flat)
+            return plain(name)
+
         return spec.batch_rows(self._fields, slots.shape, get)
 
-    def sample(self, batch_size: int, *, rng: np.random.Generator | None = None) -> dict[str, Any]:
+    def sample(self, batch_size: int, *, rng: np.random.Generator | None = None,
+               ragged: str = "list") -> dict[str, Any]:
         """Draw ``batch_size`` (B) transitions with the sampler, from ``rng`` (default: the
         buffer's own generator, saved by ``save``).
 
+        Args:
+            ragged: how ragged fields (``FieldSpec((None, *row), ...)``) come back:
+                ``"list"`` (default): a list of B arrays ``[len_i, *row]`` (sequence samplers:
+                B lists of L arrays); ``"packed"``: one :class:`~rlbuffers.packed.Packed`
+                (FlashAttention's varlen layout) with ``values [sum_len, *row]`` in the
+                field's dtype and ``cu_seqlens`` int64[B + 1] (row i is
+                ``values[cu_seqlens[i]:cu_seqlens[i + 1]]``); with a sequence sampler the
+                B * L rows are packed in ``[B, L]`` row-major order and ``cu_seqlens`` is
+                int64[B * L + 1] (row ``(b, l)`` is number ``b * L + l``). Both formats
+                draw the same transitions from the same generator state; the packed one
+                builds no Python object per row.
+
         Returns:
-            ``{field: [B, *shape]}`` (sequences: ``[B, L, *shape]``; ragged fields: a list of B
-            arrays, or of B lists of L arrays), ``indices``: int64[B] (``[B, L]``) transition
-            ids, ``weights``: float32[B] importance weights (ones unless prioritized).
+            ``{field: [B, *shape]}`` (sequences: ``[B, L, *shape]``; ragged fields: as
+            ``ragged`` says), ``indices``: int64[B] (``[B, L]``) transition ids,
+            ``weights``: float32[B] importance weights (ones unless prioritized).
 
         Raises:
-            BufferEmptyError: too few transitions. ValueError: batch_size < 1.
+            BufferEmptyError: too few transitions. ValueError: batch_size < 1, or ``ragged``
+            not ``"list"`` or ``"packed"`` (nothing is drawn: the generator does not move).
         """
         batch_size = positive_int("batch_size", batch_size)
+        ragged = check_ragged_format(ragged)
         draw = self.sampler.sample(batch_size, self._context(), rng or self._rng)
-        rows = self._rows(draw.slots)
+        rows = self._rows(draw.slots, ragged)
         return {**rows, "indices": self._ring.ids(draw.slots), "weights": draw.weights}
 
     def __getitem__(self, key: int | slice | np.ndarray | list[int]) -> dict[str, Any]:

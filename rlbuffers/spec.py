@@ -358,14 +358,15 @@ def check_field_specs(fields: Any, reserved: Sequence[str] = ()) -> None:
 
 def batch_rows(fields: dict[str, FieldSpec], shape: tuple[int, ...], gather: Any) -> dict[str, Any]:
     """Shape gathered rows as a batch: ``{field: [*shape, *row_shape]}``; ragged fields give a
-    list (``shape = (B,)``) or a list of ``B`` lists of ``L`` arrays (``shape = (B, L)``).
-    ``gather(name)`` returns the flat rows of field ``name``."""
+    list (``shape = (B,)``) or a list of ``B`` lists of ``L`` arrays (``shape = (B, L)``), or
+    whatever else ``gather`` returned for them as it is (a :class:`~rlbuffers.packed.Packed`
+    of all ``B * L`` rows). ``gather(name)`` returns the flat rows of field ``name``."""
     out: dict[str, Any] = {}
     for name, spec in fields.items():
         data = gather(name)
         if not spec.ragged:
             out[name] = data.reshape(*shape, *spec.row_shape)
-        elif len(shape) == 1:
+        elif len(shape) == 1 or not isinstance(data, list):
             out[name] = data
         else:
             out[name] = [data[i:i + shape[1]] for i in range(0, len(data), shape[1])]

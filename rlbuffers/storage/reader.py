@@ -10,14 +10,15 @@ from typing import Any
 import numpy as np
 
 from rlbuffers.cache import ENTRY_OVERHEAD_BYTES, ByteLRUCache
+from rlbuffers.packed import Packed, pack_rows, packed_from_bytes
 from rlbuffers.storage.persistent import PersistentTier
 
 
 def _nbytes(chunk: Any) -> int:
-    """Bytes of a decoded chunk: an array, or a list of arrays (ragged)."""
+    """Bytes of a decoded chunk: an array, or a :class:`Packed` (ragged)."""
     if isinstance(chunk, np.ndarray):
         return int(chunk.nbytes) + ENTRY_OVERHEAD_BYTES
-    return sum(int(a.nbytes) + 64 for a in chunk) + ENTRY_OVERHEAD_BYTES
+    return int(chunk.values.nbytes + chunk.cu_seqlens.nbytes) + ENTRY_OVERHEAD_BYTES
 
 
 class ChunkReader:
@@ -29,21 +30,60 @@ class ChunkReader:
         self.cache = ByteLRUCache(cache_max_bytes, getsizeof=_nbytes)
 
     def _chunk(self, name: str, c: int) -> Any:
+        """Decoded chunk ``c`` of ``name``: ``[n, *shape]``, or a read-only :class:`Packed`
+        (ragged; rows handed out are views of it, so nobody may write into it)."""
         chunk = self.cache.get((name, c))
         if chunk is None:
             chunk = self.tier.read_chunk(name, c)
+            spec = self.tier.specs[name]
+            if spec.ragged:
+                chunk = pack_rows(chunk, spec.dtype, spec.row_shape)
+                chunk.values.flags.writeable = False
             self.cache.put((name, c), chunk)
         return chunk
 
     def gather(self, name: str, slots: np.ndarray) -> Any:
-        """Rows at ``slots`` (int64[N]): an array ``[N, *shape]`` or, for ragged fields, a list."""
-        k = self.tier.layout.stored_chunk_rows[name]
+        """Rows at ``slots`` (int64[N]): an array ``[N, *shape]`` or, for ragged fields, a list
+        of N read-only arrays ``[len_i, *row]`` (views of the cached decoded chunks: no copy)."""
         spec = self.tier.specs[name]
-        slots = np.asarray(slots, dtype=np.int64).ravel()
         if spec.ragged:
-            return [self._chunk(name, int(s) // k)[int(s) % k] for s in slots]
+            chunk, starts, ends, packed = self._ragged_ranges(name, slots)
+            return [packed[c].values[a:b] for c, a, b in zip(
+                chunk.tolist(), starts.tolist(), ends.tolist(), strict=True)]
+        k = self.tier.layout.stored_chunk_rows[name]
+        slots = np.asarray(slots, dtype=np.int64).ravel()
         out = np.empty((len(slots), *spec.row_shape), dtype=spec.dtype)
         for c in np.unique(slots // k):
             sel = slots // k == c
             out[sel] = self._chunk(name, int(c))[slots[sel] % k]
         return out
+
+    def _ragged_ranges(self, name: str, slots: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, Packed]]:
+        """Where the rows of ragged field ``name`` at ``slots`` (int64[N]) lie: their stored
+        chunk, first and end row in that chunk's values (int64[N] each), and chunk -> cached
+        :class:`Packed`; computed a chunk at a time, not a row at a time."""
+        k = self.tier.layout.stored_chunk_rows[name]
+        chunk, local = np.divmod(np.asarray(slots, dtype=np.int64).ravel(), k)
+        starts = np.empty(len(chunk), dtype=np.int64)
+        ends = np.empty(len(chunk), dtype=np.int64)
+        packed: dict[int, Packed] = {}
+        for c in np.unique(chunk).tolist():
+            p = packed[c] = self._chunk(name, c)
+            sel = chunk == c
+            starts[sel] = p.cu_seqlens[local[sel]]
+            ends[sel] = p.cu_seqlens[local[sel] + 1]
+        return chunk, starts, ends, packed
+
+    def gather_packed(self, name: str, slots: np.ndarray) -> Packed:
+        """Rows of ragged field ``name`` at ``slots`` (int64[N]) packed into new arrays
+        (``values [sum_len, *row]``, ``cu_seqlens`` int64[N + 1]): the rows' byte ranges in
+        the cached decoded chunks joined by one ``bytearray.join``, no numpy call per row."""
+        spec = self.tier.specs[name]
+        chunk, starts, ends, packed = self._ragged_ranges(name, slots)
+        sources = {c: memoryview(p.values.reshape(-1).view(np.uint8)) for c, p in packed.items()}
+        row_bytes = spec.item_bytes
+        blob = bytearray().join([sources[c][a:b] for c, a, b in zip(
+            chunk.tolist(), (starts * row_bytes).tolist(), (ends * row_bytes).tolist(),
+            strict=True)])
+        return packed_from_bytes(blob, ends - starts, spec.dtype, spec.row_shape)

@@ -5,7 +5,8 @@
 - :class:`ReadOnlyStorage` (``mode="r"``): reads decode committed chunks through a byte-bounded
   cache; it never touches the writer's working tier.
 
-Both expose ``manifest`` (the last commit), ``gather(name, slots)`` and ``close()``.
+Both expose ``manifest`` (the last commit), ``gather(name, slots)``, ``gather_packed(name,
+slots)`` (ragged columns) and ``close()``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from rlbuffers.errors import FieldError, SnapshotReclaimedError, UnsafePathError
+from rlbuffers.packed import Packed
 from rlbuffers.storage.lease import ReaderLease
 from rlbuffers.storage.location import LocalLocation, Location
 from rlbuffers.storage.lock import LOCK_FILE
@@ -27,7 +29,7 @@ from rlbuffers.storage.manifest import Manifest, read_manifest
 from rlbuffers.storage.persistent import PersistentTier
 from rlbuffers.storage.reader import ChunkReader
 from rlbuffers.storage.saver import SaveFuture, Saver, SaveReport
-from rlbuffers.storage.working import FixedColumn, WorkingTier
+from rlbuffers.storage.working import FixedColumn, RaggedColumn, WorkingTier
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +121,10 @@ class ReadOnlyStorage:
     def gather(self, name: str, slots: np.ndarray) -> Any:
         """Rows of column ``name`` at ``slots`` (int64[N]): ``[N, *shape]``, or a list (ragged)."""
         return self._reader.gather(name, slots)
+
+    def gather_packed(self, name: str, slots: np.ndarray) -> Packed:
+        """Rows of ragged column ``name`` at ``slots`` (int64[N]) as one :class:`Packed`."""
+        return self._reader.gather_packed(name, slots)
 
     def close(self) -> None:
         """Release the lease (the cache goes with the object)."""
@@ -213,6 +219,13 @@ class WritableStorage:
     def gather(self, name: str, slots: np.ndarray) -> Any:
         """Rows of column ``name`` at ``slots`` (int64[N]): ``[N, *shape]``, or a list (ragged)."""
         return self.working.columns[name].gather(slots)
+
+    def gather_packed(self, name: str, slots: np.ndarray) -> Packed:
+        """Rows of ragged column ``name`` at ``slots`` (int64[N]) as one :class:`Packed`."""
+        col = self.working.columns[name]
+        if not isinstance(col, RaggedColumn):
+            raise TypeError(f"field {name!r}: not ragged (gather_packed is for ragged fields)")
+        return col.gather_packed(slots)
 
     def commit(self, manifest: Manifest, *, full: bool = False,
                background: bool = False) -> SaveReport | SaveFuture:

@@ -32,6 +32,7 @@ import numpy as np
 
 from rlbuffers.intmath import ceil_div
 from rlbuffers.memory.limits import memory_limit_bytes
+from rlbuffers.packed import Packed, packed_from_bytes
 from rlbuffers.spec import FieldSpec
 from rlbuffers.storage.location import check_inside
 from rlbuffers.storage.manifest import write_json_atomic
@@ -242,7 +243,12 @@ class RaggedColumn:
 
     def gather(self, slots: np.ndarray) -> list[np.ndarray]:
         """Values of ``slots`` (int64[N]) as a list of N arrays ``[len_i, *row]``: views into
-        one new flat array, copied out of the memory-mapped values files by one
+        the one new flat array of :meth:`gather_packed`."""
+        return self.gather_packed(slots).to_list()
+
+    def gather_packed(self, slots: np.ndarray) -> Packed:
+        """Values of ``slots`` (int64[N]) packed: ``values [sum_len, *row]`` (a new array),
+        ``cu_seqlens`` int64[N + 1]; copied out of the memory-mapped values files by one
         ``bytearray.join`` of the rows' byte ranges (no numpy call per row)."""
         slots = np.asarray(slots, dtype=np.int64).ravel()
         lengths = self.length.view(np.ndarray)[slots]
@@ -257,11 +263,7 @@ class RaggedColumn:
         keys = np.where(ends > starts, chunk, -1).tolist()
         blob = bytearray().join([maps[k][a:b] for k, a, b in
                                  zip(keys, starts.tolist(), ends.tolist(), strict=True)])
-        flat = np.frombuffer(blob, dtype=self.spec.dtype).reshape(-1, *self.spec.row_shape)
-        bounds = np.zeros(len(slots) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=bounds[1:])
-        b = bounds.tolist()
-        return [flat[x:y] for x, y in zip(b[:-1], b[1:], strict=True)]
+        return packed_from_bytes(blob, lengths, self.spec.dtype, self.spec.row_shape)
 
     def read_range(self, start: int, stop: int) -> list[np.ndarray]:
         """Values of slots ``[start, stop)``."""

@@ -2,7 +2,9 @@
 ``tools/bench/bench_peers.py`` at its sizes, with cpprb side by side where it imports.
 
 For each workload: fill an rlbuffers buffer (uniform, then one with a ``PrioritizedSampler``
-whose first half of transitions gets priority 1e-6, as bench_peers does) and a cpprb buffer;
+whose first half of transitions gets priority 1e-6, as bench_peers does; on the ragged
+workload each is also sampled with ``ragged="packed"``: the "rlbuffers packed" rows) and a
+cpprb buffer;
 warm up; then ``--rounds`` interleaved rounds timing ``sample(256)`` of every system in turn
 (medians of wall and CPU time reported), then one cProfile run of rlbuffers' sampling split by
 the functions it calls (index drawing, column gathers, batch assembly).
@@ -147,6 +149,8 @@ def systems(wl: Workload, scratch: Path) -> dict[str, Callable[[], Any]]:
         if per:
             s.set_priorities(low, wl.n)
         out[f"rlbuffers {'prioritized' if per else 'uniform'}"] = s.sample
+        if wl.ragged:
+            out[f"rlbuffers packed {'prioritized' if per else 'uniform'}"] = s.sample_packed
     try:
         import cpprb  # noqa: F401
     except ImportError:
