@@ -169,6 +169,30 @@ def test_stores_one_frame_per_transition(tmp_path):
     buf.close()
 
 
+def test_stacked_field_chunks_are_sized_by_the_frame(tmp_path):
+    """The default chunking of a stacked Atari field at capacity 100,000: each stored chunk of
+    the frame column is one base chunk of ~4 MiB of frames (as for a plain field of that
+    frame), not 169 base chunks: the sparse head/final columns' ragged size guess no longer
+    sets the chunk target (at capacity 1M it made 7 GB chunks: OOM at the first commit)."""
+    frame = FieldSpec((84, 84), "uint8")
+    stacked = ReplayBuffer.create(tmp_path / "s", capacity=100_000,
+                                  fields={"obs": FieldSpec((4, 84, 84), "uint8", stack_axis=0),
+                                          "reward": FieldSpec((), "float32")},
+                                  next_of={"next_obs": "obs"})
+    plain = ReplayBuffer.create(tmp_path / "p", capacity=100_000,
+                                fields={"obs": frame, "reward": FieldSpec((), "float32")})
+    for buf in (stacked, plain):
+        buf.close()
+    rows = {k: json.loads((tmp_path / k / "manifest.json").read_text())
+            for k in ("s", "p")}
+    base = rows["p"]["chunk_transitions"]
+    assert base == 4 * 2**20 // (84 * 84)
+    assert rows["s"]["chunk_transitions"] == base
+    assert rows["s"]["field_chunk_transitions"]["obs"] == base
+    assert (rows["s"]["field_chunk_transitions"]["reward"]
+            == rows["p"]["field_chunk_transitions"]["reward"])
+
+
 def test_old_reader_refuses(tmp_path):
     """A format-3 reader (the release before frame stacks) refuses the buffer clearly."""
     atari(tmp_path).close()

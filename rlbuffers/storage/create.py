@@ -81,7 +81,8 @@ def create_tier(
     stacked = next_of or any(s.stack_axis is not None for s in fields.values())
     manifest = Manifest(
         buffer_id=uuid.uuid4().hex,
-        layout=ChunkLayout(capacity, base, plan_stored_chunk_rows(specs, base, capacity)),
+        layout=ChunkLayout(capacity, base, plan_stored_chunk_rows(specs, base, capacity,
+                                                                 size_by=fields)),
         fields=dict(fields), codecs=codecs, internal=internal, ring=RingState(capacity),
         commit=0, committed_at=time.time(), sampler=sampler_state,
         rng=dict(np.random.Generator(np.random.PCG64(seed)).bit_generator.state),

@@ -15,7 +15,7 @@ Chunk indices are always counted in the unit their name says (``base`` or ``stor
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,19 +25,25 @@ from rlbuffers.spec import FieldSpec
 
 
 def plan_stored_chunk_rows(
-    specs: dict[str, FieldSpec], base_chunk_rows: int, capacity: int
+    specs: dict[str, FieldSpec], base_chunk_rows: int, capacity: int,
+    size_by: Collection[str] | None = None,
 ) -> dict[str, int]:
     """Slots per stored chunk of each field (internal fields included).
 
-    The largest field (by :meth:`FieldSpec.estimate_bytes`) and ragged fields keep
-    ``base_chunk_rows``; a smaller fixed field takes as many base chunks as make about the raw
-    bytes of one chunk of the largest field, at most the whole capacity.
+    The largest field of ``size_by`` (default: all; by :meth:`FieldSpec.estimate_bytes`) and
+    ragged fields keep ``base_chunk_rows``; a smaller fixed field takes as many base chunks as
+    make about the raw bytes of one chunk of that largest field, at most the whole capacity.
+    ``size_by`` leaves out columns whose size guess is no transition's size: a stacked
+    field's ``_head_F`` / ``_final_F`` hold frames at episode starts and ends only, and their
+    ragged guess (256 frames per slot) made a one-frame column's stored chunk 256 base chunks
+    (7 GB of 84x84 frames at capacity 1M, read and compressed whole at every commit).
 
     Returns:
         field name -> slots per stored chunk (a multiple of ``base_chunk_rows``).
     """
     n_base = ceil_div(capacity, base_chunk_rows)
-    target = base_chunk_rows * max(spec.estimate_bytes() for spec in specs.values())
+    sizing = specs if size_by is None else [n for n in specs if n in size_by] or specs
+    target = base_chunk_rows * max(specs[n].estimate_bytes() for n in sizing)
     out = {}
     for name, spec in specs.items():
         m = 1 if spec.ragged else target // (base_chunk_rows * max(spec.item_bytes, 1))
