@@ -166,15 +166,20 @@ def sb3_capacity(a, workdir: Path, cap: int) -> dict:
     for _ in range(a.sb3_tries):
         r = run_child(cap, "sb3_fill", {**base, "buffer_size": size})
         rows = _last(r["events"], "progress").get("step", 0)
-        tries.append({"capacity": size, "rc": r["rc"], "rows_written": rows,
-                      "rss_anon_peak": r["rss_anon_peak"], "cg_peak_mb": r.get("cg_peak_mb"),
-                      "oom_kills": r.get("cg_oom_kills")})
-        if r["rc"] == 0:
+        error = _last(r["events"], "error").get("error", "")
+        outcome = ("fits" if r["rc"] == 0 else "oom" if r["rc"] == -signal.SIGKILL
+                   else "no_alloc" if error.startswith("MemoryError") else None)
+        if outcome is None:
+            raise SystemExit(f"the SB3 buffer child failed (not for memory): {r}")
+        tries.append({"capacity": size, "rc": r["rc"], "outcome": outcome, "error": error,
+                      "rows_written": rows, "rss_anon_peak": r["rss_anon_peak"],
+                      "cg_peak_mb": r.get("cg_peak_mb"), "oom_kills": r.get("cg_oom_kills")})
+        if outcome == "fits":
             break
-        if r["rc"] != -signal.SIGKILL:
-            raise SystemExit(f"the SB3 buffer child failed (not the OOM killer): {r}")
-        # next: 90% of the rows written before the kill (or of this size), in steps of 5,000
-        size = max(5000, int(min(rows or size, size) * 0.9) // 5000 * 5000)
+        # next: 90% of the rows written before the OOM kill, or of what the cap could hold
+        # (numpy's zeros failed: the kernel refused the mapping), in steps of 5,000
+        rows = rows if outcome == "oom" else min(size, cap // STACK_BYTES)
+        size = max(5000, int(rows * 0.9) // 5000 * 5000)
     return {"tries": tries}
 
 
@@ -232,9 +237,13 @@ def report(a, check, main, sb3, side) -> str:
          "capacity, kill after the commit of step 6,000)",
          f"{check['equal']} ({check['arrays']} arrays: 5 batches of 32 + policy parameters)"],
     ]
-    sb3_rows = [[f"{t['capacity']:,}", "fits" if t["rc"] == 0 else
-                 f"killed (exit {t['rc']}, OOM kills {t['oom_kills']}) after "
-                 f"{t['rows_written']:,} rows", _mb(t["rss_anon_peak"])] for t in sb3["tries"]]
+    outcome = {"fits": lambda t: "fits: filled, 50 gradient steps done",
+               "oom": lambda t: f"killed by the cgroup's OOM killer (exit {t['rc']}, OOM kills "
+                                f"{t['oom_kills']}) after {t['rows_written']:,} rows",
+               "no_alloc": lambda t: f"cannot be allocated: `{t['error']}` in SB3's "
+                                     "`ReplayBuffer.__init__` (np.zeros)"}
+    sb3_rows = [[f"{t['capacity']:,}", outcome[t["outcome"]](t), _mb(t["rss_anon_peak"])]
+                for t in sb3["tries"]]
     ratio = side["ours"] / side["sb3"]
     commit_rows = [[f"{c['step']:,}", f"{c['save_s']:.2f}", f"{c['interval_s']:.1f}",
                     f"{100 * c['save_s'] / c['interval_s']:.1f}%"] for c in commits]
@@ -300,8 +309,9 @@ def main() -> None:
             results[name] = step(a, workdir, cap)
             print(name, {k: v for k, v in results[name].items()
                          if k not in ("first", "second")}, flush=True)
-            if results_path:
-                results_path.write_text(json.dumps(results))
+            if results_path:  # merged: another invocation may have added steps meanwhile
+                saved = json.loads(results_path.read_text()) if results_path.exists() else {}
+                results_path.write_text(json.dumps({**saved, name: results[name]}))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     missing = [n for n in steps if n not in results]
