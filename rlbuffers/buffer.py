@@ -230,6 +230,25 @@ class ReplayBuffer:
             storage.write(slot, columns)
         self._ring = self._ring.appended(n, ended)
 
+    def end_episode(self) -> bool:
+        """End the newest transition's episode without changing its fields: the next one added
+        starts an episode (a stacked field then stores its earlier frames as given, and no
+        longer requires it to continue the newest stack). For environments reset outside an
+        episode end (no ``terminated``/``truncated``/``done`` flag set). Kept by the next
+        ``save``. Returns False (nothing changes) when the buffer is empty or the newest
+        transition ended its episode already.
+
+        Raises:
+            ReadOnlyError: opened with ``mode="r"``.
+        """
+        self._writer()
+        total = self._ring.total_added
+        if total == 0 or int(self._gather(EPISODE_ID, np.array([(total - 1) % self.capacity]))[0]
+                             ) < self._ring.episodes:
+            return False
+        self._ring = self._ring.appended(0, 1)
+        return True
+
     def __len__(self) -> int:
         return self._ring.size
 

@@ -1,294 +1,38 @@
 """Convert a Stable-Baselines3 replay-buffer pickle into an rlbuffers :class:`ReplayBuffer`.
 
-SB3's ``model.save_replay_buffer(path)`` pickles its ``ReplayBuffer`` / ``DictReplayBuffer``
-object (protocol 5). Its arrays are ``[buffer_size, n_envs, *shape]`` rings with a write
-position ``pos`` and a ``full`` flag; this module reads them back oldest first and writes them
-into a new rlbuffers buffer in bounded batches.
-
-What is streamed and what is not:
-
-- **Streamed**: with protocol 5 (what SB3 writes), every large array is stored in the pickle as
-  one contiguous run of raw bytes. :func:`load_sb3_pickle` does not read those bytes: it maps
-  them straight from the pickle file (``np.memmap``, read-only), so loading a 100 GB pickle
-  costs a few MB of RAM. The conversion then copies the arrays into the buffer batch by batch
-  (~32 MiB at a time) and ``save`` compresses them chunk by chunk, so the whole run needs a few
-  tens of MB of heap whatever the buffer size; the OS page cache holds the pages in flight.
-- **Not streamed**: pickles written with protocol < 5 (arrays are rebuilt through
-  ``ndarray.__setstate__``), gzip-compressed pickles, and arrays under 1 MiB are read into
-  memory. Each array then needs its full size in RAM once.
-
-The pickle is read with a restricted unpickler (:mod:`rlbuffers.inert_pickle`): numpy
-arrays, dtypes and plain containers are rebuilt for real; every other class or function the
-pickle names (SB3's buffer classes, gymnasium spaces, ``torch.device``) becomes an inert
-stand-in that only records its arguments and state. So neither Stable-Baselines3, gymnasium
-nor torch needs to be installed, and no code named by the pickle runs. What a hostile pickle
-could still make numpy or Python do is refused before it happens (object dtypes and forged
-dtype states, arrays without data or with strides of the pickle's choosing, lengths beyond the
-file, allocations beyond ``memory_budget``, cycles of dtypes, too many objects): see
-:mod:`rlbuffers.inert_pickle`. ``--overwrite`` replaces only an rlbuffers buffer, and only once
-the new one is complete (see :func:`convert_sb3`).
-
-RNG state: a trained model's action space (and observation space, once sampled) carries a
-numpy ``Generator`` (gymnasium's ``_np_random``), pickled through numpy's
-``numpy.random._pickle`` constructors with a bit generator (PCG64, PCG64DXSM, MT19937, Philox,
-SFC64), a ``SeedSequence`` or a legacy ``RandomState``. None of these is rebuilt: each becomes
-an inert stand-in that keeps its constructor arguments and its state (a dict as attributes,
-anything else, e.g. a tuple, as ``_state``). The converter never uses them and the new
-buffer's sampler is seeded from ``seed``, so no RNG state carries over.
-
-Errors: a file that is not a readable pickle (truncated, corrupt, gzip garbage, another
-format) or a pickle of anything but an SB3 ``ReplayBuffer`` / ``DictReplayBuffer`` raises
-:class:`ConvertError` naming the path and what was expected; only a missing file
-(``FileNotFoundError``) and real I/O errors (``OSError``) pass through as they are.
+:func:`convert_sb3` reads the pickle with :func:`~rlbuffers.sb3_pickle.load_sb3_pickle`
+(memory-mapped, restricted unpickler, no SB3 needed: see :mod:`rlbuffers.sb3_pickle`) and
+writes its transitions oldest first into a new buffer, in bounded batches, built beside the
+output and renamed into place once complete. With ``frame_stack_axis`` the observations
+(frame stacks, e.g. SB3's ``VecFrameStack``) are stored one frame per transition.
 """
 
 from __future__ import annotations
 
-import gzip
 import logging
-import operator
 import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
 from rlbuffers.buffer import ReplayBuffer
 from rlbuffers.compression import DEFAULT_CODEC
-from rlbuffers.errors import BufferExistsError, RLBuffersError, UnsafePickleError
-from rlbuffers.inert_pickle import MEMORY_BUDGET, InertObject, MappingUnpickler
+from rlbuffers.errors import BufferExistsError
+from rlbuffers.inert_pickle import MEMORY_BUDGET
+from rlbuffers.sb3_pickle import ConvertError, SB3Buffer, load_sb3_pickle, obs_arrays
 from rlbuffers.spec import FieldSpec
+
+__all__ = ["BATCH_BYTES", "ConvertError", "SB3Buffer", "convert_sb3", "load_sb3_pickle",
+           "sb3_batches", "sb3_fields"]
 
 log = logging.getLogger(__name__)
 
 #: Raw bytes of one batch of transitions written to the buffer (all fields together).
 BATCH_BYTES = 32 * 2**20
-
-
-class ConvertError(RLBuffersError, ValueError):
-    """The input is not a replay-buffer pickle this converter understands."""
-
-
-# -- reading an SB3 buffer ---------------------------------------------------------------------
-@dataclass
-class SB3Buffer:
-    """The contents of an SB3 replay-buffer pickle, as stored (no copies).
-
-    Attributes:
-        kind: the pickled class, e.g. ``stable_baselines3.common.buffers.ReplayBuffer``.
-        observations: ``[buffer_size, n_envs, *obs_shape]`` (a dict of such arrays for a
-            ``DictReplayBuffer``); ``next_observations`` likewise, or None when SB3 used
-            ``optimize_memory_usage`` (next observation = the following row of observations).
-        actions: ``[buffer_size, n_envs, action_dim]``; ``discrete_action``: the action space
-            was ``Discrete`` (action_dim 1).
-        rewards, dones, timeouts: float32 ``[buffer_size, n_envs]`` (timeouts all 0 unless SB3's
-            ``handle_timeout_termination``).
-        pos, full, buffer_size, n_envs: SB3's ring state (``buffer_size`` per env).
-        mapped_bytes: bytes of arrays memory-mapped from the pickle rather than read.
-    """
-
-    kind: str
-    observations: np.ndarray | dict[str, np.ndarray]
-    next_observations: np.ndarray | dict[str, np.ndarray] | None
-    actions: np.ndarray
-    rewards: np.ndarray
-    dones: np.ndarray
-    timeouts: np.ndarray
-    pos: int
-    full: bool
-    buffer_size: int
-    n_envs: int
-    discrete_action: bool
-    mapped_bytes: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def time_order(self) -> np.ndarray:
-        """Ring rows holding valid transitions, oldest first: int64[T].
-
-        Full: ``pos .. buffer_size-1, 0 .. pos-1`` (without ``optimize_memory_usage``'s invalid
-        row ``pos``, whose observation was overwritten); otherwise ``0 .. pos-1``.
-        """
-        if not self.full:
-            return np.arange(self.pos, dtype=np.int64)
-        order = (self.pos + np.arange(self.buffer_size, dtype=np.int64)) % self.buffer_size
-        return order[1:] if self.next_observations is None else order
-
-
-_REQUIRED = ("observations", "actions", "rewards", "dones", "pos", "full", "buffer_size",
-             "n_envs")
-
-
-def _open(path: Path) -> tuple[IO[bytes], Path | None]:
-    f: IO[bytes] = open(path, "rb")  # closed by the caller
-    if f.read(2) == b"\x1f\x8b":
-        f.close()
-        return gzip.open(path, "rb"), None  # type: ignore[return-value]
-    f.seek(0)
-    return f, path
-
-
-def load_sb3_pickle(path: str | os.PathLike[str], *,
-                    memory_budget: int = MEMORY_BUDGET) -> SB3Buffer:
-    """Read an SB3 ``save_replay_buffer`` pickle (plain or gzip-compressed).
-
-    Large arrays of a protocol-5 pickle are memory-mapped read-only from the file (no copy in
-    RAM); see the module docstring. Stable-Baselines3 need not be installed.
-
-    Args:
-        memory_budget: bytes the pickle may make this process hold (read into memory, not
-            mapped, or allocated by what it calls); default 16 GiB. A hostile pickle cannot
-            make the load allocate more than this, nor more than its own size per opcode.
-
-    Raises:
-        FileNotFoundError: no such file. ConvertError: not a pickle, a pickle the restricted
-        unpickler refuses (its ``__cause__`` an :class:`~rlbuffers.errors.UnsafePickleError`:
-        object dtypes, arrays without data or with forged strides, lengths beyond the file,
-        budgets exceeded; see :mod:`rlbuffers.inert_pickle`), a pickle of something other than
-        an SB3 replay buffer (e.g. a ``RolloutBuffer``), or inconsistent shapes.
-    """
-    p = Path(path)
-    f, mappable = _open(p)
-    with f:
-        up = MappingUnpickler(f, mappable, memory_budget=memory_budget)
-        try:
-            obj = up.load()
-        except OSError as e:  # a read error is reported as such, a corrupt gzip stream is not
-            if not isinstance(e, gzip.BadGzipFile):
-                raise
-            raise ConvertError(f"{p}: {_EXPECTED}, but it is not a readable pickle "
-                               f"(corrupt gzip stream: {e})") from e
-        except Exception as e:  # whatever a truncated, corrupt or foreign file makes fail
-            raise ConvertError(f"{p}: {_EXPECTED}, but it is not a readable pickle "
-                               f"({_what_file(p) or _why(e)})") from e
-    kind = getattr(obj, "_origin", None) or type(obj).__qualname__
-    state = obj.__dict__ if isinstance(obj, InertObject) else {}
-    missing = [k for k in _REQUIRED if k not in state]
-    optimized = isinstance(state.get("optimize_memory_usage"), (bool, int, np.bool_, np.integer)) \
-        and bool(state["optimize_memory_usage"])
-    if missing or "next_observations" not in state and not optimized:
-        raise ConvertError(
-            f"{p}: {_EXPECTED}, got a pickled {kind} "
-            f"(missing attributes {', '.join(missing or ['next_observations'])})"
-        )
-    try:
-        buf = _sb3_from_state(state, kind)
-        buf.mapped_bytes = up.mapped_bytes
-        _check_shapes(p, buf)
-    except ConvertError:
-        raise
-    except (TypeError, ValueError, AttributeError, OverflowError, RecursionError) as e:
-        raise ConvertError(f"{p}: {_EXPECTED}, got a pickled {kind} with unexpected "
-                           f"attributes ({_why(e)})") from e
-    return buf
-
-
-_EXPECTED = "expected an SB3 ReplayBuffer/DictReplayBuffer pickle (model.save_replay_buffer)"
-
-
-def _what_file(p: Path) -> str | None:
-    """What a file that failed to unpickle is instead, when its first bytes tell."""
-    try:
-        with open(p, "rb") as f:
-            head = f.read(8)
-    except OSError:
-        return None
-    if not head:
-        return "the file is empty"
-    if head.startswith(b"PK\x03\x04"):
-        return ("a zip archive: model.save() writes one, the replay buffer comes from "
-                "model.save_replay_buffer()")
-    if head.startswith(b"\x93NUMPY"):
-        return "a numpy .npy file"
-    return None
-
-
-def _why(e: BaseException) -> str:
-    """A short reason for an unpickling failure (some exceptions carry no message)."""
-    if isinstance(e, EOFError) or "exhausted before end of frame" in str(e):
-        return "it ends too early: truncated?"
-    if isinstance(e, UnsafePickleError) and "are left in" in str(e):  # or a forged length
-        return "it ends too early: truncated?"  # the claim itself: in the cause
-    if isinstance(e, MemoryError):
-        return "a length field asks for more memory than there is: corrupt?"
-    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-
-
-def _truth(s: dict[str, Any], key: str, default: bool = False) -> bool:
-    """``bool(s[key])`` for a pickled flag (Python or numpy bool/int); TypeError otherwise."""
-    v = s.get(key, default)
-    if not isinstance(v, (bool, int, np.bool_, np.integer)):
-        raise TypeError(f"{key}: expected a bool, got {type(v).__name__}")
-    return bool(v)
-
-
-def _sb3_from_state(s: dict[str, Any], kind: str) -> SB3Buffer:
-    space = s.get("action_space")
-    origin = getattr(space, "_origin", None) or type(space).__qualname__
-    discrete = origin.rsplit(".", 1)[-1] == "Discrete"
-    rewards = s["rewards"]
-    if not isinstance(rewards, np.ndarray):  # before zeros_like walks whatever it is
-        raise TypeError(f"rewards: expected a numpy array, got {type(rewards).__name__}")
-    timeouts = s.get("timeouts")
-    if timeouts is None or not _truth(s, "handle_timeout_termination", True):
-        timeouts = np.zeros_like(rewards)
-    optimize = _truth(s, "optimize_memory_usage")
-    return SB3Buffer(
-        kind=kind,
-        observations=s["observations"],
-        next_observations=None if optimize else s["next_observations"],
-        actions=s["actions"],
-        rewards=rewards,
-        dones=s["dones"],
-        timeouts=timeouts,
-        pos=operator.index(s["pos"]),
-        full=_truth(s, "full"),
-        buffer_size=operator.index(s["buffer_size"]),
-        n_envs=operator.index(s["n_envs"]),
-        discrete_action=discrete,
-        extra={k: float(s[k]) for k in ("n_steps", "gamma")
-               if isinstance(s.get(k), (int, float, np.integer, np.floating))},
-    )
-
-
-def _obs_arrays(obs: Any, prefix: str) -> dict[str, np.ndarray]:
-    if isinstance(obs, Mapping):
-        return {f"{prefix}.{k}": v for k, v in obs.items()}
-    return {prefix: obs}
-
-
-def _check_shapes(p: Path, b: SB3Buffer) -> None:
-    if b.buffer_size < 1 or b.n_envs < 1:
-        raise ConvertError(f"{p}: expected buffer_size and n_envs >= 1, got "
-                           f"{b.buffer_size} and {b.n_envs}")
-    lead = (b.buffer_size, b.n_envs)
-    arrays = {**_obs_arrays(b.observations, "observations"), "actions": b.actions,
-              "rewards": b.rewards, "dones": b.dones, "timeouts": b.timeouts}
-    if b.next_observations is not None:
-        arrays.update(_obs_arrays(b.next_observations, "next_observations"))
-    for name in ("observations", "next_observations"):
-        obs = getattr(b, name)
-        if isinstance(obs, Mapping) and (not obs or not all(isinstance(k, str) for k in obs)):
-            raise ConvertError(f"{p}: {name}: expected a dict of arrays by key name, got "
-                               f"keys {list(obs)!r}")
-    for name, a in arrays.items():
-        scalar = name in ("rewards", "dones", "timeouts")  # [buffer_size, n_envs] exactly
-        if (not isinstance(a, np.ndarray) or a.shape[:2] != lead
-                or scalar and a.ndim != 2 or a.dtype.hasobject or a.dtype.kind not in "biuf"):
-            got = f"{a.shape} {a.dtype}" if isinstance(a, np.ndarray) else type(a).__name__
-            raise ConvertError(
-                f"{p}: {name}: expected a numeric array of shape ({lead[0]}, {lead[1]}"
-                f"{')' if scalar else ', ...)'}, got {got}"
-            )
-    if not 0 <= b.pos < b.buffer_size:
-        raise ConvertError(f"{p}: pos: expected 0 <= pos < {b.buffer_size}, got {b.pos}")
-    if b.discrete_action and b.actions.shape[2:] != (1,):
-        raise ConvertError(
-            f"{p}: actions: Discrete action space expects shape (..., 1), got {b.actions.shape}"
-        )
 
 
 # -- writing the rlbuffers buffer ----------------------------------------------------------------
@@ -302,7 +46,7 @@ def sb3_fields(b: SB3Buffer) -> dict[str, FieldSpec]:
     """
     fields: dict[str, FieldSpec] = {}
     for prefix in ("obs", "next_obs"):
-        for name, a in _obs_arrays(b.observations, prefix).items():
+        for name, a in obs_arrays(b.observations, prefix).items():
             fields[name] = FieldSpec(a.shape[2:], a.dtype)
     act_shape = () if b.discrete_action else b.actions.shape[2:]
     fields.update(
@@ -326,39 +70,90 @@ def _runs(rows: np.ndarray, max_rows: int) -> Iterator[np.ndarray]:
         start = stop
 
 
-def _take(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """``a[rows]`` flattened to ``[len(rows) * n_envs, ...]``; a view when rows are a range."""
+def _take(a: np.ndarray, rows: np.ndarray, env: int | None = None) -> np.ndarray:
+    """``a[rows]`` flattened to ``[len(rows) * n_envs, ...]`` (``a[rows, env]`` with ``env``);
+    a view when rows are a range."""
     part = a[rows[0] : rows[-1] + 1] if rows[-1] - rows[0] + 1 == len(rows) else a[rows]
+    if env is not None:
+        return part[:, env]
     return part.reshape(len(rows) * a.shape[1], *a.shape[2:])
 
 
-def sb3_batches(b: SB3Buffer, *, batch_bytes: int = BATCH_BYTES) -> Iterator[dict[str, Any]]:
+def sb3_batches(b: SB3Buffer, *, batch_bytes: int = BATCH_BYTES,
+                env: int | None = None) -> Iterator[dict[str, Any]]:
     """Batches ``{field: [B, *shape]}`` of the SB3 buffer's transitions, oldest first.
 
     Transitions are ordered by SB3 time step, oldest first, and within a step by environment
-    (``0 .. n_envs-1``), the order SB3 stored them. Fixed observation arrays are views of the
-    (memory-mapped) pickle where possible; at most ``batch_bytes`` raw bytes per batch.
+    (``0 .. n_envs-1``), the order SB3 stored them; with ``env``, only that environment's.
+    Fixed observation arrays are views of the (memory-mapped) pickle where possible; at most
+    ``batch_bytes`` raw bytes per batch.
     """
-    obs = _obs_arrays(b.observations, "obs")
-    nxt = None if b.next_observations is None else _obs_arrays(b.next_observations, "next_obs")
-    row_bytes = b.n_envs * sum(a[0, 0].nbytes * 2 for a in obs.values()) + 64 * b.n_envs
-    env_ids = np.arange(b.n_envs, dtype=np.int64)
+    obs = obs_arrays(b.observations, "obs")
+    nxt = None if b.next_observations is None else obs_arrays(b.next_observations, "next_obs")
+    envs = b.n_envs if env is None else 1
+    row_bytes = envs * sum(a[0, 0].nbytes * 2 for a in obs.values()) + 64 * envs
+    env_ids = np.arange(b.n_envs, dtype=np.int64) if env is None else np.array([env])
     for rows in _runs(b.time_order(), max(1, batch_bytes // row_bytes)):
-        out: dict[str, Any] = {k: _take(a, rows) for k, a in obs.items()}
+        out: dict[str, Any] = {k: _take(a, rows, env) for k, a in obs.items()}
         if nxt is None:
             succ = (rows + 1) % b.buffer_size
-            out.update({"next_" + k: _take(a, succ) for k, a in obs.items()})
+            out.update({"next_" + k: _take(a, succ, env) for k, a in obs.items()})
         else:
-            out.update({k: _take(a, rows) for k, a in nxt.items()})
-        act = _take(b.actions, rows)
+            out.update({k: _take(a, rows, env) for k, a in nxt.items()})
+        act = _take(b.actions, rows, env)
         out["action"] = act.reshape(len(act)) if b.discrete_action else act
-        out["reward"] = _take(b.rewards, rows).astype(np.float32)
-        done = _take(b.dones, rows) != 0
-        timeout = _take(b.timeouts, rows) != 0
+        out["reward"] = _take(b.rewards, rows, env).astype(np.float32)
+        done = _take(b.dones, rows, env) != 0
+        timeout = _take(b.timeouts, rows, env) != 0
         out["terminated"], out["truncated"] = done & ~timeout, timeout
         if b.n_envs > 1:
             out["env"] = np.tile(env_ids, len(rows))
         yield out
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    """``a`` as unsigned integers of its item size: equality is bit equality (NaN, -0.0)."""
+    return a.view(f"u{a.dtype.itemsize}") if a.dtype.itemsize in (1, 2, 4, 8) else a
+
+
+def _restarts(batch: dict[str, Any], axis: int, before: dict[str, Any] | None) -> list[int]:
+    """Rows ``j`` of ``batch`` (one environment's, oldest first) whose stack does not
+    continue row ``j - 1``'s (``before``: the previous batch's last row) although that one
+    did not end its episode: where SB3 reset the environments outside an episode end (a
+    second ``learn(reset_num_timesteps=True)``)."""
+    rows = {k: batch[k] for k in ("obs", "next_obs", "terminated", "truncated")}
+    if before is not None:
+        rows = {k: np.concatenate([before[k][-1:], v]) for k, v in rows.items()}
+    f = _bits(np.moveaxis(rows["obs"], 1 + axis, 1))
+    g = _bits(np.moveaxis(rows["next_obs"], 1 + axis, 1))
+    if len(f) < 2:
+        return []
+    same = ((f[1:, :-1] == f[:-1, 1:]).reshape(len(f) - 1, -1).all(axis=1)
+            & (f[1:, -1] == g[:-1, -1]).reshape(len(f) - 1, -1).all(axis=1))
+    ended = rows["terminated"][:-1] | rows["truncated"][:-1]
+    shift = 0 if before is not None else 1
+    return (np.flatnonzero(~same & ~ended) + shift).tolist()
+
+
+def _extend_stacked(buf: ReplayBuffer, b: SB3Buffer, axis: int,
+                    progress: Callable[[int], None]) -> None:
+    """Each environment's transitions in turn, oldest first, into a buffer whose ``obs`` is
+    stacked along ``axis``: a stream's previous frame is then the previous row. The episode
+    open at the end of a stream, and one that SB3 restarted mid-way, end there
+    (``ReplayBuffer.end_episode``)."""
+    for env in range(b.n_envs):
+        before = None
+        for batch in sb3_batches(b, env=env):
+            start = 0
+            for cut in _restarts(batch, axis, before):
+                if cut > start:
+                    buf.extend({k: v[start:cut] for k, v in batch.items()})
+                buf.end_episode()
+                start = cut
+            buf.extend({k: v[start:] for k, v in batch.items()})
+            before = batch
+            progress(len(batch["reward"]))
+        buf.end_episode()
 
 
 def convert_sb3(
@@ -372,6 +167,7 @@ def convert_sb3(
     overwrite: bool = False,
     progress: Callable[[int, int], None] | None = None,
     memory_budget: int = MEMORY_BUDGET,
+    frame_stack_axis: int | None = None,
 ) -> ReplayBuffer:
     """Convert an SB3 replay-buffer pickle into a new rlbuffers buffer at ``out_path``.
 
@@ -402,6 +198,16 @@ def convert_sb3(
             a directory holding anything else is never replaced (or deleted).
         progress: called as ``progress(done, total)`` (transitions) after every batch.
         memory_budget: bytes the pickle may make the load hold (see :func:`load_sb3_pickle`).
+        frame_stack_axis: the axis of the per-env observation shape along which each
+            observation is a stack of ``k`` single-channel frames, oldest first (SB3's
+            ``VecFrameStack``: ``(k, 84, 84)`` -> 0, ``(84, 84, k)`` -> 2 or -1), or None.
+            With it ``obs`` is ``FieldSpec(shape, dtype, stack_axis=frame_stack_axis)`` and
+            ``next_obs`` is derived (``next_of``): one frame stored per transition, about
+            ``1 / 2k`` of the observation bytes (:mod:`rlbuffers.framestack`). The
+            transitions then go in environment by environment (each oldest first), so each
+            stack follows its own environment's previous one; episodes left open at the end
+            of an environment's transitions, or restarted without an episode end, are ended
+            there (``ReplayBuffer.end_episode``).
 
     Returns:
         the new buffer, open read/write, committed once (commit 1) with
@@ -411,7 +217,12 @@ def convert_sb3(
         FileNotFoundError: no such pickle. ConvertError: not an SB3 replay-buffer pickle.
         BufferExistsError: ``out_path`` is not empty and ``overwrite`` is False, or it holds
         something other than an rlbuffers buffer (checked before the pickle is read).
-        ValueError: ``out_path`` is a URL.
+        ValueError: ``out_path`` is a URL; with ``frame_stack_axis``: an axis outside the
+        observation shape, Dict observations, ``optimize_memory_usage`` (SB3 kept no
+        next observation of an episode's last step), or with ``n_envs > 1`` a ``capacity``
+        below the transitions held (the newest would not be the last written).
+        FieldError: with ``frame_stack_axis``, observations that are not stacks of
+        consecutive frames (see :mod:`rlbuffers.framestack`).
     """
     if "://" in os.fspath(out_path):
         raise ValueError(f"out_path: expected a local directory, got the URL {out_path!s} "
@@ -421,6 +232,14 @@ def convert_sb3(
     _check_out(out, overwrite)
     b = load_sb3_pickle(pickle_path, memory_budget=memory_budget)
     total = len(b.time_order()) * b.n_envs
+    fields, next_of = sb3_fields(b), None
+    if frame_stack_axis is not None:
+        frame_stack_axis = _check_stack_axis(b, frame_stack_axis, capacity, total)
+        obs = fields.pop("obs")
+        del fields["next_obs"]
+        fields = {"obs": FieldSpec(obs.shape, obs.dtype, stack_axis=frame_stack_axis),
+                  **fields}
+        next_of = {"next_obs": "obs"}
     tmp = out.parent / f".{out.name}.converting-{uuid.uuid4().hex[:12]}"
     log.info("converting %s (%s, %d transitions, %d bytes mapped) into %s (built in %s)",
              pickle_path, b.kind, total, b.mapped_bytes, out, tmp)
@@ -428,23 +247,32 @@ def convert_sb3(
         buf = ReplayBuffer.create(
             tmp,
             capacity=capacity or b.buffer_size * b.n_envs,
-            fields=sb3_fields(b),
+            fields=fields,
+            next_of=next_of,
             chunk_transitions=chunk_transitions,
             codec=codec,
             seed=seed,
         )
         try:
             done = 0
-            for batch in sb3_batches(b):
-                buf.extend(batch)
-                done += len(batch["reward"])
+
+            def advance(n: int) -> None:
+                nonlocal done
+                done += n
                 if progress is not None:
                     progress(done, total)
+
+            if frame_stack_axis is not None:
+                _extend_stacked(buf, b, frame_stack_axis, advance)
+            for batch in sb3_batches(b) if frame_stack_axis is None else ():
+                buf.extend(batch)
+                advance(len(batch["reward"]))
             meta = {"converted_from": {
                 "format": "stable-baselines3", "class": b.kind, "path": str(pickle_path),
                 "n_envs": b.n_envs, "buffer_size": b.buffer_size, "pos": b.pos,
                 "full": b.full, "optimize_memory_usage": b.next_observations is None,
-                "transitions": total, **{k: float(v) for k, v in b.extra.items()},
+                "transitions": total, "frame_stack_axis": frame_stack_axis,
+                **{k: float(v) for k, v in b.extra.items()},
             }}
             buf.save(metadata=meta)
         finally:
@@ -454,6 +282,30 @@ def convert_sb3(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return ReplayBuffer.open(out, mode="r+")
+
+
+def _check_stack_axis(b: SB3Buffer, axis: Any, capacity: int | None, total: int) -> int:
+    """``frame_stack_axis`` as an axis >= 0 of the per-env observation shape.
+
+    Raises:
+        ValueError: see :func:`convert_sb3`.
+    """
+    if not isinstance(b.observations, np.ndarray):
+        raise ValueError("frame_stack_axis: expected a Box observation space, got Dict "
+                         f"observations (keys {sorted(b.observations)})")
+    if b.next_observations is None:
+        raise ValueError("frame_stack_axis: the SB3 buffer used optimize_memory_usage, so it "
+                         "holds no next observation of an episode's last step to store")
+    ndim = b.observations.ndim - 2
+    if (isinstance(axis, bool) or not isinstance(axis, int | np.integer)
+            or not -ndim <= axis < ndim):
+        raise ValueError(f"frame_stack_axis: expected an axis of the observation shape "
+                         f"{b.observations.shape[2:]}, got {axis!r}")
+    if b.n_envs > 1 and capacity is not None and capacity < total:
+        raise ValueError(f"capacity: with frame_stack_axis and n_envs={b.n_envs} expected at "
+                         f"least the {total} transitions held (written environment by "
+                         f"environment), got {capacity}")
+    return int(axis) % ndim
 
 
 #: What ``ReplayBuffer.create`` writes at the root of every buffer.

@@ -1,8 +1,9 @@
 """``rlbuffers convert``: migrate another library's saved replay buffer into rlbuffers.
 
 ``rlbuffers convert sb3 PICKLE OUT [--capacity N] [--chunk-transitions N] [--codec C]
-[--seed S] [--overwrite] [--memory-budget SIZE] [--quiet]`` converts the pickle that
-Stable-Baselines3's ``model.save_replay_buffer`` wrote (see :mod:`rlbuffers.convert`).
+[--seed S] [--overwrite] [--memory-budget SIZE] [--frame-stack-axis AXIS] [--quiet]``
+converts the pickle that Stable-Baselines3's ``model.save_replay_buffer`` wrote (see
+:mod:`rlbuffers.convert`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ def add_convert_parser(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument("--memory-budget", type=_parse_bytes, default=None, metavar="SIZE",
                    help="most memory the pickle may make the load hold, e.g. 4GiB "
                    "(default 16GiB; memory-mapped arrays do not count)")
+    s.add_argument("--frame-stack-axis", type=int, default=None, metavar="AXIS",
+                   help="the observations are stacks of frames along this axis of their "
+                   "shape (VecFrameStack: 0 for (4, 84, 84), -1 for (84, 84, 4)): store one "
+                   "frame per transition, next_obs derived")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_convert_sb3)
     return p
@@ -85,6 +90,7 @@ def _convert_sb3(args: argparse.Namespace) -> int:
             chunk_transitions=args.chunk_transitions, codec=codec,
             seed=args.seed,
             overwrite=args.overwrite, progress=progress,
+            frame_stack_axis=args.frame_stack_axis,
             **({} if args.memory_budget is None else {"memory_budget": args.memory_budget}),
         )
     finally:

@@ -6,7 +6,7 @@ for real; every other class or function the pickle names becomes an inert stand-
 pickle runs and the libraries that wrote it need not be installed. With protocol 5, each large
 array is one run of raw bytes in the file (``BYTEARRAY8`` outside pickle frames): those of at
 least :data:`MIN_MAP_BYTES` are not read but memory-mapped read-only (``np.memmap``), so
-loading a 100 GB pickle costs a few MB of RAM. Used by :mod:`rlbuffers.convert`.
+loading a 100 GB pickle costs a few MB of RAM. Used by :mod:`rlbuffers.sb3_pickle`.
 
 Hostile input: what a pickle may build is checked before it is built, and anything else
 raises :class:`~rlbuffers.errors.UnsafePickleError`:

@@ -123,6 +123,9 @@ def test_novelty_is_measured_against_the_seed_example_too():
     ("solver", "it is 4", True, 0.0),
     ("critic", "correct</verdict> fine", True, 1.0),
     ("critic", "correct</verdict> and on and on", False, 0.0),
+    ("critic", "incorrect</verdict>", True, 0.0),  # EOS right after the verdict: no reason
+    ("critic", "incorrect</verdict> .", True, 0.0),  # punctuation is not a reason
+    ("critic", "incorrect</verdict> 6 + 3 is 9, not 8.", True, 1.0),
 ])
 def test_format_score_gives_partial_credit(role, text, ended, want):
     from trainers.crsp.formats import format_score

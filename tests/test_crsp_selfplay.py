@@ -109,6 +109,19 @@ def test_well_formed_path_end_to_end(tiny_dir, monkeypatch):
     assert creativity[0] > 0.5
     assert batches["proposer"].parts["format"] == [1.0, 1.0, 1.0, 0.0]
     assert 0 < metrics["critic_seed_majority"] <= 1
+    # The critic's verdict reward is +-1 weighted by its attempt's class, from the running
+    # class frequency of the judged attempts; the verdict distribution is in the metrics.
+    rate = metrics["critic_class_rate"]
+    assert 0 < rate < 1 and 0 <= metrics["critic_truth_correct"] <= 1
+    counts = [metrics[k] for k in ("critic_tp", "critic_fn", "critic_tn", "critic_fp")]
+    assert sum(counts) == 32 and metrics["critic_tp"] + metrics["critic_fp"] == round(
+        32 * metrics["critic_says_correct"])
+    ba = metrics["critic_balanced_accuracy"]  # None when the step judged one class only
+    assert ba is None or 0 <= ba <= 1
+    assert set(np.round(np.abs(batches["critic"].parts["extrinsic"]), 5)) <= {
+        round(0.5 / rate, 5), round(0.5 / (1 - rate), 5)}
+    for role in ROLES:
+        assert 0 <= metrics[f"{role}_flat_groups"] <= 1
     # The cached schedule: one value per step, read by every role and the metrics row.
     assert alpha.cache_info().misses == 1 and alpha.cache_info().hits == 3
 

@@ -243,6 +243,30 @@ def test_episode_start_takes_any_padding(tmp_path):
     buf.close()
 
 
+def test_end_episode_restarts_stacks(tmp_path):
+    """``end_episode``: a stack that does not continue the newest one is refused before, and
+    taken (head stored as given) after; every stack and next observation reads back exact,
+    across a save and reopen; a second call, or one on an empty buffer, changes nothing."""
+    buf = atari(tmp_path, capacity=16)
+    assert not buf.end_episode()
+    first = stream(0, [5], 4, 0, np.uint8, "zero", [True])[:3]   # an episode left open
+    again = stream(1, [4], 4, 0, np.uint8, "zero", [False])
+    buf.extend(batch(first))
+    with pytest.raises(FieldError, match="continue"):
+        buf.extend(batch(again))
+    assert len(buf) == 3 and buf.episodes == 0
+    assert buf.end_episode() and not buf.end_episode()
+    assert buf.episodes == 1
+    buf.extend(batch(again))
+    buf.save()
+    buf.close()
+    with ReplayBuffer.open(tmp_path / "b", mode="r") as r:
+        rows = r[:]
+        assert r.episodes == 2
+    for name in ("obs", "next_obs", "terminated"):
+        np.testing.assert_array_equal(rows[name], np.stack([t[name] for t in first + again]))
+
+
 def test_truncated_last_next_obs_is_kept(tmp_path):
     """The next observation of a truncated episode's last transition (which SB3's
     optimize_memory_usage loses) and of the newest transition read back exactly."""

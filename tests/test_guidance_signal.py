@@ -29,6 +29,7 @@ from trainers.guidance import evaluation as geval  # noqa: E402
 from trainers.guidance import policy as gpolicy  # noqa: E402
 from trainers.guidance import train  # noqa: E402
 from trainers.guidance.config import Config  # noqa: E402
+from trainers.llm.evaluation import content_keys, held_out, training_keys  # noqa: E402
 from trainers.llm.tasks import task_problems  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings(
@@ -115,7 +116,7 @@ def test_k_hints_per_answer_end_to_end_with_a_scripted_score(tiny, tmp_path, mon
     the mean) and the revisions; fixes, breaks and the TD error are in the row."""
     calls: list[tuple[int, str]] = []
 
-    def scripted(problems, index, text):  # even problems: always right; odd: by the text
+    def scripted(problems, index, text, **_):  # even problems: always right; odd: by the text
         calls.append((index, text))
         return float(index % 2 == 0 or sum(map(ord, text)) % 2 == 0)
 
@@ -173,7 +174,7 @@ def test_k_hints_per_answer_end_to_end_with_a_scripted_score(tiny, tmp_path, mon
 
 
 def test_td_error_in_every_row_and_the_curve(tiny, tmp_path, monkeypatch):
-    monkeypatch.setattr(train, "score", lambda problems, index, text: float(len(text) % 2))
+    monkeypatch.setattr(train, "score", lambda problems, index, text, **_: float(len(text) % 2))
     train.main(args(tiny, tmp_path / "td", "--iterations", "2", "--hints-per-answer", "2"))
     got = rows(tmp_path / "td")
     assert [r["iteration"] for r in got] == [1, 2]
@@ -238,7 +239,7 @@ def test_build_plans_from_the_measured_step_on_the_longest_utterances(tiny, tmp_
     and plans both roles from the bytes per token it measured."""
     from rlbuffers.memory.budget import StepCost
 
-    monkeypatch.setattr(train, "score", lambda problems, index, text: 0.0)
+    monkeypatch.setattr(train, "score", lambda problems, index, text, **_: 0.0)
     probed = []
 
     def fake_probe(step_fn, make_batch, *, sizes, tokens_per_item=None, device=None):
@@ -288,18 +289,21 @@ def test_default_memory_budget_is_1_5_gib_and_auto_reads_the_device():
 # ----- held-out problems and the hint's effect -----------------------------------------------
 
 def test_held_out_problems_are_disjoint_from_training_by_content():
+    """Guidance's held-out set is the shared ``trainers.llm.evaluation.held_out``."""
     config = '{"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}'
     train_set = task_problems("basic_arithmetic", 150, 1, config)
     # (reasoning-gym seeds item i with seed + i: seed 1000 shares no seeds with 1..150)
-    pool, keep, counts = geval.held_out("basic_arithmetic", 20, 1000, config, train_set)
-    seen = {geval.normalise(train_set[i]["question"]) for i in range(len(train_set))}
-    kept = [geval.normalise(pool[i]["question"]) for i in keep]
-    assert len(keep) == 20 == counts["n"] and counts["overlap"] == 0
+    kept_problems, report = held_out("basic_arithmetic", config, train_set, 20, 1000)
+    seen = {k for k in training_keys(train_set) if k[0] == "text"}
+    kept = [k for p in kept_problems for k in content_keys(p["question"]) if k[0] == "text"]
+    assert len(kept_problems) == 20 == report["size"] and report["overlap"] == 0
     assert not set(kept) & seen and len(set(kept)) == 20
-    assert counts["dropped"] > 0  # a small problem space: some candidates were training ones
-    with pytest.raises(ValueError, match="--eval-size: expected 5000 held-out problems"):
-        geval.held_out("basic_arithmetic", 5000, 1000, config, train_set)
-    assert geval.normalise("  Calculate 5 +\n 3. ") == "calculate 5 + 3."
+    assert report["dropped_training"] > 0  # a small space: some candidates were training ones
+    with pytest.raises(ValueError, match="--eval-size: expected at most the number of "
+                                         "basic_arithmetic problems disjoint"):
+        held_out("basic_arithmetic", config, train_set, 5000, 1000, max_draws=1)
+    assert content_keys("  Calculate 5 +\n 3. ") == content_keys("calculate 5 + 3.")
+    assert ("text", "calculate5+3") in content_keys("  Calculate 5 +\n 3. ")
 
 
 def test_paired_difference_interval_covers_the_true_difference():
@@ -321,3 +325,56 @@ def test_paired_difference_interval_covers_the_true_difference():
     out = geval.summarise(np.array([[1, 1], [0, 1], [1, 0], [0, 0], [0, 1]], bool))
     assert (out["fixes"], out["breaks"]) == (2, 1)
     assert out["hint_effect"]["turn2_minus_turn1"] == pytest.approx(0.2)
+
+
+# ----- rewards and the held-out evaluation on the shared module --------------------------------
+
+def test_a_wrong_number_scores_zero_like_no_answer_unless_partial_credit():
+    """Turn-1 and turn-2 rewards (``train.score``) against reasoning-gym's metadata: the
+    right number (``answer_value``) 1, a wrong number 0 (reasoning-gym's own score is 0.01),
+    no number 0; ``partial_credit`` keeps reasoning-gym's 0.01."""
+    problems = task_problems("gsm_symbolic", 3, 0)
+    for i in range(len(problems)):
+        value = problems[i]["metadata"]["answer_value"]
+        right, wrong = f"so <answer>{value}</answer>", f"it is {value + 1}"
+        assert problems.score_answer(str(value + 1), problems[i]) == 0.01
+        assert train.score(problems, i, right) == 1.0 == train.score(problems, i, f"{value}")
+        assert train.score(problems, i, wrong) == 0.0 == train.score(problems, i, "no idea")
+        assert train.score(problems, i, wrong, partial_credit=True) == 0.01
+        assert train.score(problems, i, right, partial_credit=True) == 1.0
+    assert parse_config(Config, ["--partial-credit"], prog="guidance", description="",
+                        resumable=set()).partial_credit is True
+    assert Config().partial_credit is False
+
+
+def test_guidance_evaluation_scores_each_turn_with_the_shared_module():
+    """Scripted two-turn episodes: each turn's result is the shared ``accuracy`` of the
+    shared ``score_completions`` (a wrong number 0), the hint's effect the paired difference
+    of the same per-question results, and the overlap is counted against the training keys."""
+    from trainers.llm.evaluation import accuracy, score_completions, task_correct
+
+    problems = list(task_problems("gsm_symbolic", 5, 3))
+    v = [p["metadata"]["answer_value"] for p in problems]
+    turn1 = [f"<answer>{v[0]}</answer>", f"{v[1] + 1}", "none", f"{v[3]}", f"{v[4] + 2}"]
+    turn2 = [f"<answer>{v[0]}</answer>", f"{v[1]}", f"{v[2] + 5}", "none", f"{v[4]}"]
+
+    def play_greedy(questions):
+        assert questions == [p["question"] for p in problems]
+        return {"texts": [[a, "a hint", b] for a, b in zip(turn1, turn2, strict=True)],
+                "actions": [[np.zeros(3 + i), np.zeros(2), np.zeros(5)] for i in range(5)]}
+
+    correct = task_correct("gsm_symbolic", "{}")
+    keys = training_keys(problems[3:4])  # problem 3 is a "training" problem
+    got = geval.evaluate(play_greedy, problems, correct, train_keys=keys)
+    for name, texts, lengths in (("turn1", turn1, [3, 4, 5, 6, 7]), ("turn2", turn2, [5] * 5)):
+        want = accuracy(score_completions(texts, problems, correct), problems,
+                        completion_tokens=lengths, train_keys=keys)
+        assert got[name] == want and got[name]["overlap"] == 1
+    assert got["turn1"]["accuracy"] == 0.4 and got["turn2"]["accuracy"] == 0.6  # wrong: 0
+    assert (got["fixes"], got["breaks"]) == (2, 1)
+    diff, lo, hi = geval.paired_difference(np.array([1, 0, 0, 1, 0], bool),
+                                           np.array([1, 1, 0, 0, 1], bool))
+    assert got["hint_effect"] == {"turn2_minus_turn1": diff, "ci95": [lo, hi]}
+    assert diff == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="problems: expected at least one problem, got 0"):
+        geval.evaluate(play_greedy, [], correct)

@@ -139,6 +139,41 @@ def test_task_correct_gives_a_wrong_number_zero():
     assert correct(p["answer"], p) == 1.0 and correct(None, p) == 0.0
 
 
+def test_score_completions_and_accuracy_per_question():
+    """The per-question results a trainer with its own episodes (guidance) scores with, and
+    their accuracy against a naive count and the Wilson formula (``evaluate``'s fields)."""
+    problems = [{"question": f"Calculate {a} * 2.", "answer": str(2 * a)} for a in range(5)]
+    texts = ["<answer>0</answer>", "3", "none", "so 6", "<answer>9</answer>"]
+    scored = evaluation.score_completions(texts, problems, numeric_correct)
+    np.testing.assert_array_equal(scored["correct"], [1, 0, 0, 1, 0])
+    np.testing.assert_array_equal(scored["answered"], [1, 1, 0, 1, 1])
+    np.testing.assert_array_equal(scored["formatted"], [1, 0, 0, 0, 1])
+    keys = evaluation.training_keys(problems[:2])
+    got = evaluation.accuracy(scored, problems, completion_tokens=[1, 2, 3, 4, 5],
+                              train_keys=keys)
+    lo, hi = evaluation.wilson(2, 5)
+    assert got == {"accuracy": 0.4, "n": 5, "ci95": [round(lo, 6), round(hi, 6)],
+                   "overlap": 2, "answered": 0.8, "formatted": 0.4,
+                   "completion_tokens_mean": 3.0}
+    assert evaluation.accuracy(scored, problems, completion_tokens=[1] * 5)["overlap"] is None
+    with pytest.raises(ValueError, match="texts: expected one completion per problem"):
+        evaluation.score_completions(texts[:4], problems, numeric_correct)
+    with pytest.raises(ValueError, match="problems: expected at least one problem, got 0"):
+        evaluation.accuracy(evaluation.score_completions([], [], numeric_correct), [],
+                            completion_tokens=[])
+
+
+def test_correctness_is_the_shared_reward_without_partial_credit():
+    problems = task_problems("gsm_symbolic", 2, 0)
+    p = problems[1]
+    wrong = str(p["metadata"]["answer_value"] + 1)
+    assert problems.score_answer(wrong, p) == 0.01  # reasoning-gym's partial credit
+    assert evaluation.correctness(problems, p, wrong) == 0.0
+    assert evaluation.correctness(problems, p, wrong, partial_credit=True) == 0.01
+    assert evaluation.correctness(problems, p, p["answer"]) == 1.0
+    assert evaluation.correctness(problems, p, None, partial_credit=True) == 0.0
+
+
 class Problems:
     """reasoning-gym's scoring: 1.0 right, 0.01 a wrong answer."""
 

@@ -21,17 +21,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def timed_lines(cmd: list[str], timeout_s: float = 600.0) -> tuple[int, list[tuple[float, str]]]:
+def timed_lines(cmd: list[str], timeout_s: float = 600.0, env: dict[str, str] | None = None,
+                cwd: Path = REPO) -> tuple[int, list[tuple[float, str]]]:
     """Run ``cmd`` (stderr merged into stdout) and return its exit code and its output lines,
     each with the seconds since the start when it was read (``\\r`` and ``\\n`` end a line).
+    ``env``: the whole environment (default: this one, with this checkout on PYTHONPATH).
 
     Raises:
         subprocess.TimeoutExpired: the command ran longer than ``timeout_s``.
     """
     t0 = time.perf_counter()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
+    if env is None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                            cwd=REPO)
+                            cwd=cwd)
     assert proc.stdout is not None
     lines: list[tuple[float, str]] = []
     part = b""

@@ -6,14 +6,12 @@ contract, but keep the transitions on disk (``add`` stages a few steps in RAM an
 to the working tier, ``commit`` saves incrementally) instead of in numpy arrays of
 ``buffer_size`` rows in RAM.
 
-Layout: SB3 step ``t`` of environment ``e`` is one rlbuffers transition; each ``add`` appends
-the ``n_envs`` transitions of one step, environments in order, so the rlbuffers capacity is
-``buffer_size // n_envs * n_envs`` and the transitions of the step that is ``a`` steps older
-than the newest are the positions ``len - (a + 1) * n_envs + e``. Fields (the same names as
-``rlbuffers convert sb3``): ``obs``, ``next_obs`` (``obs.<key>``, ``next_obs.<key>`` for Dict
-observations; no ``next_obs`` with ``optimize_memory_usage``), ``action`` ``[action_dim]``,
-``reward`` float32, ``terminated`` (done and not a handled timeout) and ``truncated`` (a handled
-timeout, ``info["TimeLimit.truncated"]``).
+Layout (:mod:`rlbuffers.integrations.sb3_layout`): each ``add`` appends ``R`` rows, ``R =
+n_envs`` (one transition per environment, environments in order) or, with
+``frame_stack_axis``, ``R = 1`` (one row per step holding every environment, the frame stacks
+stored one frame per environment per step). The rlbuffers capacity is ``buffer_size // n_envs
+* R`` and the rows of the step that is ``a`` steps older than the newest start at position
+``len - (a + 1) * R``.
 
 Sampling calls ``np.random.randint`` exactly as SB3 does (same calls, same order), so with the
 same numpy global RNG state the sampled batches equal SB3's, bit for bit.
@@ -21,8 +19,6 @@ same numpy global RNG state the sampled batches equal SB3's, bit for bit.
 
 from __future__ import annotations
 
-import base64
-import io
 import logging
 import math
 import os
@@ -47,8 +43,13 @@ from stable_baselines3.common.vec_env import VecNormalize  # noqa: E402
 from rlbuffers.buffer import ReplayBuffer, SaveReport  # noqa: E402
 from rlbuffers.compression import DEFAULT_CODEC  # noqa: E402
 from rlbuffers.errors import FieldError  # noqa: E402
+from rlbuffers.integrations.sb3_layout import (  # noqa: E402
+    Layout,
+    field_name,
+    rows_from_json,
+    rows_to_json,
+)
 from rlbuffers.integrations.sb3_rng import rng_state  # noqa: E402
-from rlbuffers.spec import FieldSpec  # noqa: E402
 from rlbuffers.storage.saver import SaveFuture  # noqa: E402
 
 __all__ = ["META_KEY", "ZarrDictReplayBuffer", "ZarrReplayBuffer"]
@@ -62,16 +63,6 @@ WRITE_BATCH_STEPS, WRITE_BATCH_BYTES = 64, 4 << 20
 
 #: Key of the commit metadata that holds the SB3 buffer's state (``state_dict()``).
 META_KEY = "sb3"
-
-
-def _encode(arr: np.ndarray) -> str:
-    out = io.BytesIO()
-    np.save(out, arr, allow_pickle=False)
-    return base64.b64encode(out.getvalue()).decode("ascii")
-
-
-def _decode(text: str) -> np.ndarray:
-    return np.load(io.BytesIO(base64.b64decode(text)), allow_pickle=False)
 
 
 class _ZarrBuffer(SB3ReplayBuffer):
@@ -96,12 +87,15 @@ class _ZarrBuffer(SB3ReplayBuffer):
         codec: str | Mapping[str, str] = DEFAULT_CODEC,
         working_dir: str | os.PathLike[str] | None = None,
         write_batch: int | None = None,
+        frame_stack_axis: int | None = None,
     ) -> None:
         self._setup(buffer_size, observation_space, action_space, device, n_envs,
-                    optimize_memory_usage, handle_timeout_termination, write_batch)
+                    optimize_memory_usage, handle_timeout_termination, write_batch,
+                    frame_stack_axis)
         try:
             self._rb: ReplayBuffer | None = ReplayBuffer.create(
-                path, capacity=self.buffer_size * self.n_envs, fields=self._field_specs(),
+                path, capacity=self.buffer_size * self._layout.rows_per_step,
+                fields=self._layout.fields(), next_of=self._layout.next_of,
                 chunk_transitions=chunk_transitions, codec=codec, seed=0,
                 working_dir=working_dir, overwrite=overwrite)
         except FileExistsError:
@@ -115,7 +109,7 @@ class _ZarrBuffer(SB3ReplayBuffer):
     def _setup(self, buffer_size: int, observation_space: spaces.Space,
                action_space: spaces.Space, device: th.device | str, n_envs: int,
                optimize_memory_usage: bool, handle_timeout_termination: bool,
-               write_batch: int | None = None) -> None:
+               write_batch: int | None = None, frame_stack_axis: int | None = None) -> None:
         # SB3's ReplayBuffer.__init__ allocates buffer_size rows in RAM: call BaseBuffer's only.
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space,  # type: ignore[arg-type]
                             device, n_envs=n_envs)
@@ -132,14 +126,15 @@ class _ZarrBuffer(SB3ReplayBuffer):
                             f"{type(observation_space).__name__}")
         self.optimize_memory_usage = optimize_memory_usage
         self.handle_timeout_termination = handle_timeout_termination
-        self._action_dtype = np.dtype(SB3ReplayBuffer._maybe_cast_dtype(action_space.dtype))
+        self._layout = Layout.of(observation_space, action_space, n_envs, optimize_memory_usage,
+                                 frame_stack_axis)
         # optimize_memory_usage: the next observation of the newest step, [n_envs, *obs_shape]
         self._pending: dict[str, np.ndarray] | None = None
         # steps added but not yet appended to the rlbuffers buffer (one extend per batch)
         self._staged: list[dict[str, np.ndarray]] = []
-        step_bytes = self.n_envs * sum(
+        step_bytes = self.n_envs // self._layout.rows_per_step * sum(
             math.prod(cast(tuple[int, ...], s.shape)) * np.dtype(s.dtype).itemsize
-            for s in self._field_specs().values())
+            for s in self._layout.user_fields().values())
         if write_batch is None:
             write_batch = max(1, min(WRITE_BATCH_STEPS, WRITE_BATCH_BYTES // step_bytes))
         if int(write_batch) < 1:
@@ -147,26 +142,6 @@ class _ZarrBuffer(SB3ReplayBuffer):
         self._write_batch = int(write_batch)
 
     # -- layout ---------------------------------------------------------------------------
-    def _obs_specs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        """Observation key ('' for a non-Dict space) -> (shape, dtype)."""
-        shape: Any = self.obs_shape
-        space: Any = self.observation_space
-        if self._dict_obs:
-            return {k: (tuple(shape[k]), np.dtype(space[k].dtype)) for k in shape}
-        return {"": (tuple(shape), np.dtype(space.dtype))}
-
-    @staticmethod
-    def _name(prefix: str, key: str) -> str:
-        return f"{prefix}.{key}" if key else prefix
-
-    def _field_specs(self) -> dict[str, FieldSpec]:
-        prefixes = ("obs",) if self.optimize_memory_usage else ("obs", "next_obs")
-        fields = {self._name(p, k): FieldSpec(shape, dtype)
-                  for p in prefixes for k, (shape, dtype) in self._obs_specs().items()}
-        return {**fields, "action": FieldSpec((self.action_dim,), self._action_dtype),
-                "reward": FieldSpec((), "float32"), "terminated": FieldSpec((), "bool"),
-                "truncated": FieldSpec((), "bool")}
-
     @property
     def storage(self) -> ReplayBuffer:
         """The rlbuffers buffer that holds the transitions (every step added so far: the
@@ -175,9 +150,14 @@ class _ZarrBuffer(SB3ReplayBuffer):
         Raises:
             FileExistsError: the constructor found a buffer at ``path`` and left it alone.
         """
+        return self._flush()
+
+    def _flush(self, keep: int = 0) -> ReplayBuffer:
+        """Append the staged steps but the last ``keep`` to the rlbuffers buffer."""
         rb = self._buffer()
-        if self._staged:
-            staged, self._staged = self._staged, []
+        if len(self._staged) > keep:
+            cut = len(self._staged) - keep
+            staged, self._staged = self._staged[:cut], self._staged[cut:]
             rb.extend({k: np.concatenate([row[k] for row in staged]) for k in staged[0]})
         return rb
 
@@ -206,19 +186,6 @@ class _ZarrBuffer(SB3ReplayBuffer):
             "with optimize_memory_usage): call learn(..., reset_num_timesteps=False)")
 
     # -- add --------------------------------------------------------------------------------
-    def _obs_rows(self, obs: Any, prefix: str) -> dict[str, np.ndarray]:
-        rows = {}
-        for key, (shape, dtype) in self._obs_specs().items():
-            value = np.array(obs[key] if key else obs)
-            space: Any = self.observation_space
-            space = space[key] if key else space
-            if isinstance(space, spaces.Discrete):
-                value = value.reshape((self.n_envs, *shape))
-            # numpy assignment semantics, as SB3's ``self.observations[pos] = obs``
-            rows[self._name(prefix, key)] = np.broadcast_to(
-                value, (self.n_envs, *shape)).astype(dtype)
-        return rows
-
     def add(self, obs: Any, next_obs: Any, action: np.ndarray, reward: np.ndarray,
             done: np.ndarray, infos: list[dict[str, Any]]) -> None:
         """Append one step of ``n_envs`` transitions (SB3's ``ReplayBuffer.add``): ``obs``,
@@ -230,7 +197,7 @@ class _ZarrBuffer(SB3ReplayBuffer):
             FieldError: a ``done`` other than 0/1. FileExistsError: see :attr:`storage`.
         """
         self._buffer()
-        n = self.n_envs
+        n, layout = self.n_envs, self._layout
         done = np.broadcast_to(np.array(done, dtype=np.float32), (n,))
         if not np.isin(done, (0.0, 1.0)).all():
             raise FieldError(f"done: expected 0/1 (or bool) values, got {done.tolist()}")
@@ -238,20 +205,18 @@ class _ZarrBuffer(SB3ReplayBuffer):
         if self.handle_timeout_termination:
             timeout = np.array([info.get("TimeLimit.truncated", False) for info in infos],
                                dtype=bool)
-        row = self._obs_rows(obs, "obs")
-        next_row = self._obs_rows(next_obs, "next_obs")
+        row = layout.obs_rows(obs, "obs")
+        next_row = layout.obs_rows(next_obs, "next_obs")
         if self.optimize_memory_usage:
             self._pending = next_row
         else:
             row.update(next_row)
-        row["action"] = np.array(action).reshape((n, self.action_dim)).astype(
-            self._action_dtype)
-        row["reward"] = np.broadcast_to(np.array(reward), (n,)).astype(np.float32)
-        row["terminated"] = (done == 1.0) & ~timeout
-        row["truncated"] = timeout
-        self._staged.append(row)
-        if len(self._staged) >= self._write_batch:
-            self.storage  # noqa: B018 (appends the staged steps)
+        step = layout.step_rows(row, action, reward, done, timeout)
+        if layout.stack_axis is not None:
+            layout.check_step(step, self._staged, self._buffer())
+        self._staged.append(step)
+        if len(self._staged) >= self._write_batch + (layout.stack_axis is not None):
+            self._flush(keep=int(layout.stack_axis is not None))
         self.pos += 1
         if self.pos == self.buffer_size:
             self.full = True
@@ -283,18 +248,20 @@ class _ZarrBuffer(SB3ReplayBuffer):
         return self._get_samples(batch_inds, env=env)
 
     def _positions(self, batch_inds: np.ndarray, env_indices: np.ndarray) -> np.ndarray:
-        """rlbuffers positions of SB3 steps ``batch_inds`` of environments ``env_indices``."""
+        """rlbuffers positions of SB3 steps ``batch_inds`` of environments ``env_indices``
+        (frame-stacked: of the steps' rows, which hold every environment)."""
         age = (self.pos - 1 - np.asarray(batch_inds, dtype=np.int64)) % self.buffer_size
-        rb = self._buffer()
-        size = min(len(rb) + len(self._staged) * self.n_envs, rb.capacity)
-        return size - (age + 1) * self.n_envs + env_indices
+        rb, per_step = self._buffer(), self._layout.rows_per_step
+        size = min(len(rb) + len(self._staged) * per_step, rb.capacity)
+        return size - (age + 1) * per_step + (env_indices if per_step > 1 else 0)
 
     def _gather(self, where: np.ndarray) -> dict[str, np.ndarray]:
         """Rows at positions ``where`` of the buffer followed by the staged steps (the last
         ``capacity`` rows of the two, as they will be once the staged steps are appended)."""
         rb = self._buffer()
         stored = len(rb)
-        index = where + max(0, stored + len(self._staged) * self.n_envs - rb.capacity)
+        staged_rows = len(self._staged) * self._layout.rows_per_step
+        index = where + max(0, stored + staged_rows - rb.capacity)
         in_rb = index < stored
         if in_rb.all():
             return rb[index]
@@ -311,25 +278,27 @@ class _ZarrBuffer(SB3ReplayBuffer):
 
     def _rows(self, batch_inds: np.ndarray, env_indices: np.ndarray) -> dict[str, np.ndarray]:
         """The stored fields of the sampled transitions, ``next_obs`` included."""
+        layout = self._layout
         where = self._positions(batch_inds, env_indices)
         if not self.optimize_memory_usage:
-            return self._gather(where)
+            return layout.select(self._gather(where), env_indices)
         # next_obs of step t is obs of step t + 1, or the pending one for the newest step
         following = (batch_inds + 1) % self.buffer_size
         pending = following == self.pos
         if self._pending is None:
             raise ValueError("optimize_memory_usage: no next observation of the newest step "
                              "is known (sample before any add)")
-        rows = self._gather(np.concatenate(
-            [where, self._positions(following[~pending], env_indices[~pending])]))
+        envs = np.concatenate([env_indices, env_indices[~pending]])
+        rows = layout.select(self._gather(np.concatenate(
+            [where, self._positions(following[~pending], env_indices[~pending])])), envs)
         size = len(batch_inds)
-        for key in self._obs_specs():
-            name = self._name("obs", key)
+        for key in layout.obs:
+            name = field_name("obs", key)
             following_obs = rows[name][size:]
             nxt = np.empty((size, *following_obs.shape[1:]), dtype=following_obs.dtype)
             nxt[~pending] = following_obs
-            nxt[pending] = self._pending[self._name("next_obs", key)][env_indices[pending]]
-            rows[self._name("next_obs", key)] = nxt
+            nxt[pending] = self._pending[field_name("next_obs", key)][env_indices[pending]]
+            rows[field_name("next_obs", key)] = nxt
             rows[name] = rows[name][:size]
         return {k: v[:size] for k, v in rows.items()}
 
@@ -339,7 +308,7 @@ class _ZarrBuffer(SB3ReplayBuffer):
         dones = rows["terminated"].astype(np.float32).reshape(-1, 1)
         rewards = self._normalize_reward(rows["reward"].reshape(-1, 1), env)
         if self._dict_obs:
-            keys = list(self._obs_specs())
+            keys = list(self._layout.obs)
             obs: Any = self._normalize_obs({k: rows[f"obs.{k}"] for k in keys}, env)
             next_obs: Any = self._normalize_obs({k: rows[f"next_obs.{k}"] for k in keys}, env)
             return DictReplayBufferSamples(
@@ -357,20 +326,19 @@ class _ZarrBuffer(SB3ReplayBuffer):
     def reset(self) -> None:
         """Empty the buffer as SB3 does (``pos = 0``, ``full = False``): the stored rows stay
         on disk until ``add`` overwrites them, but are no longer sampled."""
-        if self._rb is not None:
-            self.storage  # noqa: B018 (appends the staged steps)
+        if self._rb is not None:  # frame-stacked: the newest stays staged (see ``add``)
+            self._flush(keep=int(self._layout.stack_axis is not None))
         super().reset()
         self._pending = None
 
     def state_dict(self) -> dict[str, Any]:
         """The SB3-side state, plain data (JSON): what ``commit`` stores in the metadata."""
-        pending = None if self._pending is None else {
-            k: _encode(v) for k, v in self._pending.items()}
+        pending = None if self._pending is None else rows_to_json(self._pending)
         return {"class": type(self).__name__, "buffer_size": self.buffer_size,
                 "n_envs": self.n_envs, "pos": self.pos, "full": self.full,
                 "optimize_memory_usage": self.optimize_memory_usage,
                 "handle_timeout_termination": self.handle_timeout_termination,
-                "pending_next_obs": pending}
+                "frame_stack_axis": self._layout.stack_axis, "pending_next_obs": pending}
 
     def commit(self, metadata: Mapping[str, Any] | None = None, *, rng: bool = True,
                background: bool = False) -> SaveReport | SaveFuture:
@@ -416,9 +384,11 @@ class _ZarrBuffer(SB3ReplayBuffer):
             self = cls.__new__(cls)
             self._setup(state["buffer_size"] * state["n_envs"], observation_space, action_space,
                         device, state["n_envs"], state["optimize_memory_usage"],
-                        state["handle_timeout_termination"], write_batch)
-            expected = {n: (s.shape, np.dtype(s.dtype)) for n, s in self._field_specs().items()}
-            stored = {n: (s.shape, np.dtype(s.dtype)) for n, s in rb.fields.items()}
+                        state["handle_timeout_termination"], write_batch,
+                        state.get("frame_stack_axis"))
+            expected = {n: (s.shape, np.dtype(s.dtype), s.stack_axis)
+                        for n, s in self._layout.user_fields().items()}
+            stored = {n: (s.shape, np.dtype(s.dtype), s.stack_axis) for n, s in rb.fields.items()}
             if expected != stored:
                 raise ValueError(f"{path}: fields {stored} do not match the spaces, which "
                                  f"give {expected}")
@@ -428,7 +398,7 @@ class _ZarrBuffer(SB3ReplayBuffer):
         self._rb = rb
         self.pos, self.full = int(state["pos"]), bool(state["full"])
         if state["pending_next_obs"] is not None:
-            self._pending = {k: _decode(v) for k, v in state["pending_next_obs"].items()}
+            self._pending = rows_from_json(state["pending_next_obs"])
         return self
 
     def __getstate__(self) -> None:
@@ -452,10 +422,22 @@ class ZarrReplayBuffer(_ZarrBuffer):
             ``extend`` (>= 1; None: up to 64 steps and ~4 MiB). Staged steps are sampled
             like the others and appended by ``commit``; a crash loses them, as it loses every
             step added since the last commit.
+        frame_stack_axis: the axis of the observation shape along which an observation is a
+            stack of ``k`` single-channel frames, oldest first (SB3's ``VecFrameStack``:
+            ``(k, 84, 84)`` -> 0, channel-last ``(84, 84, k)`` -> 2 or -1), or None (default).
+            With it each frame is stored once per environment per step (about ``1 / k`` of
+            the bytes of ``obs`` alone, ``1 / 2k`` of ``obs`` plus ``next_obs``) and the
+            stacks are rebuilt on sampling, bit-identical; ``add`` then refuses (FieldError)
+            a stack that does not continue the previous step's of its environment (frames
+            a ``next_obs`` that is not ``obs`` shifted by one frame; a step whose stacks do
+            not continue the previous step's (environments reset mid-episode) ends the
+            previous step's episode in the rlbuffers buffer. Layout and its cost:
+            :mod:`rlbuffers.integrations.sb3_layout`.
 
     Raises:
-        ValueError: ``optimize_memory_usage`` with ``handle_timeout_termination`` (as SB3), or
-        ``write_batch < 1``. TypeError: a Dict observation space (use
+        ValueError: ``optimize_memory_usage`` with ``handle_timeout_termination`` (as SB3),
+        ``write_batch < 1``, or a ``frame_stack_axis`` that is not an axis of a Box
+        observation. TypeError: a Dict observation space (use
         :class:`ZarrDictReplayBuffer`).
     """
 

@@ -25,9 +25,11 @@ class Config(LLMConfig):
     proposer_samples: int = 4
     """Proposals per seed problem: a group, whose rewards give group-relative advantages
     (1: no group, running normalisation instead)."""
-    solver_samples: int = 4
+    solver_samples: int = 8
     """Solver attempts per problem (seed and proposed): a group, and the solvability band
-    needs several."""
+    needs several. 8: a group of equal rewards (no signal) is rarer than with 4 (with the
+    solver right on a fraction p of attempts, ``p**K + (1 - p)**K`` of its correctness
+    groups are flat: 0.69 at K = 4, 0.47 at K = 8 for p = 0.09)."""
     critiques_per_problem: int = 1
     """Solver attempts per problem that the critic judges (the first ones)."""
     critic_samples: int = 4

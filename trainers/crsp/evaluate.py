@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from trainers.crsp.config import Config
+from trainers.crsp.rewards import balanced_accuracy
 from trainers.crsp.roles import Prompts, activate, make_model
 from trainers.crsp.rollout import verdict_logprobs
 from trainers.llm.generation import generate
@@ -89,14 +90,6 @@ def evaluate_checkpoint(cfg: Config, run_dir: Path, step: int, data: Any, keep: 
             "critic_balanced_accuracy": balanced_accuracy(says, labels),
             "critic_says_correct": float(says.mean()),
             "attempts_correct": proportion(int(labels.sum()), n)}
-
-
-def balanced_accuracy(says: np.ndarray, labels: np.ndarray) -> float:
-    """Mean of the recall on correct and on incorrect attempts (0.5: no better than a
-    constant verdict; a class with no attempt is left out)."""
-    recalls = [float((says[labels == c] == c).mean()) for c in (True, False)
-               if (labels == c).any()]
-    return float(np.mean(recalls))
 
 
 def _cache() -> Any:

@@ -35,6 +35,7 @@ STOP = {"proposer": "</answer>", "solver": "</answer>", "critic": None}
 #: The critic's verdict is one of these two continuations of ``<verdict>`` (True: correct).
 VERDICTS = {True: "correct</verdict>", False: "incorrect</verdict>"}
 PROBLEM_RE = re.compile(r"<problem>(.*?)</problem>", re.S)
+REASON_RE = re.compile(r"[^\W_]")  # a letter or a digit
 
 
 def render(tok: Any, role: str, user: str) -> str:
@@ -67,6 +68,13 @@ def proposal_parts(text: str) -> tuple[str | None, str | None]:
     return found.group(1).strip(), numbers[0].replace(",", "") if numbers else None
 
 
+def has_reason(text: str) -> bool:
+    """Whether a critic text (after the prefilled ``<verdict>``) has a reason after its
+    ``</verdict>``: some letter or digit, not only spaces or punctuation."""
+    _, closed, reason = text.partition("</verdict>")
+    return bool(closed) and REASON_RE.search(reason) is not None
+
+
 def format_score(role: str, text: str, ended: bool) -> float:
     """Partial credit for ``role``'s format, in [0, 1] (``text``: the completion after the
     prefill; ``ended``: it stopped at its closing tag or EOS, not at its length limit).
@@ -74,8 +82,9 @@ def format_score(role: str, text: str, ended: bool) -> float:
     - proposer: a closed non-empty ``<problem>``, an ``<answer></answer>`` after it, a number
       in that answer: 1/3 each;
     - solver: an ``<answer></answer>`` (1/2), a number in it (1/2);
-    - critic (its verdict is always well formed, chosen between :data:`VERDICTS`): whether
-      the reason after it ended before the length limit (1 or 0).
+    - critic (its verdict is always well formed, chosen between :data:`VERDICTS`): 1 when
+      the reason after ``</verdict>`` is non-empty (holds a letter or digit) and ended before
+      the length limit, else 0: a verdict followed at once by EOS earns no format credit.
     """
     if role == "proposer":
         problem, answer = proposal_parts(text)
@@ -85,7 +94,7 @@ def format_score(role: str, text: str, ended: bool) -> float:
         answers = ANSWER_RE.findall(text)
         return 0.5 * bool(answers) + 0.5 * bool(answers and NUMBER_RE.search(answers[-1]))
     if role == "critic":
-        return float(ended)
+        return float(ended and has_reason(text))
     raise ValueError(f"role: expected proposer, solver or critic, got {role!r}")
 
 

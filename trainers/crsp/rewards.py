@@ -7,7 +7,9 @@ from a seed problem, a *solver* answers problems, a *critic* judges a solution. 
   agreement with the proposer's answer and half the critic's verdicts on that attempt (the
   fraction saying correct);
 - critic: agreement of its verdict with the outcome (the verifier on seed problems, the
-  proposer's answer on proposed ones);
+  proposer's answer on proposed ones), class-balanced (:func:`balanced_verdict_reward`:
+  +-1 weighted by the inverse frequency of the attempt's class, so a verdict that ignores the
+  attempt, e.g. always the majority one, earns 0 in expectation and a perfect critic 1);
 - proposer: solvability in a band (the solver's success rate on the problem is neither 0 nor
   1) plus *creativity*, the novelty of the problem against a bounded sketch of earlier ones
   and against its own seed example (MinHash signatures, Broder 1997, via ``datasketch``, in a
@@ -20,7 +22,9 @@ Intrinsic terms (creativity, length) are weighted by ``alpha(step) = alpha0 * de
 (one cached schedule per run, read once per role each step). Advantages are group-relative
 (``trainers.llm.policy_loss.group_advantages``: each role samples several completions per
 prompt); a role with one completion per prompt is normalised with running mean / std (Chan
-et al. 1979 parallel moments: ``rlbuffers.memory.RunningMeanStd``) instead.
+et al. 1979 parallel moments: ``rlbuffers.memory.RunningMeanStd``) instead. The critic's
+groups are centred but scaled by the running std of its rewards, not each group's own std
+(which would cancel the class weights: every group holds one attempt, so one class).
 """
 
 from __future__ import annotations
@@ -141,18 +145,104 @@ class NoveltySketch:
         self.signatures[:] = np.asarray(state["signatures"], np.uint32)
 
 
-def advantages(stats: dict[str, RunningMeanStd], role: str, rewards: np.ndarray, group: int
-               ) -> tuple[np.ndarray, float]:
+#: Key in the trainer's running statistics of the critic's ground truth (1: the judged
+#: attempt was correct); its mean is the class frequency the verdict reward balances.
+TRUTH = "critic_truth"
+
+
+def class_rate(truth: RunningMeanStd) -> float:
+    """Frequency of correct attempts among all judged so far, add-one smoothed (Laplace's
+    rule of succession: ``(correct + 1) / (judged + 2)``, in (0, 1) even before both classes
+    have been seen)."""
+    return float((truth.mean * truth.count + 1.0) / (truth.count + 2.0))
+
+
+def balanced_verdict_reward(verdicts: np.ndarray, truth: np.ndarray, rate: float
+                            ) -> np.ndarray:
+    """The critic's class-balanced verdict reward (float32[N * K], row by row).
+
+    ``verdicts``: bool[N, K] (K verdicts per judged attempt, True: "correct"); ``truth``:
+    bool[N] (the attempt was correct); ``rate``: the frequency of correct attempts, in (0, 1)
+    (:func:`class_rate`). A verdict earns ``+w_y`` when it agrees with its attempt's class
+    ``y`` and ``-w_y`` when not, ``w_y = 1 / (2 * freq(y))``: inverse class-frequency
+    weights (``n / (classes * n_y)``, King & Zeng 2001, "Logistic Regression in Rare Events
+    Data", Sec. 4, weighting; scikit-learn's ``class_weight="balanced"``). The mean over a
+    batch whose class frequency is ``rate`` is then ``TPR + TNR - 1 = 2 * BA - 1`` in
+    [-1, 1] (balanced accuracy ``BA``: Brodersen et al. 2010, ICPR; ``TPR + TNR - 1`` is
+    Youden's J, Youden 1950, "Index for rating diagnostic tests"): 0 for any verdict drawn
+    without looking at the attempt (always the majority verdict included), 1 for a perfect
+    critic. One verdict's reward is ``+-w_y`` (above 1 for the rarer class).
+
+    Raises:
+        ValueError: ``rate`` outside (0, 1), or ``truth`` not one label per row.
+    """
+    if not 0.0 < rate < 1.0:
+        raise ValueError(f"rate: expected a class frequency in (0, 1), got {rate}")
+    v, y = np.asarray(verdicts, bool), np.asarray(truth, bool)
+    if v.ndim != 2 or y.shape != (len(v),):
+        raise ValueError(f"truth: expected bool[{len(v)}] for verdicts {v.shape}, got "
+                         f"{y.shape}")
+    weight = np.where(y, 0.5 / rate, 0.5 / (1.0 - rate))[:, None]
+    return (np.where(v == y[:, None], 1.0, -1.0) * weight).astype(np.float32).reshape(-1)
+
+
+def balanced_accuracy(says: np.ndarray, labels: np.ndarray) -> float:
+    """Mean of the recall on correct and on incorrect attempts (bool[N] each; 0.5: no better
+    than a constant verdict; a class with no attempt is left out; 0.0 for N = 0)."""
+    says, labels = np.asarray(says, bool), np.asarray(labels, bool)
+    recalls = [float((says[labels == c] == c).mean()) for c in (True, False)
+               if (labels == c).any()]
+    return float(np.mean(recalls)) if recalls else 0.0
+
+
+#: Metrics keys of the critic's confusion counts per step (verdicts, True: "correct").
+CONFUSION = ("critic_tp", "critic_fn", "critic_tn", "critic_fp")
+
+
+def confusion(says: np.ndarray, labels: np.ndarray) -> dict[str, int]:
+    """Counts of verdicts ``says`` (bool[N]) against ``labels`` (bool[N]): true positive
+    (says correct, is correct), false negative, true negative, false positive."""
+    says, labels = np.asarray(says, bool), np.asarray(labels, bool)
+    cells = (says & labels, ~says & labels, ~says & ~labels, says & ~labels)
+    return {k: int(c.sum()) for k, c in zip(CONFUSION, cells, strict=True)}
+
+
+def rolling_balanced_accuracy(rows: Sequence[dict[str, Any]], window: int
+                              ) -> list[float | None]:
+    """Per row, the critic's balanced accuracy over the confusion counts of that row and the
+    ``window - 1`` before it (None while either class has no verdict in the window, or for
+    rows without counts): a step judges a few attempts, often of one class only."""
+    out: list[float | None] = []
+    for i in range(len(rows)):
+        got = [r for r in rows[max(0, i - window + 1):i + 1] if CONFUSION[0] in r]
+        tp, fn, tn, fp = (sum(r[k] for r in got) for k in CONFUSION)
+        ok = CONFUSION[0] in rows[i] and tp + fn > 0 and tn + fp > 0
+        out.append((tp / (tp + fn) + tn / (tn + fp)) / 2 if ok else None)
+    return out
+
+
+def advantages(stats: dict[str, RunningMeanStd], role: str, rewards: np.ndarray, group: int,
+               scale: str = "group") -> tuple[np.ndarray, float]:
     """``role``'s advantages (float32[N], groups of ``group`` contiguous completions) and the
-    fraction of groups whose rewards were all equal: group-relative
-    (``group_advantages``, scaled by the group's std; they sum to 0 in every group) when
-    ``group`` >= 2, else running normalisation (:func:`normalise`; fraction 0). Either way
-    ``stats[role]`` is updated with the rewards."""
+    fraction of groups whose rewards were all equal: group-relative (``group_advantages``;
+    they sum to 0 in every group) when ``group`` >= 2, else running normalisation
+    (:func:`normalise`; fraction 0). Either way ``stats[role]`` is updated with the rewards.
+
+    ``scale``: ``"group"`` divides by each group's std (GRPO, Shao et al. 2024, Sec. 4.1.2);
+    ``"running"`` divides every group by the role's running reward std instead (one scale
+    per step, as PPO implementations' reward scaling, Engstrom et al. 2020, "Implementation
+    Matters in Deep Policy Gradients", Sec. 3), which keeps reward weights that differ
+    between groups (the critic's class weights) in the advantages."""
     from trainers.llm.policy_loss import group_advantages
 
+    if scale not in ("group", "running"):
+        raise ValueError(f"scale: expected 'group' or 'running', got {scale!r}")
     if group >= 2:  # the running statistics still follow the role's rewards (logged)
         stats[role].update(np.asarray(rewards, np.float64))
-        return group_advantages(np.asarray(rewards, np.float32), group, "group")
+        adv, flat = group_advantages(np.asarray(rewards, np.float32), group, scale)
+        if scale == "running":  # group_advantages only centres for this scale
+            adv = (adv / max(float(stats[role].std), 1e-6)).astype(np.float32)
+        return adv, flat
     return normalise(stats, role, rewards), 0.0
 
 

@@ -18,9 +18,14 @@ from rlbuffers.memory.micro_batch import split_tokens
 from trainers.crsp.config import Config, group_size, length_target, longest_completion
 from trainers.crsp.formats import STOP, VERDICTS, cut_at_stop, format_scores, proposal_parts
 from trainers.crsp.rewards import (
+    TRUTH,
     NoveltySketch,
     advantages,
     alpha_schedule,
+    balanced_accuracy,
+    balanced_verdict_reward,
+    class_rate,
+    confusion,
     length_reward,
     solvability,
 )
@@ -104,12 +109,15 @@ def choose_verdicts(logprobs: np.ndarray, k: int) -> np.ndarray:
 
 def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dict[str, Any]],
             score: Any, sketch: NoveltySketch, stats: dict[str, RunningMeanStd],
-            alpha: Any = None, *, step: int) -> tuple[dict[str, RoleBatch], dict[str, float]]:
+            alpha: Any = None, *, step: int) -> tuple[dict[str, RoleBatch], dict[str, Any]]:
     """Generate every role's utterances for ``seeds`` and reward them. ``score(answer,
     entry)`` is reasoning-gym's verifier of a seed problem; ``alpha`` the run's cached
     schedule ``step -> weight of the intrinsic terms`` (None: one built here). Returns the
-    role batches and the step's metrics (rewards and format scores per role, seed accuracy,
-    proposals' validity and novelty, the critic's agreement and the majority-class rate)."""
+    role batches and the step's metrics (rewards, format scores and flat-group fractions per
+    role, seed accuracy, proposals' validity and novelty, the critic's agreement, verdict
+    distribution against the ground truth, balanced accuracy and majority-class rate).
+    ``stats`` also keeps the running class frequency of the judged attempts
+    (``rewards.TRUTH``) that the critic's verdict reward is balanced with."""
     alpha = alpha or alpha_schedule(cfg.alpha0, cfg.alpha_decay)
     sampling = cfg.sampling(longest_completion(cfg), generate_dtype=cfg.generate_dtype)
     packing = cfg.packing(cfg.pack_tokens, cfg.train_dtype)
@@ -166,7 +174,9 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
                 0.5 * o + 0.5 * says_correct[(k, j)]
                 for k, row in enumerate(outcome) for j, o in enumerate(row)]
     truth = np.array([bool(outcome[k][j]) for k, j in judged], bool)
-    critic_r = (verdicts == truth[:, None]).astype(np.float32).reshape(-1)
+    stats.setdefault(TRUTH, RunningMeanStd()).update(truth.astype(np.float64))
+    agree = (verdicts == truth[:, None]).astype(np.float32).reshape(-1)
+    critic_r = balanced_verdict_reward(verdicts, truth, class_rate(stats[TRUTH]))
     rates = iter([float(np.mean(row)) for row in outcome[n_seed:]])
     band = np.array([solvability(np.array([next(rates)]))[0] if v else 0.0 for v in valid],
                     np.float32)
@@ -177,7 +187,7 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
     sketch.add(new_problems)
     extrinsic = {"proposer": band, "solver": np.array(solver_r, np.float32),
                  "critic": critic_r}
-    metrics: dict[str, float] = {}
+    metrics: dict[str, Any] = {}
     for role in ROLES:
         b = out[role]
         a = alpha(step)  # the cached schedule: computed once per step, read per role
@@ -193,23 +203,32 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
             intrinsic = intrinsic + novelty
         b.reward = (extrinsic[role] + cfg.format_weight * np.asarray(b.parts["format"])
                     + a * intrinsic).astype(np.float32)
-        if len(b.reward):
+        if len(b.reward):  # the critic's class weights must survive: one scale per step
             b.advantage, metrics[f"{role}_flat_groups"] = advantages(
-                stats, role, b.reward, group_size(cfg, role))
+                stats, role, b.reward, group_size(cfg, role),
+                "running" if role == "critic" else "group")
         metrics[f"{role}_reward"] = float(b.reward.mean()) if len(b.reward) else 0.0
         metrics[f"{role}_format"] = float(np.mean(b.parts["format"])) if len(b.reward) else 0.0
     seed_truth = truth[[k < n_seed for k, _ in judged]]
-    seed_agree = critic_r.reshape(len(judged), -1)[[k < n_seed for k, _ in judged]] \
+    seed_agree = agree.reshape(len(judged), -1)[[k < n_seed for k, _ in judged]] \
         if judged else np.zeros((0, 1))
+    says, labels = verdicts.reshape(-1), np.repeat(truth, verdicts.shape[1])
     metrics.update({
         "alpha": alpha(step), "proposals_valid": float(np.mean(valid)),
         "seed_accuracy": float(np.mean(outcome[:n_seed])),
         "proposed_solve_rate": float(np.mean(outcome[n_seed:])) if outcome[n_seed:] else 0.0,
-        "critic_agreement": float(np.mean(critic_r)) if len(critic_r) else 0.0,
+        "critic_agreement": float(np.mean(agree)) if len(agree) else 0.0,
         "critic_seed_agreement": float(seed_agree.mean()) if seed_agree.size else 0.0,
         "critic_seed_majority": float(max(seed_truth.mean(), 1 - seed_truth.mean()))
         if seed_truth.size else 0.0,
+        # The verdict distribution against the ground truth: a collapse to one verdict
+        # shows as says_correct -> 0 or 1 and balanced accuracy -> 0.5.
         "critic_says_correct": float(verdicts.mean()) if verdicts.size else 0.0,
+        "critic_truth_correct": float(truth.mean()) if truth.size else 0.0,
+        # None on a step whose judged attempts are all of one class (it is not defined).
+        "critic_balanced_accuracy": balanced_accuracy(says, labels)
+        if labels.any() and not labels.all() else None,
+        **confusion(says, labels), "critic_class_rate": class_rate(stats[TRUTH]),
         "novelty": float(novelty[valid].mean()) if valid.any() else 0.0,
         "truncated_prompts": prompts.truncated})
     return out, metrics

@@ -62,7 +62,12 @@ from trainers.crsp.buffer import buffer_fields, utterances
 from trainers.crsp.config import RESUMABLE, Config, check_config, longest_completion
 from trainers.crsp.formats import render
 from trainers.crsp.naive import naive_grads
-from trainers.crsp.rewards import NoveltySketch, alpha_schedule
+from trainers.crsp.rewards import (
+    TRUTH,
+    NoveltySketch,
+    alpha_schedule,
+    rolling_balanced_accuracy,
+)
 from trainers.crsp.roles import ROLES, Prompts, make_model, role_parameters, set_checkpointing
 from trainers.crsp.rollout import rollout
 from trainers.crsp.update import micro_batches, optimised_grads
@@ -203,12 +208,21 @@ def tensor_summary(monitor: MemoryMonitor, step: int) -> dict[str, Any]:
 
 def draw_curve(path: Path, history: list[dict[str, Any]]) -> None:
     """``curve.png``: each role's mean reward and format score, the proposals' well-formed
-    rate and the solver's accuracy on seed problems."""
+    rate, the solver's accuracy on seed problems and the critic's verdicts (fraction saying
+    correct against the fraction of judged attempts that are, and balanced accuracy over
+    the last 10 steps: a step alone often judges attempts of one class only)."""
+    window = rolling_balanced_accuracy(history, 10)
+    history = [{**h, "critic_balanced_accuracy_10": w} for h, w in zip(history, window,
+                                                                        strict=True)]
     plot_curve(path, history, x="step", xlabel="step",
                series=[*(Series(f"{r}_reward", f"{r} reward") for r in ROLES),
                        *(Series(f"{r}_format", f"{r} format") for r in ROLES),
                        Series("proposals_valid", "proposals well formed"),
-                       Series("seed_accuracy", "solver accuracy (seeds)")],
+                       Series("seed_accuracy", "solver accuracy (seeds)"),
+                       Series("critic_says_correct", "critic says correct"),
+                       Series("critic_truth_correct", "judged attempts correct"),
+                       Series("critic_balanced_accuracy_10",
+                              "critic balanced accuracy (10 steps)")],
                ylabel="mean per step", title="CRSP per-role rewards and formats")
 
 
@@ -264,7 +278,8 @@ def setup(cfg: Config, device: torch.device, rank: int, world: int
     t = Trainer(cfg, device, model, tok, reference, opts, amb,
                 Prompts(tok, cfg.max_prompt_tokens, ByteLRUCache(cfg.prompt_cache_bytes)),
                 NoveltySketch(cfg.sketch_capacity, cfg.sketch_perm, cfg.seed),
-                {r: RunningMeanStd() for r in ROLES}, np.random.default_rng(cfg.seed),
+                {r: RunningMeanStd() for r in (*ROLES, TRUTH)},
+                np.random.default_rng(cfg.seed),
                 {"step": 0, "groups": 0, "data": {}}, plan,
                 alpha_schedule(cfg.alpha0, cfg.alpha_decay), units)
     plan["saving_shared_reference_bytes"] = reference_bytes_saved(model) if cfg.memory_opt \

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainers.llm.evaluation import (
+    HELD_OUT_SEED,
     CorrectFn,
     Key,
     evaluate,
@@ -23,9 +24,6 @@ from trainers.phases import heartbeat
 from trainers.summary import format_eval
 
 log = logging.getLogger("trainers.grpo")
-
-#: The held-out set's seed offset from the run's seed (the candidates' first seed).
-HELD_OUT_SEED = 1_000_003
 
 
 @dataclass

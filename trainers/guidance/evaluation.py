@@ -1,52 +1,21 @@
-"""The held-out evaluation of the guidance trainer: problems disjoint from the training ones
-by content, greedy two-turn episodes (one hint each), turn-1 and turn-2 accuracy with 95%
-Wilson intervals, and the hint's effect (turn-2 minus turn-1 accuracy, a paired difference)
-with Newcombe's interval, plus the counts of answers turn 2 fixes and breaks."""
+"""The guidance trainer's own part of the held-out evaluation: the hint's effect. The
+held-out problems, the scoring and each turn's accuracy with its Wilson interval are the LLM
+trainers' shared ones (``trainers/llm/evaluation.py``: problems disjoint from training by
+content, a wrong number scores 0); here the two turns of greedy episodes (one hint each) are
+scored per question with ``score_completions``, and the hint's effect is their paired
+difference (turn-2 minus turn-1 accuracy on the same problems) with Newcombe's interval, plus
+the counts of answers turn 2 fixes and breaks."""
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from trainers.llm.tasks import task_problems, wilson
-
-
-def normalise(question: str) -> str:
-    """A question's text for comparison: lower case, runs of whitespace as one space,
-    stripped."""
-    return re.sub(r"\s+", " ", question).strip().lower()
-
-
-def held_out(task: str, n: int, seed: int, config: str, train: Any) -> tuple[Any, list[int],
-                                                                              dict[str, int]]:
-    """``n`` problems of ``task`` from ``seed`` whose normalised question is no training
-    problem's (``train``: the training dataset): candidates are drawn from 4n problems of that
-    seed (duplicates dropped too). Returns the candidate dataset, the indices kept and the
-    counts ``{"n", "overlap" (kept ones found in training: 0), "dropped" (candidates seen in
-    training)}``.
-
-    Raises:
-        ValueError: fewer than ``n`` candidates differ from the training problems (the task's
-            problem space is too small for ``--eval-size``)."""
-    seen = {normalise(train[i]["question"]) for i in range(len(train))}
-    pool = task_problems(task, 4 * n, seed, config)
-    keep, dropped, kept = [], 0, set()
-    for i in range(len(pool)):
-        q = normalise(pool[i]["question"])
-        if q in seen:
-            dropped += 1
-        elif q not in kept and len(keep) < n:
-            keep.append(i)
-            kept.add(q)
-    if len(keep) < n:
-        raise ValueError(f"--eval-size: expected {n} held-out problems of {task} that are not "
-                         f"training problems, got {len(keep)} of {len(pool)} candidates")
-    overlap = sum(normalise(pool[i]["question"]) in seen for i in keep)
-    return pool, keep, {"n": len(keep), "overlap": overlap, "dropped": dropped}
+from trainers.llm.evaluation import CorrectFn, Key, accuracy, score_completions
+from trainers.llm.tasks import wilson
 
 
 def paired_difference(first: np.ndarray, second: np.ndarray, z: float = 1.96
@@ -82,28 +51,40 @@ def paired_difference(first: np.ndarray, second: np.ndarray, z: float = 1.96
 
 
 def summarise(right: np.ndarray) -> dict[str, Any]:
-    """Turn-1 and turn-2 accuracy with Wilson intervals, the hint's effect with Newcombe's
-    interval, fixes, breaks, and the shares of them (``hint_uptake``, ``turn2_breaks``) of
-    greedy episodes' correctness ``right`` (bool[n, 2]: turn 1, turn 2)."""
-    n, out = len(right), {}
-    for name, hits in (("turn1", right[:, 0]), ("turn2", right[:, 1])):
-        out[name] = {"accuracy": float(hits.mean()), "n": n,
-                     "ci95": list(wilson(float(hits.sum()), n))}
+    """The paired measures of greedy episodes' per-question correctness ``right`` (bool[n, 2]:
+    turn 1, turn 2): the hint's effect (``turn2_minus_turn1`` with Newcombe's ``ci95``),
+    ``fixes``, ``breaks`` and their shares of n (``hint_uptake``, ``turn2_breaks``)."""
+    right = np.asarray(right, bool)
+    n = len(right)
     diff, lo, hi = paired_difference(right[:, 0], right[:, 1])
-    fixes, breaks = int((~right[:, 0] & right[:, 1]).sum()), int((right[:, 0] &
-                                                                  ~right[:, 1]).sum())
-    out["hint_effect"] = {"turn2_minus_turn1": diff, "ci95": [lo, hi]}
-    out["fixes"], out["breaks"] = fixes, breaks
-    out["hint_uptake"], out["turn2_breaks"] = fixes / n, breaks / n
-    return out
+    fixes = int((~right[:, 0] & right[:, 1]).sum())
+    breaks = int((right[:, 0] & ~right[:, 1]).sum())
+    return {"hint_effect": {"turn2_minus_turn1": diff, "ci95": [lo, hi]},
+            "fixes": fixes, "breaks": breaks,
+            "hint_uptake": fixes / n, "turn2_breaks": breaks / n}
 
 
-def evaluate(play_greedy: Callable[[list[str]], dict[str, Any]], problems: Any,
-             indices: list[int], score: Callable[[Any, int, str], float]) -> dict[str, Any]:
-    """Greedy two-turn episodes with one hint (``play_greedy(questions)``, ``play``'s
-    output) on ``problems[indices]``, scored by ``score(problems, index, text)``;
-    :func:`summarise` of them."""
-    ep = play_greedy([problems[i]["question"] for i in indices])
-    right = np.array([[score(problems, i, texts[k]) == 1.0 for k in (0, 2)]
-                      for i, texts in zip(indices, ep["texts"], strict=True)], bool)
-    return summarise(right.reshape(len(indices), 2))
+def evaluate(play_greedy: Callable[[list[str]], dict[str, Any]],
+             problems: list[dict[str, Any]], correct_fn: CorrectFn, *,
+             train_keys: set[Key] | None = None) -> dict[str, Any]:
+    """Greedy two-turn episodes with one hint (``play_greedy(questions)``: ``rollout.play``'s
+    output, utterances turn 1, hint, turn 2) on held-out ``problems`` (dicts, from
+    ``trainers.llm.evaluation.held_out``). Each turn is scored per question by the shared
+    ``score_completions`` with ``correct_fn`` (1.0 right, else 0.0) and summarised by the
+    shared ``accuracy`` (``turn1``, ``turn2``: accuracy, n, Wilson ``ci95``, ``overlap`` with
+    ``train_keys``, answered, formatted, completion_tokens_mean); the paired measures
+    (:func:`summarise`) are computed on the same per-question results.
+
+    Raises:
+        ValueError: ``problems`` is empty."""
+    if not problems:
+        raise ValueError("problems: expected at least one problem, got 0")
+    ep = play_greedy([p["question"] for p in problems])
+    out: dict[str, Any] = {}
+    right = []
+    for name, u in (("turn1", 0), ("turn2", 2)):
+        scored = score_completions([t[u] for t in ep["texts"]], problems, correct_fn)
+        out[name] = accuracy(scored, problems, train_keys=train_keys,
+                             completion_tokens=[len(a[u]) for a in ep["actions"]])
+        right.append(scored["correct"] == 1.0)
+    return {**out, **summarise(np.stack(right, axis=1))}

@@ -61,6 +61,14 @@ from trainers.guidance.rollout import (
 )
 from trainers.llm.checkpointing import set_gradient_checkpointing
 from trainers.llm.device import resolve_device, to_device
+from trainers.llm.evaluation import (
+    HELD_OUT_SEED,
+    Key,
+    correctness,
+    held_out,
+    task_correct,
+    training_keys,
+)
 from trainers.llm.policy_loss import clip_and_step
 from trainers.llm.tasks import extract_answer, task_problems
 from trainers.phases import Phases, heartbeat
@@ -83,10 +91,13 @@ def update_budget(spec: str, device: torch.device) -> int | None:
     return int(spec) if spec.isdigit() else auto_budget(device=device)
 
 
-def score(problems: Any, index: int, text: str) -> float:
-    """reasoning-gym's ``score_answer`` of the answer extracted from ``text`` (1.0 right)."""
+def score(problems: Any, index: int, text: str, partial_credit: bool = False) -> float:
+    """The reward of ``text`` as an answer to ``problems[index]``: the shared
+    ``trainers.llm.evaluation.correctness`` of the answer ``extract_answer`` finds (1.0 right,
+    0.0 for a wrong number and for no answer alike; ``partial_credit``: reasoning-gym's
+    ``score_answer`` itself, e.g. 0.01 for a wrong number)."""
     answer, _ = extract_answer(text)
-    return float(problems.score_answer(answer, problems[index])) if answer else 0.0
+    return correctness(problems, problems[index], answer, partial_credit)
 
 
 @dataclass
@@ -128,9 +139,11 @@ class Learner:
 
 
 @torch.no_grad()
-def evaluate(learner: Learner, problems: Any, indices: list[int]) -> dict[str, Any]:
-    """Greedy two-turn episodes (one hint each) on held-out ``problems[indices]``:
-    ``trainers.guidance.evaluation.summarise`` of them."""
+def evaluate(learner: Learner, problems: list[dict[str, Any]], train_keys: set[Key]
+             ) -> dict[str, Any]:
+    """Greedy two-turn episodes (one hint each) on held-out ``problems``, scored without
+    partial credit: ``trainers.guidance.evaluation.evaluate``'s result (each turn's accuracy
+    with its Wilson interval and overlap with ``train_keys``, the hint's effect)."""
     cfg = learner.cfg
 
     def play_greedy(questions: list[str]) -> dict[str, Any]:
@@ -144,7 +157,8 @@ def evaluate(learner: Learner, problems: Any, indices: list[int]) -> dict[str, A
         finally:
             torch.set_num_threads(train_threads(cfg))
 
-    return evaluation.evaluate(play_greedy, problems, indices, score)
+    return evaluation.evaluate(play_greedy, problems, task_correct(cfg.task, cfg.task_config),
+                               train_keys=train_keys)
 
 
 def iterate(learner: Learner) -> dict[str, Any]:
@@ -162,7 +176,8 @@ def iterate(learner: Learner) -> dict[str, Any]:
                            cfg, it)
         torch.set_num_threads(train_threads(cfg))
     # correctness [E, 1 + K]: turn 1, then turn 2 after each hint (utterances 0, 2, 4, ...)
-    scores = np.array([[score(L.problems, i, ep["texts"][u]) for u in range(0, 2 * K + 1, 2)]
+    scores = np.array([[score(L.problems, i, ep["texts"][u], partial_credit=cfg.partial_credit)
+                        for u in range(0, 2 * K + 1, 2)]
                        for i, ep in zip(indices, episodes, strict=True)], np.float32)
     c1, c2 = scores[:, 0], scores[:, 1:]
     with phases("buffer"):
@@ -413,14 +428,15 @@ def main(argv: list[str] | None = None) -> None:
     evals = learner.trainer.setdefault("eval", {})
     try:
         if cfg.eval_size:
-            held, keep, counts = evaluation.held_out(cfg.task, cfg.eval_size,
-                                                     cfg.seed + 1_000_003, cfg.task_config,
-                                                     learner.problems)
-            log.info("held-out problems: %d, overlap with the training problems by normalised "
-                     "question text: %d (%d candidates dropped)", counts["n"],
-                     counts["overlap"], counts["dropped"])
+            held, report = held_out(cfg.task, cfg.task_config, learner.problems, cfg.eval_size,
+                                    cfg.seed + HELD_OUT_SEED)
+            keys = training_keys(learner.problems)
+            log.info("held-out problems: %d, overlap with the %d training problems by content "
+                     "(normalised text, operands): %d (%d candidates, %d dropped as training "
+                     "problems)", len(held), report["train_problems"], report["overlap"],
+                     report["candidates"], report["dropped_training"])
         if cfg.eval_size and "before" not in evals and learner.trainer["iteration"] == 0:
-            evals["before"] = {**evaluate(learner, held, keep), "held_out": counts}
+            evals["before"] = {**evaluate(learner, held, keys), "held_out": report}
             log.info("held-out before: %s", format_eval(evals["before"]))
         bar = tqdm(total=cfg.iterations, initial=learner.trainer["iteration"], unit="it",
                    desc="guidance iterations", disable=cfg.quiet)
@@ -438,7 +454,7 @@ def main(argv: list[str] | None = None) -> None:
         bar.close()
         run = learner.run
         if cfg.eval_size and (cfg.evaluate_again or not evaluated(run.dir, run.unit, run.done)):
-            evals["after"] = {**evaluate(learner, held, keep), "held_out": counts}
+            evals["after"] = {**evaluate(learner, held, keys), "held_out": report}
             log.info("held-out after: %s", format_eval(evals["after"]))
             write_eval(run, evals, run.done)
         finish(run, ["turn1_accuracy", "turn2_accuracy", "critic_loss"], evals)

@@ -28,10 +28,18 @@ questions under any seed. Here a problem's identity is its *content*, not its se
   ``{"accuracy", "n", "ci95": [lo, hi], "overlap", "answered", "formatted",
   "completion_tokens_mean"}``; ``overlap`` is the number of ``problems`` sharing a content
   key with ``train_keys`` (``None`` when not given).
-- ``task_correct(task, task_config)``: the task's ``correct_fn`` (reasoning-gym's
-  ``score_answer`` == 1.0: a wrong number counts 0, not its 0.01); ``numeric_correct``: the
-  ``correct_fn`` of ASDiv-style ``{"question", "answer"}`` dicts (equal first numbers).
-- ``training_keys(problems)``: the union of the problems' content keys.
+- ``score_completions(texts, problems, correct_fn)``: the per-question results of one
+  completion per problem (``correct``, ``answered``, ``formatted``), and ``accuracy(scored,
+  problems, ...)``: their accuracy, Wilson interval and overlap (``evaluate``'s result); a
+  trainer with its own episodes (guidance's two turns) scores each turn with these.
+- ``correctness(problems, entry, answer, partial_credit)``: the reward of an answer under
+  reasoning-gym's ``score_answer``: 1.0 right, 0.0 for a wrong number and for no answer alike
+  (``partial_credit``: the score itself, 0.01 for a wrong number); ``task_correct(task,
+  task_config)``: the task's ``correct_fn`` (``correctness`` without partial credit);
+  ``numeric_correct``: the ``correct_fn`` of ASDiv-style ``{"question", "answer"}`` dicts
+  (equal first numbers).
+- ``training_keys(problems)``: the union of the problems' content keys; ``HELD_OUT_SEED``:
+  the held-out candidates' seed offset from the run's seed.
 
 A trainer builds the set once at start (from its training problems), calls ``evaluate``
 before training, every ``--eval-every`` steps and after, and writes the report and the
@@ -42,7 +50,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -54,6 +62,9 @@ from trainers.llm.tasks import extract_answer, numeric_match, render, task_probl
 
 Key = tuple[Any, ...]
 CorrectFn = Callable[[str | None, dict[str, Any]], float]
+
+#: The held-out set's seed offset from the run's seed (the candidates' first seed).
+HELD_OUT_SEED = 1_000_003
 
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?")
 _OPERATOR = re.compile(r"(?<!\S)[-+*/×÷](?!\S)")
@@ -151,13 +162,25 @@ def held_out(task: str, task_config: str, train_problems: Iterable[dict[str, Any
     return kept, report
 
 
+def correctness(problems: Any, entry: dict[str, Any], answer: str | None,
+                partial_credit: bool = False) -> float:
+    """An answer's correctness (a reward) under reasoning-gym's ``problems.score_answer``:
+    1.0 right, else 0.0, so a wrong number scores what no answer scores (``partial_credit``:
+    the score itself, e.g. 0.01 for a wrong number of ``gsm_symbolic``); 0.0 without an
+    answer (``None``)."""
+    if answer is None:
+        return 0.0
+    score = float(problems.score_answer(answer, entry))
+    return score if partial_credit else float(score == 1.0)
+
+
 def task_correct(task: str, task_config: str) -> CorrectFn:
-    """The ``correct_fn`` of reasoning-gym's ``task``: 1.0 when its ``score_answer`` is 1.0
-    (right), else 0.0 (a wrong number and no answer alike)."""
+    """The ``correct_fn`` of reasoning-gym's ``task``: :func:`correctness` without partial
+    credit (1.0 when ``score_answer`` is 1.0, else 0.0: a wrong number and no answer alike)."""
     scorer = task_problems(task, 1, 0, task_config)
 
     def correct(answer: str | None, problem: dict[str, Any]) -> float:
-        return float(answer is not None and scorer.score_answer(answer, problem) == 1.0)
+        return correctness(scorer, problem, answer)
 
     return correct
 
@@ -167,16 +190,59 @@ def numeric_correct(answer: str | None, problem: dict[str, Any]) -> float:
     return numeric_match(answer, str(problem["answer"]))
 
 
+def score_completions(texts: Sequence[str], problems: Sequence[dict[str, Any]],
+                      correct_fn: CorrectFn) -> dict[str, np.ndarray]:
+    """Per-question results of one completion per problem (``texts[i]`` answers
+    ``problems[i]``): the answer extracted by ``tasks.extract_answer``, scored by
+    ``correct_fn``. Returns ``correct`` float64 ``[n]`` (0.0 without an answer), ``answered``
+    bool ``[n]`` (an answer was extracted) and ``formatted`` bool ``[n]`` (inside
+    ``<answer></answer>``).
+
+    Raises:
+        ValueError: ``texts`` and ``problems`` differ in length.
+    """
+    if len(texts) != len(problems):
+        raise ValueError(f"texts: expected one completion per problem ({len(problems)}), got "
+                         f"{len(texts)}")
+    correct, answered, formatted = [], [], []
+    for text, p in zip(texts, problems, strict=True):
+        answer, tagged = extract_answer(text)
+        correct.append(correct_fn(answer, p) if answer is not None else 0.0)
+        answered.append(answer is not None)
+        formatted.append(tagged)
+    return {"correct": np.asarray(correct, np.float64), "answered": np.asarray(answered, bool),
+            "formatted": np.asarray(formatted, bool)}
+
+
+def accuracy(scored: dict[str, np.ndarray], problems: Sequence[dict[str, Any]], *,
+             completion_tokens: Sequence[int], train_keys: set[Key] | None = None
+             ) -> dict[str, Any]:
+    """The result of per-question results ``scored`` (:func:`score_completions`' of
+    ``problems``; ``completion_tokens``: each completion's length in tokens): ``{"accuracy",
+    "n", "ci95": [lo, hi]`` (Wilson score interval, 95%), ``"overlap"`` (problems sharing a
+    content key with ``train_keys``; ``None`` without them), ``"answered"``, ``"formatted"``
+    (fractions), ``"completion_tokens_mean"}``.
+
+    Raises:
+        ValueError: no problem.
+    """
+    k, n = float(scored["correct"].sum()), len(scored["correct"])
+    if n == 0:
+        raise ValueError("problems: expected at least one problem, got 0")
+    return {"accuracy": k / n, "n": n, "ci95": [round(x, 6) for x in wilson(k, n)],
+            "overlap": None if train_keys is None else overlap(problems, train_keys),
+            "answered": float(np.mean(scored["answered"])),
+            "formatted": float(np.mean(scored["formatted"])),
+            "completion_tokens_mean": float(np.mean(completion_tokens))}
+
+
 @torch.no_grad()
 def evaluate(model: Any, tok: Any, problems: list[dict[str, Any]], sampling: Sampling,
              correct_fn: CorrectFn, *, train_keys: set[Key] | None = None,
              progress: str | None = None, chunk: int = 64) -> dict[str, Any]:
     """Greedy accuracy of ``model`` on ``problems`` (dicts with a ``"question"``; one
     completion each, up to ``sampling.max_completion_tokens``, generated ``chunk`` prompts
-    at a time). Returns ``{"accuracy", "n", "ci95": [lo, hi]`` (Wilson score interval),
-    ``"overlap"`` (problems sharing a content key with ``train_keys``; ``None`` without
-    them), ``"answered"`` (fraction with an extractable answer), ``"formatted"`` (fraction
-    inside ``<answer></answer>``), ``"completion_tokens_mean"}``. ``progress``: a tqdm bar
+    at a time): :func:`accuracy` of :func:`score_completions`. ``progress``: a tqdm bar
     with this description.
 
     Raises:
@@ -184,7 +250,7 @@ def evaluate(model: Any, tok: Any, problems: list[dict[str, Any]], sampling: Sam
     """
     if not problems:
         raise ValueError("problems: expected at least one problem, got 0")
-    hits, answered, formatted, lengths = [], [], [], []
+    texts, lengths = [], []
     starts = range(0, len(problems), chunk)
     if progress:
         from tqdm.auto import tqdm
@@ -195,17 +261,11 @@ def evaluate(model: Any, tok: Any, problems: list[dict[str, Any]], sampling: Sam
         prompts = [np.asarray(tok(render(tok, p["question"]), add_special_tokens=False)
                               ["input_ids"], np.int64) for p in part]
         outs = generate(model, tok, prompts, sampling, n_per_prompt=1, greedy=True)
-        for (completion, _), p in zip(outs, part, strict=True):
-            answer, tagged = extract_answer(tok.decode(completion, skip_special_tokens=True))
-            hits.append(correct_fn(answer, p) if answer is not None else 0.0)
-            answered.append(answer is not None)
-            formatted.append(tagged)
+        for completion, _ in outs:
+            texts.append(tok.decode(completion, skip_special_tokens=True))
             lengths.append(len(completion))
-    k, n = float(sum(hits)), len(hits)
-    return {"accuracy": k / n, "n": n, "ci95": [round(x, 6) for x in wilson(k, n)],
-            "overlap": None if train_keys is None else overlap(problems, train_keys),
-            "answered": float(np.mean(answered)), "formatted": float(np.mean(formatted)),
-            "completion_tokens_mean": float(np.mean(lengths))}
+    return accuracy(score_completions(texts, problems, correct_fn), problems,
+                    completion_tokens=lengths, train_keys=train_keys)
 
 
 def separated(a: dict[str, Any], b: dict[str, Any]) -> bool:
