@@ -97,19 +97,11 @@ def make_model(a: dict, buffer_kwargs: dict | None):
 
 
 def zarr_kwargs(a: dict) -> dict:
-    """``replay_buffer_kwargs`` of the ZarrReplayBuffer (``frame_stack``: the opt-in one
-    stored frame per transition, where ZarrReplayBuffer has it)."""
+    """``replay_buffer_kwargs`` of the ZarrReplayBuffer (``frame_stack``: stacks stored one
+    frame per transition, ``frame_stack_axis=0`` for ``VecTransposeImage``'s ``[4, 84, 84]``)."""
     kw: dict[str, Any] = {"path": a["path"]}  # no overwrite: DQN.load rebuilds it
     if a.get("frame_stack"):
-        import inspect
-
-        from rlbuffers.integrations.sb3 import ZarrReplayBuffer
-
-        params = inspect.signature(ZarrReplayBuffer.__init__).parameters
-        if "frame_stack" not in params:
-            raise SystemExit("--frame-stack: this ZarrReplayBuffer has no frame_stack argument "
-                             f"(it takes {sorted(params)})")
-        kw["frame_stack"] = True
+        kw["frame_stack_axis"] = 0
     return kw
 
 

@@ -287,7 +287,7 @@ def main() -> None:
     ap.add_argument("--grad-steps", type=int, default=200)
     ap.add_argument("--sb3-tries", type=int, default=4)
     ap.add_argument("--frame-stack", action="store_true",
-                    help="ZarrReplayBuffer(frame_stack=True): one frame stored per transition")
+                    help="ZarrReplayBuffer(frame_stack_axis=0): one frame stored per transition")
     ap.add_argument("--skip", default="",
                     help="comma-separated steps not to run: check,main,sb3,both")
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
