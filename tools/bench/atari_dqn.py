@@ -102,6 +102,8 @@ def zarr_kwargs(a: dict) -> dict:
     kw: dict[str, Any] = {"path": a["path"]}  # no overwrite: DQN.load rebuilds it
     if a.get("frame_stack"):
         kw["frame_stack_axis"] = 0
+    if a.get("chunk_transitions"):
+        kw["chunk_transitions"] = a["chunk_transitions"]
     return kw
 
 
