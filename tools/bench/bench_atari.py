@@ -133,7 +133,8 @@ def main_run(a, workdir: Path, cap: int) -> dict:
     """Step 2: fill, kill -9 after the middle commit, resume, train; figures."""
     d = workdir / "main"
     d.mkdir()
-    args = {"seed": 0, "buffer_size": a.transitions, "learning_starts": a.transitions,
+    args = {"seed": 0, "buffer_size": a.capacity or a.transitions,
+            "learning_starts": a.transitions,
             "commit_every": a.commit_every, "progress_every": max(a.commit_every // 20, 100),
             "total": a.transitions + a.train_steps, "path": str(d / "buffer"),
             "frame_stack": a.frame_stack, "chunk_transitions": a.chunk_transitions}
@@ -208,8 +209,8 @@ def report(a, check, main, sb3, side) -> str:
     median_save = float(np.median([c["save_s"] for c in commits])) if commits else float("nan")
     first, second = main["first"], main["second"]
     rows = [
-        ["transitions filled (SB3's random-action loop) / env steps of training",
-         f"{n:,} / {a.train_steps:,}"],
+        ["buffer_size / transitions filled (SB3's random-action loop) / env steps of training",
+         f"{a.capacity or n:,} / {n:,} / {a.train_steps:,}"],
         ["memory cap", f"{a.cap_gb:g} GiB via {first['how']}"],
         ["fill rate (env steps/s, DQN's own loop incl. add)", f"{main['fill_steps_per_s']:,.0f}"],
         ["kill -9 at step / resumed from the commit of step",
@@ -250,6 +251,7 @@ def report(a, check, main, sb3, side) -> str:
     return (
         "## Atari: SB3's DQN on real Pong with a 1M-transition ZarrReplayBuffer under a cap\n\n"
         f"{stamp()} `python -m tools.bench.bench_atari --transitions {n} --cap-gb {a.cap_gb:g} "
+        f"{f'--capacity {a.capacity} ' if a.capacity else ''}"
         f"--commit-every {a.commit_every} --train-steps {a.train_steps} --both-capacity "
         f"{a.both_capacity}{' --frame-stack' if a.frame_stack else ''}"
         f"{f' --chunk-transitions {a.chunk_transitions}' if a.chunk_transitions else ''}`. "
@@ -278,6 +280,8 @@ ENV = "PongNoFrameskip-v4"
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--transitions", type=int, default=1_000_000)
+    ap.add_argument("--capacity", type=int, default=None,
+                    help="buffer_size of the main run (default: --transitions)")
     ap.add_argument("--train-steps", type=int, default=40_000, help="env steps of training")
     ap.add_argument("--commit-every", type=int, default=100_000)
     ap.add_argument("--cap-gb", type=float, default=2.0)
