@@ -84,7 +84,7 @@ from trainers.llm.prompts import next_prompts, prompt_store
 from trainers.llm.settings import Sampling, parse_budget
 from trainers.llm.tasks import task_problems
 from trainers.phases import Phases
-from trainers.summary import finish, format_eval, write_eval
+from trainers.summary import finish, write_eval
 
 MIB = 2**20
 log = logging.getLogger("trainers.grpo")
@@ -227,7 +227,6 @@ def main(argv: list[str] | None = None) -> None:
         bar.close()
         if cfg.evaluate and (cfg.evaluate_again or not evaluated(run.dir, "step", run.done)):
             evals["after"] = after(model, tok, sampling(cfg, device), sets, evals, trainer["step"])
-            print(f"held-out accuracy after: {format_eval(evals['after'])}", flush=True)
             curve(run.dir / "curve.png", run.history, cfg.task, evals["points"])
         write_eval(run, evals, run.done)
         finish(run, ["reward_mean", "accuracy", "kl"], evals)
@@ -296,7 +295,6 @@ def before(model: Any, tok: Any, sampling: Sampling, sets: Any, evals: dict[str,
     """The held-out results before the first step into ``evals`` (``before``, and the task's
     as the point of step 0), written to ``path`` (eval.json)."""
     evals["before"] = evaluate_sets(model, tok, sampling, sets, label="before")
-    print(f"held-out accuracy before: {format_eval(evals['before'])}", flush=True)
     if "task" in evals["before"]:
         evals["points"].append(point(0, evals["before"]["task"]))
     write_atomic(path, json.dumps(evals, indent=1).encode())
