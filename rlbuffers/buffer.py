@@ -276,10 +276,12 @@ class ReplayBuffer:
         fields as ``ragged`` says: see :meth:`sample`)."""
         plain = (self._stacks.reader(self._ring, self._gather, slots) if self._stacks
                  else lambda n: self._gather(n, slots))
+        if ragged == "list":  # the default path stays as it was: no wrapper per field
+            return spec.batch_rows(self._fields, slots.shape, plain)
         flat = np.asarray(slots, dtype=np.int64).ravel()
 
         def get(name: str) -> Any:
-            if ragged == "packed" and self._fields[name].ragged:
+            if self._fields[name].ragged:
                 self._open_check()
                 return self._storage.gather_packed(name, flat)
             return plain(name)

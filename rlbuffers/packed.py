@@ -62,10 +62,14 @@ def packed_from_bytes(blob: bytes | bytearray, lengths: np.ndarray, dtype: np.dt
                       row_shape: tuple[int, ...]) -> Packed:
     """The rows whose values are ``blob`` end to end (no copy: ``values`` views ``blob``) and
     whose lengths are ``lengths`` (int64[N], rows along the ragged axis)."""
-    values = np.frombuffer(blob, dtype=dtype).reshape(-1, *row_shape)
+    return Packed(np.frombuffer(blob, dtype=dtype).reshape(-1, *row_shape), cu_seqlens(lengths))
+
+
+def cu_seqlens(lengths: np.ndarray) -> np.ndarray:
+    """int64[N + 1]: 0, then the running sum of ``lengths`` (int[N])."""
     cu = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=cu[1:])
-    return Packed(values, cu)
+    return cu
 
 
 def pack_rows(rows: list[np.ndarray], dtype: np.dtype, row_shape: tuple[int, ...]) -> Packed:
@@ -73,7 +77,7 @@ def pack_rows(rows: list[np.ndarray], dtype: np.dtype, row_shape: tuple[int, ...
     lengths = np.array([len(r) for r in rows], dtype=np.int64)
     values = (np.concatenate(rows) if rows else np.empty((0, *row_shape), dtype=dtype))
     return Packed(np.ascontiguousarray(values, dtype=dtype).reshape(-1, *row_shape),
-                  np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+                  cu_seqlens(lengths))
 
 
 def check_ragged_format(ragged: object) -> str:
