@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainers.config import check_rules
+from trainers.crsp.verdict import MODES
 from trainers.llm.config import LLM_RESUMABLE, LLMConfig, check_dtype, check_llm
 
 
@@ -35,6 +36,13 @@ class Config(LLMConfig):
     critic_samples: int = 4
     """Verdicts (each with its reason) per judged attempt: a group (1: running
     normalisation instead)."""
+    verdict_loss: str = "likelihood"
+    """How the critic's verdict is trained (``trainers/crsp/verdict.py``): 'likelihood' (the
+    class-balanced log-likelihood of the verifier's label over both verdict continuations),
+    'expected' (the exact gradient of the expected balanced reward over both) or 'sampled'
+    (the sampled verdict's policy gradient only)."""
+    verdict_coef: float = 1.0
+    """Weight of the verdict term (not used with --verdict-loss sampled)."""
     warmup_steps: int = 0
     """Supervised format warm-up steps per role (proposer, critic) before the first step of a
     new run (``trainers/crsp/warmup.py``; examples through ``rlbuffers.stream``); 0: off."""
@@ -147,6 +155,8 @@ def check_config(c: Config) -> None:
         "critic_length_target": (1 <= c.critic_length_target <= c.critic_tokens,
                                  f"in [1, --critic-tokens={c.critic_tokens}]"),
         "format_weight": (c.format_weight >= 0, ">= 0"),
+        "verdict_loss": (c.verdict_loss in MODES, f"one of {', '.join(MODES)}"),
+        "verdict_coef": (c.verdict_coef >= 0, ">= 0"),
         "lora_rank": (c.lora_rank >= 1, ">= 1 (roles are adapters)"),
         "alpha_decay": (0 < c.alpha_decay <= 1, "in (0, 1]"),
         "micro_batch_tokens": (c.micro_batch_tokens >= 0, ">= 0 (0: planned)"),

@@ -173,7 +173,7 @@ def sharded_grads(model: Any, batches: dict[str, RoleBatch], packing: Packing,
         if not b.completions:
             continue
         activate(model, role)
-        n = sum(len(c) for c in b.completions)
+        n = b.training_tokens()
         batch = to_device(local_rows(role_tensors(b, packing, pad_id), rank, world, n), device)
         res = role_gradients(model, amb, batch, packing, loss, n + 1)  # slot n: padding's
         flat = torch.stack([res["ref"], res["behaviour"]]).to(device)

@@ -30,6 +30,7 @@ from trainers.crsp.rewards import (
     solvability,
 )
 from trainers.crsp.roles import ROLES, Prompts, activate
+from trainers.crsp.verdict import verdict_advantages, verdict_loss
 from trainers.llm.device import to_device
 from trainers.llm.generation import generate
 from trainers.llm.packed_logprobs import packed_batch, packed_logprobs
@@ -49,6 +50,16 @@ class RoleBatch:
     parts: dict[str, list[float]] = field(default_factory=dict)
     reward: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     advantage: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    skip: list[int] = field(default_factory=list)
+    """Per completion, leading tokens left out of the loss (the critic's verdict when the
+    verdict term trains it); empty: none."""
+    verdict_options: list[np.ndarray] = field(default_factory=list)
+    """The two verdict continuations' token ids (correct, incorrect); empty: no verdict
+    term."""
+    verdict_advantage: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.float32))
+    """float32[len(prompts), 2]: the verdict term's advantages (``verdict.py``)."""
+    verdict_coef: float = 1.0
+    """The verdict term's weight (``--verdict-coef``)."""
 
     def add(self, prompt: np.ndarray, completions: list[tuple[np.ndarray, bool]]) -> None:
         """Append a prompt and its group of ``(completion, truncated)``."""
@@ -59,6 +70,39 @@ class RoleBatch:
     @property
     def completions(self) -> list[np.ndarray]:
         return [c for g in self.groups for c in g]
+
+    def training(self) -> tuple[list[np.ndarray], list[list[np.ndarray]], list[np.ndarray],
+                                list[np.ndarray]]:
+        """What the update trains on: ``(prompts, groups, advantage, weight)``, the last two
+        per completion per token (float32[len]). First the sampled completions (loss weight:
+        a mean over each one's tokens past its ``skip``, then over the completions), then,
+        with a verdict term, every prompt once more with the two verdict continuations as
+        its group (advantages ``verdict_advantage``, weight ``verdict_coef / len(prompts)``
+        per token: a sum over a continuation's tokens, a mean over the judged attempts)."""
+        comps = self.completions
+        skip = self.skip or [0] * len(comps)
+        adv = [np.full(len(c), a, np.float32) for c, a in zip(comps, self.advantage,
+                                                               strict=True)]
+        weight = []
+        for c, s in zip(comps, skip, strict=True):
+            w = np.full(len(c), 1.0 / (max(len(c) - s, 1) * len(comps)), np.float32)
+            w[:s] = 0.0
+            weight.append(w)
+        prompts, groups = list(self.prompts), list(self.groups)
+        if len(self.verdict_advantage):
+            m = len(self.verdict_advantage)
+            for p, row in zip(self.prompts, self.verdict_advantage, strict=True):
+                prompts.append(p)
+                groups.append(list(self.verdict_options))
+                adv += [np.full(len(o), a, np.float32)
+                        for o, a in zip(self.verdict_options, row, strict=True)]
+                weight += [np.full(len(o), self.verdict_coef / m, np.float32)
+                           for o in self.verdict_options]
+        return prompts, groups, adv, weight
+
+    def training_tokens(self) -> int:
+        """Completion tokens the update scores (:meth:`training`)."""
+        return sum(len(c) for g in self.training()[1] for c in g)
 
 
 def sample(model: Any, tok: Any, sampling: Sampling, role: str, prompts: list[np.ndarray],
@@ -151,9 +195,9 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
     c_prompts = [prompts("critic", f"Problem:\n{problems[k][0]}\n\nSolution:\n"
                                    f"{text(attempts[k][j][0])}") for k, j in judged]
     options = verdict_ids(tok)
-    verdicts = choose_verdicts(verdict_logprobs(model, tok, c_prompts, packing),
-                               cfg.critic_samples) if judged \
-        else np.zeros((0, cfg.critic_samples), bool)
+    v_logprobs = verdict_logprobs(model, tok, c_prompts, packing) if judged \
+        else np.zeros((0, 2))
+    verdicts = choose_verdicts(v_logprobs, cfg.critic_samples)
     reason_prompts = [np.concatenate([p, options[bool(v)]])
                       for p, row in zip(c_prompts, verdicts, strict=True) for v in row]
     room = cfg.critic_tokens - max(len(o) for o in options.values())
@@ -176,7 +220,14 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
     truth = np.array([bool(outcome[k][j]) for k, j in judged], bool)
     stats.setdefault(TRUTH, RunningMeanStd()).update(truth.astype(np.float64))
     agree = (verdicts == truth[:, None]).astype(np.float32).reshape(-1)
-    critic_r = balanced_verdict_reward(verdicts, truth, class_rate(stats[TRUTH]))
+    rate = class_rate(stats[TRUTH])
+    critic_r = balanced_verdict_reward(verdicts, truth, rate)
+    term = cfg.verdict_loss != "sampled" and len(judged) > 0
+    if term:  # the verdict is trained over both continuations, the reason by its rewards
+        c = out["critic"]
+        c.verdict_options, c.verdict_coef = [options[True], options[False]], cfg.verdict_coef
+        c.verdict_advantage = verdict_advantages(v_logprobs, truth, rate, cfg.verdict_loss)
+        c.skip = [len(options[bool(v)]) for row in verdicts for v in row]
     rates = iter([float(np.mean(row)) for row in outcome[n_seed:]])
     band = np.array([solvability(np.array([next(rates)]))[0] if v else 0.0 for v in valid],
                     np.float32)
@@ -203,7 +254,10 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
             intrinsic = intrinsic + novelty
         b.reward = (extrinsic[role] + cfg.format_weight * np.asarray(b.parts["format"])
                     + a * intrinsic).astype(np.float32)
-        if len(b.reward):  # the critic's class weights must survive: one scale per step
+        if role == "critic" and term:  # the reason's advantage: its own rewards only
+            b.advantage, metrics["critic_flat_groups"] = advantages(
+                stats, role, b.reward - extrinsic[role], group_size(cfg, role), "group")
+        elif len(b.reward):  # the critic's class weights must survive: one scale per step
             b.advantage, metrics[f"{role}_flat_groups"] = advantages(
                 stats, role, b.reward, group_size(cfg, role),
                 "running" if role == "critic" else "group")
@@ -229,6 +283,11 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
         "critic_balanced_accuracy": balanced_accuracy(says, labels)
         if labels.any() and not labels.all() else None,
         **confusion(says, labels), "critic_class_rate": class_rate(stats[TRUTH]),
+        # The verdict distribution itself (it moves before sampled verdicts do).
+        "critic_p_correct": float(np.mean(torch.sigmoid(torch.from_numpy(
+            v_logprobs[:, 0] - v_logprobs[:, 1])).numpy())) if judged else 0.0,
+        "critic_verdict_loss": float(verdict_loss(v_logprobs, truth, rate, cfg.verdict_loss
+                                                  ).mean()) if term else None,
         "novelty": float(novelty[valid].mean()) if valid.any() else 0.0,
         "truncated_prompts": prompts.truncated})
     return out, metrics

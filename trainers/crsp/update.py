@@ -27,15 +27,11 @@ MIB = 2**20
 
 
 def role_tensors(b: RoleBatch, packing: Packing, pad_id: int) -> dict[str, torch.Tensor]:
-    """Packed rows of one role (shared prefix, CPU tensors ``[R, pack_tokens]``), with
-    per-token ``advantage`` and sequence-mean ``weight`` (mean over each completion's tokens,
-    then over the role's completions)."""
-    comps = b.completions
-    per_token = {"advantage": [np.full(len(c), a, np.float32) for c, a in
-                               zip(comps, b.advantage, strict=True)],
-                 "weight": [np.full(len(c), 1.0 / (len(c) * len(comps)), np.float32)
-                            for c in comps]}
-    return packed_batch(b.prompts, b.groups, packing, pad_id, per_token)
+    """Packed rows of one role (shared prefix, CPU tensors ``[R, pack_tokens]``) of what it
+    trains on (``RoleBatch.training``: its completions, then the critic's verdict
+    continuations), with per-token ``advantage`` and loss ``weight``."""
+    prompts, groups, adv, weight = b.training()
+    return packed_batch(prompts, groups, packing, pad_id, {"advantage": adv, "weight": weight})
 
 
 def optimised_grads(model: Any, batches: dict[str, RoleBatch], packing: Packing,
@@ -55,7 +51,7 @@ def optimised_grads(model: Any, batches: dict[str, RoleBatch], packing: Packing,
         activate(model, role)
         batch = to_device(role_tensors(b, packing, pad_id), model.device)
         out[role] = role_gradients(model, amb, batch, packing, loss,
-                                   sum(len(c) for c in b.completions), iterations,
+                                   b.training_tokens(), iterations,
                                    lambda r=role: on_role(r))
         on_role(role)
     return out
