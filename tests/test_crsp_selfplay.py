@@ -200,38 +200,61 @@ def test_length_targets_within_each_cap():
     check_config(Config())
 
 
-def test_held_out_evaluation_of_a_run(tiny_dir, tmp_path, capsys):
-    """``python -m trainers.crsp.evaluate``: held-out problems disjoint from the training
-    ones (a draw with the training seed overlaps wholly and is removed), the solver and critic
-    figures of the initial and the last checkpoint, the proposer's windows from the metrics."""
+def test_held_out_evaluation_of_a_run(tiny_dir, tmp_path, capsys, monkeypatch):
+    """``python -m trainers.crsp.evaluate``: held-out problems share no content key with the
+    training seeds nor with the run's proposals (read from its buffer), the solver and critic
+    figures of the initial and the last checkpoint (the critic also on a class-balanced set),
+    the proposer's windows from the metrics."""
     import json
 
     from tests.test_crsp import ARGS
     from trainers.crsp import evaluate
+    from trainers.llm import evaluation
 
     run = tmp_path / "run"
     train.main([*ARGS, "--model", str(tiny_dir), "--steps", "2", "--run-dir", str(run)])
-    evaluate.main(["--run-dir", str(run), "--steps", "0,2", "--problems", "12",
-                   "--window", "1"])
+    cfg = Config(**{k: v for k, v in json.loads((run / "config.json").read_text()).items()
+                    if k in Config.__dataclass_fields__})
+    _, tok, _ = roles.make_model(cfg)
+    # The proposals of the run are read from its buffer (2 seeds x 2 proposals x 2 steps);
+    # a proposal that is well formed is kept out of the held-out set like a training seed.
+    monkeypatch.setattr(evaluate, "proposal_parts", lambda text: ("What is 7 + 8?", "15"))
+    written = evaluate.proposals(run, tok)
+    assert written == [{"question": "What is 7 + 8?"}] * 8
+    problems, report = evaluate.evaluation_set(cfg, run, tok, 12, 5)
+    assert report["overlap"] == 0 and report["proposals"] == 8 and len(problems) == 12
+    keys = evaluation.training_keys(written + [dict(p) for p in evaluation.task_problems(
+        cfg.task, cfg.train_size, cfg.seed, cfg.task_config)])
+    assert evaluation.overlap(problems, keys) == 0
+    evaluate.main(["--run-dir", str(run), "--steps", "0,2", "--eval-size", "12",
+                   "--window", "1", "--critic-attempts", "3"])
     out = json.loads(capsys.readouterr().out)
     assert out == json.loads((run / "eval.json").read_text())
-    assert out["overlap_with_training"] == 0 and out["held_out"] + out["removed_as_seen"] == 12
+    assert out["overlap"] == 0 and out["held_out"]["size"] == 12
     assert [c["step"] for c in out["checkpoints"]] == [0, 2]
     for c in out["checkpoints"]:
-        n = c["solver_accuracy"]["n"]
-        assert n == out["held_out"] and c["critic_accuracy"]["n"] == n
-        lo, hi = c["critic_accuracy"]["wilson95"]
-        assert 0 <= lo <= c["critic_accuracy"]["rate"] <= hi <= 1
-        assert c["critic_majority_rate"]["rate"] >= 0.5
-        assert 0 <= c["critic_balanced_accuracy"] <= 1
+        assert c["solver_accuracy"]["n"] == 12 and c["attempts_correct"]["n"] == 36
+        first = c["critic_first_attempts"]
+        assert first["accuracy"]["n"] == 12 and first["majority_rate"]["rate"] >= 0.5
+        lo, hi = first["accuracy"]["wilson95"]
+        assert 0 <= lo <= first["accuracy"]["rate"] <= hi <= 1
+        bal = c["critic_balanced_set"]  # as many correct attempts as incorrect ones
+        assert 2 * bal["attempts_correct"]["k"] == bal["attempts_correct"]["n"]
     assert out["proposer"]["first"]["steps"] == [1, 1] and out["proposer"]["last"]["n"] == 4
-    cfg = Config(train_size=20, task="basic_arithmetic")
-    data, keep, overlap = evaluate.held_out(cfg, 20, cfg.seed)  # the training draw itself
-    assert keep == [] and overlap == 0
-    data, keep, _ = evaluate.held_out(cfg, 40, 5)
-    assert len({data[i]["question"] for i in keep}) == len(keep)  # distinct
     says, labels = np.array([True, False, False, False]), np.array([True, True, False, False])
     assert evaluate.balanced_accuracy(says, labels) == 0.75
+
+
+def test_balanced_set_takes_each_problems_first_attempt_of_each_class():
+    from trainers.crsp import evaluate
+
+    labels = np.array([[False, True, True], [False, False, False], [True, False, False],
+                       [True, True, True]])
+    pick = evaluate.balanced_set(labels)
+    # correct firsts: (0, 1), (2, 0), (3, 0); incorrect firsts: (0, 0), (1, 0), (2, 1)
+    assert pick.tolist() == [[0, 1], [2, 0], [3, 0], [0, 0], [1, 0], [2, 1]]
+    assert labels[pick[:, 0], pick[:, 1]].tolist() == [True] * 3 + [False] * 3
+    assert evaluate.balanced_set(np.zeros((3, 2), bool)).shape == (0, 2)
 
 
 def test_warmup_resumes_exactly_mid_epoch(tiny_dir, tmp_path):

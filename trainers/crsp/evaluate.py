@@ -1,14 +1,19 @@
 """Held-out evaluation of a CRSP run's checkpoints (``python -m trainers.crsp.evaluate
 --run-dir DIR --steps 0,N``): for each checkpoint (0: the adapters before any step),
 
-- solver accuracy on held-out problems (reasoning-gym, ``--eval-seed``; every problem whose
-  question is among the run's training problems is removed and the overlap after removal is
-  reported: 0; each distinct question once), one greedy attempt each, scored by the task's
-  verifier;
-- critic verdict accuracy on held-out solver attempts (one sampled attempt per problem by
-  that checkpoint's solver, labelled by the verifier), the verdict being the likelier of the
-  two verdict continuations (``rollout.verdict_logprobs``), against the majority-class rate
-  (and the balanced accuracy: the mean recall of the two classes);
+- solver accuracy on held-out problems: ``--eval-size`` problems of the run's task that share
+  no content key (normalised question text, or for arithmetic the operand tuple:
+  ``trainers.llm.evaluation.held_out``, the LLM trainers' shared evaluation) with any
+  training seed problem *or any problem the run's proposer wrote* (read from ``DIR/buffer``),
+  the overlap recomputed on the result (0); one greedy attempt each, scored by the task's
+  verifier (a wrong number scores what no answer scores);
+- critic verdict accuracy on held-out solver attempts (``--critic-attempts`` sampled attempts
+  per problem by that checkpoint's solver, labelled by the verifier), the verdict being the
+  likelier of the two verdict continuations (``rollout.verdict_logprobs``): on the first
+  attempt of every problem against the majority-class rate of those attempts, and on a
+  class-balanced set (each problem's first correct and first incorrect attempt, the larger
+  class cut to the smaller's size, by problem order) against its majority rate of 50%;
+  balanced accuracy (the mean recall of the two classes) of both;
 - from ``metrics.jsonl``, the proposer's well-formed proposals over the first and the last
   ``--window`` steps;
 
@@ -26,9 +31,11 @@ import numpy as np
 import torch
 
 from trainers.crsp.config import Config
+from trainers.crsp.formats import proposal_parts
 from trainers.crsp.rewards import balanced_accuracy
-from trainers.crsp.roles import Prompts, activate, make_model
+from trainers.crsp.roles import ROLE_ID, Prompts, activate, make_model
 from trainers.crsp.rollout import verdict_logprobs
+from trainers.llm.evaluation import HELD_OUT_SEED, held_out, task_correct
 from trainers.llm.generation import generate
 from trainers.llm.tasks import extract_answer, task_problems, wilson
 
@@ -39,22 +46,60 @@ def proportion(k: float, n: int) -> dict[str, Any]:
     return {"k": k, "n": n, "rate": k / n if n else 0.0, "wilson95": [lo, hi]}
 
 
-def held_out(cfg: Config, n: int, seed: int) -> tuple[Any, list[int], int]:
-    """``(dataset, indices, overlap)``: ``n`` problems of the run's task drawn with ``seed``,
-    the indices of those whose question no training problem has (each distinct question
-    once), and the overlap left."""
-    train_q = {p["question"] for p in task_problems(cfg.task, cfg.train_size, cfg.seed,
-                                                    cfg.task_config)}
-    data = task_problems(cfg.task, n, seed, cfg.task_config)
-    first = {}  # each distinct question once
-    for i in range(n):
-        first.setdefault(data[i]["question"], i)
-    keep = [i for q, i in first.items() if q not in train_q]
-    return data, keep, sum(data[i]["question"] in train_q for i in keep)
+def proposals(run_dir: Path, tok: Any) -> list[dict[str, Any]]:
+    """The problems the run's proposer wrote (``{"question"}`` dicts, well-formed ones),
+    read from ``DIR/buffer``'s last commit (empty without a buffer)."""
+    from rlbuffers import ReplayBuffer
+
+    if not (run_dir / "buffer").exists():
+        return []
+    with ReplayBuffer.open(run_dir / "buffer", mode="r") as buf:
+        rows = buf[np.arange(len(buf))] if len(buf) else {"role": np.zeros(0)}
+    mine = np.flatnonzero(np.asarray(rows["role"]) == ROLE_ID["proposer"])
+    texts = [tok.decode(rows["completion_ids"][i], skip_special_tokens=True) for i in mine]
+    return [{"question": q} for q, _ in map(proposal_parts, texts) if q]
 
 
-def evaluate_checkpoint(cfg: Config, run_dir: Path, step: int, data: Any, keep: list[int],
-                        seed: int) -> dict[str, Any]:
+def evaluation_set(cfg: Config, run_dir: Path, tok: Any, size: int, seed: int
+                   ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The held-out problems and their report (``held_out``'s, plus how many training seeds
+    and proposals they were kept apart from)."""
+    seeds = [dict(p) for p in task_problems(cfg.task, cfg.train_size, cfg.seed,
+                                            cfg.task_config)]
+    written = proposals(run_dir, tok)
+    problems, report = held_out(cfg.task, cfg.task_config, seeds + written, size, seed)
+    return problems, {**report, "training_seeds": len(seeds), "proposals": len(written)}
+
+
+def critic_figures(says: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
+    """Verdict accuracy, the majority-class rate and balanced accuracy of ``says`` against
+    ``labels`` (bool[n] each; True: correct)."""
+    n, k = len(labels), int(labels.sum())
+    both = 0 < k < n
+    return {"accuracy": proportion(int((says == labels).sum()), n),
+            "majority_rate": proportion(max(k, n - k), n),
+            "balanced_accuracy": balanced_accuracy(says, labels) if both else None,
+            "says_correct": float(says.mean()) if n else 0.0,
+            "attempts_correct": proportion(k, n)}
+
+
+def balanced_set(labels: np.ndarray) -> np.ndarray:
+    """Indices ``(problem, attempt)`` (int[2m, 2]) of a class-balanced set from ``labels``
+    (bool[P, K]: attempt k of problem p was correct): each problem's first correct and first
+    incorrect attempt, then the first ``m`` of each class by problem order, ``m`` the smaller
+    class's count."""
+    firsts: dict[bool, list[tuple[int, int]]] = {True: [], False: []}
+    for p, row in enumerate(labels):
+        for y in (True, False):
+            hit = np.flatnonzero(row == y)
+            if len(hit):
+                firsts[y].append((p, int(hit[0])))
+    m = min(len(firsts[True]), len(firsts[False]))
+    return np.array(firsts[True][:m] + firsts[False][:m], np.int64).reshape(-1, 2)
+
+
+def evaluate_checkpoint(cfg: Config, run_dir: Path, step: int, problems: list[dict[str, Any]],
+                        seed: int, attempts: int) -> dict[str, Any]:
     """Solver and critic figures of checkpoint ``step`` (0: initial adapters)."""
     from safetensors.torch import load_file
 
@@ -62,34 +107,35 @@ def evaluate_checkpoint(cfg: Config, run_dir: Path, step: int, data: Any, keep: 
     if step:
         model.load_state_dict(load_file(str(run_dir / "ckpt" / f"step-{step}" /
                                             "adapters.safetensors")), strict=False)
+    correct_fn = task_correct(cfg.task, cfg.task_config)
     prompts = Prompts(tok, cfg.max_prompt_tokens, _cache())
     sampling = cfg.sampling(cfg.solver_tokens, generate_dtype=cfg.generate_dtype)
-    s_prompts = [prompts("solver", data[i]["question"]) for i in keep]
+    s_prompts = [prompts("solver", p["question"]) for p in problems]
     activate(model, "solver")
     torch.manual_seed(seed)
     greedy = generate(model, tok, s_prompts, sampling, n_per_prompt=1, greedy=True,
                       max_new=cfg.solver_tokens)
-    sampled = generate(model, tok, s_prompts, sampling, n_per_prompt=1,
+    sampled = generate(model, tok, s_prompts, sampling, n_per_prompt=attempts,
                        max_new=cfg.solver_tokens)
 
-    def correct(ids: np.ndarray, i: int) -> bool:
+    def correct(ids: np.ndarray, problem: dict[str, Any]) -> bool:
         got = extract_answer(tok.decode(ids, skip_special_tokens=True))[0]
-        return bool(got) and data.score_answer(got, data[i]) == 1.0
+        return correct_fn(got or None, problem) == 1.0
 
-    solved = [correct(c, i) for (c, _), i in zip(greedy, keep, strict=True)]
-    labels = np.array([correct(c, i) for (c, _), i in zip(sampled, keep, strict=True)])
-    c_prompts = [prompts("critic", f"Problem:\n{data[i]['question']}\n\nSolution:\n"
-                                   f"{tok.decode(c, skip_special_tokens=True)}")
-                 for (c, _), i in zip(sampled, keep, strict=True)]
+    solved = [correct(c, p) for (c, _), p in zip(greedy, problems, strict=True)]
+    texts = [tok.decode(c, skip_special_tokens=True) for c, _ in sampled]
+    labels = np.array([correct(c, problems[i // attempts]) for i, (c, _) in
+                       enumerate(sampled)]).reshape(len(problems), attempts)
+    c_prompts = [prompts("critic", f"Problem:\n{problems[i // attempts]['question']}\n\n"
+                                   f"Solution:\n{t}") for i, t in enumerate(texts)]
     lp = verdict_logprobs(model, tok, c_prompts, cfg.packing(cfg.pack_tokens, cfg.train_dtype))
-    says = lp[:, 0] > lp[:, 1]
-    n = len(keep)
-    return {"step": step, "solver_accuracy": proportion(int(sum(solved)), n),
-            "critic_accuracy": proportion(int((says == labels).sum()), n),
-            "critic_majority_rate": proportion(int(max(labels.sum(), n - labels.sum())), n),
-            "critic_balanced_accuracy": balanced_accuracy(says, labels),
-            "critic_says_correct": float(says.mean()),
-            "attempts_correct": proportion(int(labels.sum()), n)}
+    says = (lp[:, 0] > lp[:, 1]).reshape(len(problems), attempts)
+    pick = balanced_set(labels)
+    p_idx, a_idx = pick[:, 0], pick[:, 1]
+    return {"step": step, "solver_accuracy": proportion(int(sum(solved)), len(problems)),
+            "critic_first_attempts": critic_figures(says[:, 0], labels[:, 0]),
+            "critic_balanced_set": critic_figures(says[p_idx, a_idx], labels[p_idx, a_idx]),
+            "attempts_correct": proportion(int(labels.sum()), labels.size)}
 
 
 def _cache() -> Any:
@@ -118,8 +164,12 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run-dir", required=True, type=Path)
     ap.add_argument("--steps", default="0", help="checkpoints, comma-separated (0: initial)")
-    ap.add_argument("--problems", type=int, default=200, help="held-out problems drawn")
-    ap.add_argument("--eval-seed", type=int, default=987654, help="seed of the held-out draw")
+    ap.add_argument("--eval-size", type=int, default=300, help="held-out problems")
+    ap.add_argument("--eval-seed", type=int, default=None,
+                    help="first seed of the held-out draws (default: the run's seed + "
+                         f"{HELD_OUT_SEED})")
+    ap.add_argument("--critic-attempts", type=int, default=4,
+                    help="sampled solver attempts per held-out problem that the critic judges")
     ap.add_argument("--window", type=int, default=20, help="steps per proposer window")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None, help="JSON file (DIR/eval.json)")
@@ -127,12 +177,13 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(a.threads)
     raw = json.loads((a.run_dir / "config.json").read_text())
     cfg = Config(**{k: v for k, v in raw.items() if k in Config.__dataclass_fields__})
-    data, keep, overlap = held_out(cfg, a.problems, a.eval_seed)
-    out: dict[str, Any] = {"held_out": len(keep), "removed_as_seen": a.problems - len(keep),
-                           "overlap_with_training": overlap,
+    seed = cfg.seed + HELD_OUT_SEED if a.eval_seed is None else a.eval_seed
+    _, tok, _ = make_model(cfg)
+    problems, report = evaluation_set(cfg, a.run_dir, tok, a.eval_size, seed)
+    out: dict[str, Any] = {"held_out": report, "overlap": report["overlap"],
                            "proposer": proposer_windows(a.run_dir, cfg, a.window),
-                           "checkpoints": [evaluate_checkpoint(cfg, a.run_dir, int(s), data,
-                                                               keep, a.eval_seed)
+                           "checkpoints": [evaluate_checkpoint(cfg, a.run_dir, int(s), problems,
+                                                               seed, a.critic_attempts)
                                            for s in a.steps.split(",")]}
     (a.out or a.run_dir / "eval.json").write_text(json.dumps(out, indent=1))
     print(json.dumps(out, indent=1))
