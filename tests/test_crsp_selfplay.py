@@ -232,14 +232,17 @@ def test_held_out_evaluation_of_a_run(tiny_dir, tmp_path, capsys, monkeypatch):
     assert out == json.loads((run / "eval.json").read_text())
     assert out["overlap"] == 0 and out["held_out"]["size"] == 12
     assert [c["step"] for c in out["checkpoints"]] == [0, 2]
+    pool = out["critic_attempts"]  # one pool of attempts, by the last checkpoint's solver
+    assert pool["from_step"] == 2 and pool["correct"]["n"] == 36
     for c in out["checkpoints"]:
-        assert c["solver_accuracy"]["n"] == 12 and c["attempts_correct"]["n"] == 36
+        assert c["solver_accuracy"]["n"] == 12
         first = c["critic_first_attempts"]
         assert first["accuracy"]["n"] == 12 and first["majority_rate"]["rate"] >= 0.5
         lo, hi = first["accuracy"]["wilson95"]
         assert 0 <= lo <= first["accuracy"]["rate"] <= hi <= 1
         bal = c["critic_balanced_set"]  # as many correct attempts as incorrect ones
         assert 2 * bal["attempts_correct"]["k"] == bal["attempts_correct"]["n"]
+        assert bal["attempts_correct"]["n"] == pool["balanced_set"]
     assert out["proposer"]["first"]["steps"] == [1, 1] and out["proposer"]["last"]["n"] == 4
     says, labels = np.array([True, False, False, False]), np.array([True, True, False, False])
     assert evaluate.balanced_accuracy(says, labels) == 0.75

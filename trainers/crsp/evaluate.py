@@ -98,44 +98,59 @@ def balanced_set(labels: np.ndarray) -> np.ndarray:
     return np.array(firsts[True][:m] + firsts[False][:m], np.int64).reshape(-1, 2)
 
 
-def evaluate_checkpoint(cfg: Config, run_dir: Path, step: int, problems: list[dict[str, Any]],
-                        seed: int, attempts: int) -> dict[str, Any]:
-    """Solver and critic figures of checkpoint ``step`` (0: initial adapters)."""
+def load_checkpoint(cfg: Config, run_dir: Path, step: int) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` with the adapters of checkpoint ``step`` (0: initial)."""
     from safetensors.torch import load_file
 
     model, tok, _ = make_model(cfg)
     if step:
         model.load_state_dict(load_file(str(run_dir / "ckpt" / f"step-{step}" /
                                             "adapters.safetensors")), strict=False)
+    return model, tok
+
+
+def solver_attempts(cfg: Config, model: Any, tok: Any, problems: list[dict[str, Any]],
+                    seed: int, attempts: int) -> tuple[list[str], np.ndarray]:
+    """``attempts`` sampled solver attempts per problem (texts, problem-major) and their
+    verifier labels (bool[P, attempts])."""
     correct_fn = task_correct(cfg.task, cfg.task_config)
     prompts = Prompts(tok, cfg.max_prompt_tokens, _cache())
     sampling = cfg.sampling(cfg.solver_tokens, generate_dtype=cfg.generate_dtype)
-    s_prompts = [prompts("solver", p["question"]) for p in problems]
     activate(model, "solver")
     torch.manual_seed(seed)
-    greedy = generate(model, tok, s_prompts, sampling, n_per_prompt=1, greedy=True,
-                      max_new=cfg.solver_tokens)
-    sampled = generate(model, tok, s_prompts, sampling, n_per_prompt=attempts,
-                       max_new=cfg.solver_tokens)
-
-    def correct(ids: np.ndarray, problem: dict[str, Any]) -> bool:
-        got = extract_answer(tok.decode(ids, skip_special_tokens=True))[0]
-        return correct_fn(got or None, problem) == 1.0
-
-    solved = [correct(c, p) for (c, _), p in zip(greedy, problems, strict=True)]
+    sampled = generate(model, tok, [prompts("solver", p["question"]) for p in problems],
+                       sampling, n_per_prompt=attempts, max_new=cfg.solver_tokens)
     texts = [tok.decode(c, skip_special_tokens=True) for c, _ in sampled]
-    labels = np.array([correct(c, problems[i // attempts]) for i, (c, _) in
-                       enumerate(sampled)]).reshape(len(problems), attempts)
-    c_prompts = [prompts("critic", f"Problem:\n{problems[i // attempts]['question']}\n\n"
+    labels = [correct_fn(extract_answer(t)[0] or None, problems[i // attempts]) == 1.0
+              for i, t in enumerate(texts)]
+    return texts, np.array(labels, bool).reshape(len(problems), attempts)
+
+
+def evaluate_checkpoint(cfg: Config, model: Any, tok: Any, step: int,
+                        problems: list[dict[str, Any]], pool: tuple[list[str], np.ndarray]
+                        ) -> dict[str, Any]:
+    """Checkpoint ``step``'s greedy solver accuracy on ``problems`` and its critic's verdicts
+    on the attempt ``pool`` (:func:`solver_attempts`' output: the same attempts for every
+    checkpoint)."""
+    correct_fn = task_correct(cfg.task, cfg.task_config)
+    prompts = Prompts(tok, cfg.max_prompt_tokens, _cache())
+    sampling = cfg.sampling(cfg.solver_tokens, generate_dtype=cfg.generate_dtype)
+    activate(model, "solver")
+    greedy = generate(model, tok, [prompts("solver", p["question"]) for p in problems],
+                      sampling, n_per_prompt=1, greedy=True, max_new=cfg.solver_tokens)
+    solved = [correct_fn(extract_answer(tok.decode(c, skip_special_tokens=True))[0] or None,
+                         p) == 1.0 for (c, _), p in zip(greedy, problems, strict=True)]
+    texts, labels = pool
+    k = labels.shape[1]
+    c_prompts = [prompts("critic", f"Problem:\n{problems[i // k]['question']}\n\n"
                                    f"Solution:\n{t}") for i, t in enumerate(texts)]
     lp = verdict_logprobs(model, tok, c_prompts, cfg.packing(cfg.pack_tokens, cfg.train_dtype))
-    says = (lp[:, 0] > lp[:, 1]).reshape(len(problems), attempts)
+    says = (lp[:, 0] > lp[:, 1]).reshape(labels.shape)
     pick = balanced_set(labels)
     p_idx, a_idx = pick[:, 0], pick[:, 1]
     return {"step": step, "solver_accuracy": proportion(int(sum(solved)), len(problems)),
             "critic_first_attempts": critic_figures(says[:, 0], labels[:, 0]),
-            "critic_balanced_set": critic_figures(says[p_idx, a_idx], labels[p_idx, a_idx]),
-            "attempts_correct": proportion(int(labels.sum()), labels.size)}
+            "critic_balanced_set": critic_figures(says[p_idx, a_idx], labels[p_idx, a_idx])}
 
 
 def _cache() -> Any:
@@ -170,6 +185,9 @@ def main(argv: list[str] | None = None) -> None:
                          f"{HELD_OUT_SEED})")
     ap.add_argument("--critic-attempts", type=int, default=4,
                     help="sampled solver attempts per held-out problem that the critic judges")
+    ap.add_argument("--attempts-from", type=int, default=None,
+                    help="the checkpoint whose solver writes the attempts every checkpoint's "
+                         "critic judges (default: the last of --steps)")
     ap.add_argument("--window", type=int, default=20, help="steps per proposer window")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None, help="JSON file (DIR/eval.json)")
@@ -178,13 +196,23 @@ def main(argv: list[str] | None = None) -> None:
     raw = json.loads((a.run_dir / "config.json").read_text())
     cfg = Config(**{k: v for k, v in raw.items() if k in Config.__dataclass_fields__})
     seed = cfg.seed + HELD_OUT_SEED if a.eval_seed is None else a.eval_seed
-    _, tok, _ = make_model(cfg)
+    steps = [int(x) for x in a.steps.split(",")]
+    source = steps[-1] if a.attempts_from is None else a.attempts_from
+    model, tok = load_checkpoint(cfg, a.run_dir, source)
     problems, report = evaluation_set(cfg, a.run_dir, tok, a.eval_size, seed)
-    out: dict[str, Any] = {"held_out": report, "overlap": report["overlap"],
-                           "proposer": proposer_windows(a.run_dir, cfg, a.window),
-                           "checkpoints": [evaluate_checkpoint(cfg, a.run_dir, int(s), problems,
-                                                               seed, a.critic_attempts)
-                                           for s in a.steps.split(",")]}
+    texts, labels = solver_attempts(cfg, model, tok, problems, seed, a.critic_attempts)
+    checkpoints = []
+    for step in steps:
+        m = model if step == source else load_checkpoint(cfg, a.run_dir, step)[0]
+        checkpoints.append(evaluate_checkpoint(cfg, m, tok, step, problems, (texts, labels)))
+        del m
+    out: dict[str, Any] = {
+        "held_out": report, "overlap": report["overlap"],
+        "proposer": proposer_windows(a.run_dir, cfg, a.window),
+        "critic_attempts": {"from_step": source, "per_problem": a.critic_attempts,
+                            "correct": proportion(int(labels.sum()), labels.size),
+                            "balanced_set": len(balanced_set(labels))},
+        "checkpoints": checkpoints}
     (a.out or a.run_dir / "eval.json").write_text(json.dumps(out, indent=1))
     print(json.dumps(out, indent=1))
 
