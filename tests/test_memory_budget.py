@@ -13,6 +13,7 @@ from rlbuffers.memory import (
     estimate_training_bytes,
     plan_micro_batch,
     probe_activation_bytes,
+    sample_open_blocks,
 )
 from rlbuffers.memory import budget as budget_mod
 from rlbuffers.memory.errors import MemoryBudgetError
@@ -55,6 +56,7 @@ def test_probe_fits_a_known_per_item_cost():
     def step(batch):
         fixed = np.ones(40 * MIB, dtype=np.uint8)
         per_item = np.ones(batch * 48 * MIB, dtype=np.uint8)
+        sample_open_blocks()  # the high point: exact under an earlier process peak too
         return int(fixed[-1]) + int(per_item[-1])
 
     cost = probe_activation_bytes(step, lambda n: n, sizes=(1, 3))

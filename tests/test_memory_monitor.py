@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -118,16 +119,59 @@ def test_peak_rss_keeps_a_freed_allocation_until_reset():
     assert peak_rss_bytes() < rss_bytes() + 16 * MIB
 
 
+def sampled_at_least(n_bytes):
+    """An ``on_sample`` callback and the event it sets once a sample reaches ``n_bytes``."""
+    seen = threading.Event()
+    return (lambda rss: seen.set() if rss >= n_bytes else None), seen
+
+
 def test_peak_memory_measures_a_known_allocation_freed_inside_the_block():
     with PeakMemory() as outer:
-        block = touch(64 * MIB)
+        block = touch(64 * MIB)  # a new process peak: read from the high-water mark
         del block
-        with PeakMemory() as inner:  # resets the marks, carrying the outer's peak so far
+        start = rss_bytes()
+        on_sample, seen = sampled_at_least(start + 36 * MIB)
+        with PeakMemory(on_sample=on_sample) as inner:  # under the process's peak: samples
             block = touch(40 * MIB)
+            assert seen.wait(10)  # the sampler has seen the block before it is freed
             del block
     assert 56 * MIB < outer.peak_extra_rss_bytes < 96 * MIB
     assert outer.peak_extra_bytes == outer.peak_extra_rss_bytes
     assert 34 * MIB < inner.peak_extra_rss_bytes < 56 * MIB
+
+
+CHILD_PHASES = """
+import numpy as np
+from rlbuffers.memory import PeakMemory
+from rlbuffers.memory.process import rss_bytes
+print(rss_bytes(), flush=True)
+block = np.ones(160 * 2**20, dtype=np.uint8)
+del block
+for _ in range(3):  # phases after the peak, as a trainer's monitor runs them
+    with PeakMemory():
+        small = np.ones(8 * 2**20, dtype=np.uint8)
+        del small
+"""
+
+
+def test_blocks_never_lower_the_process_peak_seen_from_outside():
+    """The kernel's high-water mark is never reset by a block, so the process's peak that a
+    parent reads when it exits (``wait4``'s ``ru_maxrss``, what ``/usr/bin/time`` prints)
+    keeps an allocation made before later blocks."""
+    import subprocess
+
+    p = subprocess.Popen([sys.executable, "-c", CHILD_PHASES], stdout=subprocess.PIPE,
+                         text=True)
+    baseline = int(p.stdout.readline())
+    p.stdout.close()
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    assert p.returncode == 0
+    assert usage.ru_maxrss * 1024 > baseline + 150 * MIB
+    high = peak_rss_bytes()
+    with PeakMemory():
+        pass
+    assert peak_rss_bytes() >= high
 
 
 def test_nested_peak_counts_in_the_outer_block():
@@ -232,8 +276,9 @@ def test_phase_records_a_known_allocation_and_warns_before_oom(fake_cgroup, capl
     set_used, kw = fake_cgroup
     monitor = MemoryMonitor(warn_below_available_bytes=0, **kw)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        with monitor.phase("generate"):
+        with monitor.phase("generate") as peak:
             block = touch(64 * MIB)
+            peak.sample()  # under an earlier process peak, the phase's peak is its samples'
             set_used(970)  # the cgroup fills up during the phase
             del block
         with monitor.phase("train"):

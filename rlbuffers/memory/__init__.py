@@ -34,6 +34,7 @@ _LAZY = {
     "plan_placement": "rlbuffers.memory.placement",
     "apply_placement": "rlbuffers.memory.placement",
     "PeakMemory": "rlbuffers.memory.peak",
+    "sample_open_blocks": "rlbuffers.memory.peak",
     "tensor_summary": "rlbuffers.memory.census",
     "reference_logprobs": "rlbuffers.memory.reference",
     "reference_bytes_saved": "rlbuffers.memory.reference",

@@ -1,5 +1,5 @@
 """Peak memory of a block of code: process RSS (sampling thread, plus the kernel's
-high-water mark where it can be reset) and, for a CUDA device, ``max_memory_allocated``."""
+high-water mark when the block raised it) and, for a CUDA device, ``max_memory_allocated``."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from rlbuffers.memory.process import peak_rss_bytes, reset_peak_rss, rss_bytes
+from rlbuffers.memory.process import peak_rss_bytes, rss_bytes
 
 _open_lock = threading.Lock()
-#: PeakMemory blocks open now. A block entering resets the high-water marks; it first lifts
-#: every open block's carried peak to the marks so far, so nested blocks all stay exact.
+#: PeakMemory blocks open now. A block on a CUDA device entering resets that device's
+#: ``max_memory_allocated``; it first lifts every open block's carried CUDA peak to the mark
+#: so far, so nested blocks all stay exact.
 _open: list[PeakMemory] = []
 
 
@@ -26,13 +27,29 @@ def _cuda_device(device: Any) -> Any:
     return dev if dev.type == "cuda" else None
 
 
+def sample_open_blocks() -> None:
+    """Take one RSS sample now in every open :class:`PeakMemory` block (as each block's
+    ``sample()``): code that knows it is at its high point (a benchmark's or a test's step
+    holding a known allocation) makes the blocks' peaks exact under an earlier process peak,
+    where the kernel's high-water mark does not move."""
+    with _open_lock:
+        blocks = list(_open)
+    for block in blocks:
+        block.sample()
+
+
 class PeakMemory:
     """Context manager measuring the peak memory of its block, in bytes.
 
-    RSS is sampled every ``sample_interval_s`` by a thread; where Linux allows it, the
-    kernel's high-water mark (``VmHWM``) is reset on entry and read on exit, which catches
-    peaks between samples. Nested (or concurrent) blocks stay exact: a block that resets the
-    marks first carries the peak so far into the blocks already open.
+    RSS is sampled every ``sample_interval_s`` by a thread, and the kernel's high-water mark
+    (``VmHWM``) is read on entry and on exit: when the block raised it, its new value (the
+    process's peak so far, reached inside the block) is the block's peak, exact between
+    samples. The mark is never reset (``/proc/self/clear_refs``), so the process's peak seen
+    from outside (``/usr/bin/time``, ``wait4``'s ``ru_maxrss``, a parent reading ``VmHWM``)
+    stays true; a block whose RSS stays under an earlier peak of the process is measured by
+    its samples only. Nested (or concurrent) blocks measure independently. CUDA's
+    ``max_memory_allocated`` is reset on entry (in-process counters only); a block that resets
+    it first carries the peak so far into the blocks already open.
 
     Args:
         device: a CUDA device (``"cuda:0"``, ``torch.device``) whose
@@ -61,8 +78,8 @@ class PeakMemory:
         self.cuda_start_bytes = self.cuda_peak_bytes = self.cuda_peak_extra_bytes = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._hwm = False
-        self._rss_carry = self._cuda_carry = 0
+        self._hwm_start = 0
+        self._cuda_carry = 0
 
     @property
     def peak_extra_bytes(self) -> int:
@@ -70,7 +87,9 @@ class PeakMemory:
         return self.cuda_peak_extra_bytes if self.device is not None else \
             self.peak_extra_rss_bytes
 
-    def _sample(self) -> None:
+    def sample(self) -> None:
+        """Take one RSS sample now (the thread takes one every ``sample_interval_s``): a
+        caller that knows its block is at a high point can record it exactly."""
         rss = rss_bytes()
         self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
         if self.on_sample is not None:
@@ -78,31 +97,27 @@ class PeakMemory:
 
     def _run(self) -> None:
         while not self._stop.wait(self.sample_interval_s):
-            self._sample()
+            self.sample()
 
     def _reset_marks(self) -> None:
-        """Carry the peaks so far into the open blocks, then reset the high-water marks."""
+        """Read the RSS high-water mark; carry the CUDA peaks so far into the open blocks,
+        then reset this device's CUDA peak counter."""
         with _open_lock:
-            rss_so_far = peak_rss_bytes()
-            cuda_so_far = {}
-            for other in _open:
-                other._rss_carry = max(other._rss_carry, rss_so_far)
-                if other.device is not None:
-                    torch = sys.modules["torch"]
-                    key = str(other.device)
-                    if key not in cuda_so_far:
-                        cuda_so_far[key] = torch.cuda.max_memory_allocated(other.device)
-                    other._cuda_carry = max(other._cuda_carry, cuda_so_far[key])
-            self._hwm = reset_peak_rss()
+            self._hwm_start = peak_rss_bytes()
             if self.device is not None:
                 torch = sys.modules["torch"]
+                key = str(self.device)
+                so_far = torch.cuda.max_memory_allocated(self.device)
+                for other in _open:
+                    if other.device is not None and str(other.device) == key:
+                        other._cuda_carry = max(other._cuda_carry, so_far)
                 torch.cuda.synchronize(self.device)
                 self.cuda_start_bytes = torch.cuda.memory_allocated(self.device)
                 torch.cuda.reset_peak_memory_stats(self.device)
             _open.append(self)
 
     def __enter__(self) -> PeakMemory:
-        self._rss_carry = self._cuda_carry = 0
+        self._cuda_carry = 0
         self._reset_marks()
         self.start_rss_bytes = self.peak_rss_bytes = rss_bytes()
         self._stop.clear()
@@ -115,12 +130,12 @@ class PeakMemory:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self._sample()
+        self.sample()
         with _open_lock:
             _open.remove(self)
-            if self._hwm:
-                self.peak_rss_bytes = max(self.peak_rss_bytes, peak_rss_bytes(),
-                                          self._rss_carry)
+            hwm = peak_rss_bytes()
+            if hwm > self._hwm_start:  # the process's peak rose inside the block: exact
+                self.peak_rss_bytes = max(self.peak_rss_bytes, hwm)
             if self.device is not None:
                 torch = sys.modules["torch"]
                 torch.cuda.synchronize(self.device)
