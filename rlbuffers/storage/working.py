@@ -23,6 +23,7 @@ import logging
 import mmap
 import os
 import shutil
+import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -200,6 +201,9 @@ class RaggedColumn:
         self._views: list[memoryview] = [memoryview(b"")] * n_chunks
         #: ``_mapped[c]``: bytes of chunk ``c`` that ``_views[c]`` covers (0: not mapped)
         self._mapped = np.zeros(n_chunks, dtype=np.int64)
+        #: held while a map is replaced: a background save's reads and a sample may remap the
+        #: same chunk at once, and ``_views[c]`` must never be shorter than ``_mapped[c]``
+        self._map_lock = threading.Lock()
 
     def _fd(self, c: int) -> int:
         fd = self._fds.get(c)
@@ -245,19 +249,21 @@ class RaggedColumn:
     def _values(self, c: int, end: int) -> mmap.mmap:
         """A read-only map of chunk ``c``'s values file covering bytes ``[0, end)``; remapped
         when the file has grown past the cached map."""
-        m = self._maps.get(c)
-        if m is None or len(m) < end:
-            m = self._maps[c] = mmap.mmap(self._fd(c), 0, prot=mmap.PROT_READ)
-            self._views[c] = memoryview(m)
-            self._mapped[c] = len(m)
-        return m
+        with self._map_lock:
+            m = self._maps.get(c)
+            if m is None or len(m) < end:
+                m = self._maps[c] = mmap.mmap(self._fd(c), 0, prot=mmap.PROT_READ)
+                self._views[c] = memoryview(m)  # the view first: readers check _mapped first
+                self._mapped[c] = len(m)
+            return m
 
     def _unmap(self, c: int) -> None:
         """Forget chunk ``c``'s map (before its file is truncated: reading a map past the end
         of its file raises SIGBUS)."""
-        self._maps.pop(c, None)
-        self._views[c] = memoryview(b"")
-        self._mapped[c] = 0
+        with self._map_lock:
+            self._maps.pop(c, None)
+            self._mapped[c] = 0
+            self._views[c] = memoryview(b"")
 
     def gather(self, slots: np.ndarray) -> list[np.ndarray]:
         """Values of ``slots`` (int64[N]) as a list of N arrays ``[len_i, *row]``: views into
