@@ -274,8 +274,12 @@ class ReplayBuffer:
     def _rows(self, slots: np.ndarray, ragged: str = "list") -> dict[str, Any]:
         """``{field: [*slots.shape, *shape]}`` of stored ``slots`` (stacks rebuilt; ragged
         fields as ``ragged`` says: see :meth:`sample`)."""
-        plain = (self._stacks.reader(self._ring, self._gather, slots) if self._stacks
-                 else lambda n: self._gather(n, slots))
+        if self._stacks:
+            plain = self._stacks.reader(self._ring, self._gather, slots)
+        else:  # what _gather does, once for all fields
+            self._open_check()
+            flat, gather = np.asarray(slots, dtype=np.int64).ravel(), self._storage.gather
+            plain = lambda n: gather(n, flat)  # noqa: E731
         if ragged == "list":  # the default path stays as it was: no wrapper per field
             return spec.batch_rows(self._fields, slots.shape, plain)
         flat = np.asarray(slots, dtype=np.int64).ravel()

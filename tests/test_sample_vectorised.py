@@ -142,3 +142,31 @@ def test_ragged_gather_equals_rows_read_one_by_one(tmp_path_factory, lengths, pi
     kept = rows[-24:]
     assert all(np.array_equal(buf[i]["tok"], kept[i]) for i in range(len(kept)))
     buf.close()
+
+
+@settings(max_examples=25, deadline=None)
+@given(batches=st.lists(st.lists(st.integers(0, 9), min_size=1, max_size=12), min_size=1,
+                        max_size=8),
+       picks=st.lists(st.integers(0, 10**6), min_size=1, max_size=40),
+       chunk=st.integers(1, 8))
+def test_ragged_gather_between_writes_equals_rows_read_one_by_one(tmp_path_factory, batches,
+                                                                   picks, chunk):
+    """The values files' maps stay open between gathers: after appends (files grow past their
+    maps) and rewrites (chunks truncated and compacted) a gather still reads the rows as
+    stored."""
+    fields = {"tok": FieldSpec((None,), "int32")}
+    buf = ReplayBuffer.create(tmp_path_factory.mktemp("r") / "b", capacity=16, fields=fields,
+                              chunk_transitions=chunk)
+    col = buf._storage.working.columns["tok"]
+    added = 0
+    for lengths in batches:
+        buf.extend({"tok": [np.arange(k, dtype=np.int32) + 100 * (added + i)
+                            for i, k in enumerate(lengths)]})
+        added += len(lengths)
+        slots = np.array([p % min(added, 16) for p in picks], dtype=np.int64)
+        got = col.gather_packed(slots)
+        want = naive_rows(col, slots)
+        assert got.to_list() and len(got) == len(want)
+        for g, w in zip(got.to_list(), want, strict=True):
+            np.testing.assert_array_equal(g, w)
+    buf.close()

@@ -23,6 +23,7 @@ import logging
 import mmap
 import os
 import shutil
+import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -189,8 +190,20 @@ class RaggedColumn:
                 ).flush()
         self.start = np.lib.format.open_memmap(path / "start.npy", mode="r+")
         self.length = np.lib.format.open_memmap(path / "length.npy", mode="r+")
+        # the same maps as plain arrays: indexed without memmap's per-call overhead
+        self._start_rows = self.start.view(np.ndarray)
+        self._length_rows = self.length.view(np.ndarray)
         self._fds: dict[int, int] = {}
         self._maps: dict[int, mmap.mmap] = {}  # read-only maps of the values files (gather)
+        n_chunks = ceil_div(capacity, base_chunk_rows)
+        #: ``_views[c]``: a memoryview of ``_maps[c]``, or an empty one where chunk ``c`` is
+        #: not mapped (its rows so far have 0 bytes: slicing it gives them)
+        self._views: list[memoryview] = [memoryview(b"")] * n_chunks
+        #: ``_mapped[c]``: bytes of chunk ``c`` that ``_views[c]`` covers (0: not mapped)
+        self._mapped = np.zeros(n_chunks, dtype=np.int64)
+        #: held while a map is replaced: a background save's reads and a sample may remap the
+        #: same chunk at once, and ``_views[c]`` must never be shorter than ``_mapped[c]``
+        self._map_lock = threading.Lock()
 
     def _fd(self, c: int) -> int:
         fd = self._fds.get(c)
@@ -236,10 +249,21 @@ class RaggedColumn:
     def _values(self, c: int, end: int) -> mmap.mmap:
         """A read-only map of chunk ``c``'s values file covering bytes ``[0, end)``; remapped
         when the file has grown past the cached map."""
-        m = self._maps.get(c)
-        if m is None or len(m) < end:
-            m = self._maps[c] = mmap.mmap(self._fd(c), 0, prot=mmap.PROT_READ)
-        return m
+        with self._map_lock:
+            m = self._maps.get(c)
+            if m is None or len(m) < end:
+                m = self._maps[c] = mmap.mmap(self._fd(c), 0, prot=mmap.PROT_READ)
+                self._views[c] = memoryview(m)  # the view first: readers check _mapped first
+                self._mapped[c] = len(m)
+            return m
+
+    def _unmap(self, c: int) -> None:
+        """Forget chunk ``c``'s map (before its file is truncated: reading a map past the end
+        of its file raises SIGBUS)."""
+        with self._map_lock:
+            self._maps.pop(c, None)
+            self._mapped[c] = 0
+            self._views[c] = memoryview(b"")
 
     def gather(self, slots: np.ndarray) -> list[np.ndarray]:
         """Values of ``slots`` (int64[N]) as a list of N arrays ``[len_i, *row]``: views into
@@ -249,20 +273,21 @@ class RaggedColumn:
     def gather_packed(self, slots: np.ndarray) -> Packed:
         """Values of ``slots`` (int64[N]) packed: ``values [sum_len, *row]`` (a new array),
         ``cu_seqlens`` int64[N + 1]; copied out of the memory-mapped values files by one
-        ``bytearray.join`` of the rows' byte ranges (no numpy call per row)."""
+        ``bytearray.join`` of the rows' byte ranges (no numpy call per row). The maps stay
+        open between calls; a chunk is (re)mapped only when a row ends past its map."""
         slots = np.asarray(slots, dtype=np.int64).ravel()
-        lengths = self.length.view(np.ndarray)[slots]
-        starts = self.start.view(np.ndarray)[slots]
+        lengths = self._length_rows[slots]
+        starts = self._start_rows[slots]
         ends = starts + lengths * self._row_bytes
         chunk = slots // self.base_chunk_rows
-        last = np.zeros(ceil_div(self.capacity, self.base_chunk_rows), dtype=np.int64)
-        np.maximum.at(last, chunk, ends)  # the furthest byte read in each chunk
-        maps = {-1: memoryview(b"")}  # the key of rows of 0 bytes (their file may be empty)
-        for c in np.flatnonzero(last).tolist():
-            maps[c] = memoryview(self._values(c, int(last[c])))
-        keys = np.where(ends > starts, chunk, -1).tolist()
-        blob = bytearray().join([maps[k][a:b] for k, a, b in
-                                 zip(keys, starts.tolist(), ends.tolist(), strict=True)])
+        if (ends > self._mapped[chunk]).any():
+            last = np.zeros(len(self._mapped), dtype=np.int64)
+            np.maximum.at(last, chunk, ends)  # the furthest byte read in each chunk
+            for c in np.flatnonzero(last).tolist():
+                self._values(c, int(last[c]))
+        views = self._views  # a row of 0 bytes slices to b"" whether its chunk is mapped or not
+        blob = bytearray().join([views[c][a:b] for c, a, b in
+                                 zip(chunk.tolist(), starts.tolist(), ends.tolist(), strict=True)])
         return packed_from_bytes(blob, lengths, self.spec.dtype, self.spec.row_shape)
 
     def read_range(self, start: int, stop: int) -> list[np.ndarray]:
@@ -271,7 +296,7 @@ class RaggedColumn:
 
     def reset_chunk(self, c: int) -> None:
         """Empty the values file of base chunk ``c`` (before it is rebuilt)."""
-        self._maps.pop(c, None)  # a map past the end of a truncated file raises SIGBUS
+        self._unmap(c)
         os.ftruncate(self._fd(c), 0)
         a, b = self._live_range(c)
         self.start[a:b] = 0
@@ -284,11 +309,13 @@ class RaggedColumn:
             os.fsync(fd)
 
     def close(self) -> None:
-        self._maps.clear()
+        for c in list(self._maps):
+            self._unmap(c)
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
         self.start = self.length = None  # type: ignore[assignment]
+        self._start_rows = self._length_rows = None  # type: ignore[assignment]
 
 
 Column = FixedColumn | RaggedColumn

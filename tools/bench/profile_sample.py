@@ -46,7 +46,8 @@ from tools.bench.bench_peers import CPPRB, RLB, B, Workload, atari, big_float, p
 PATCHED = [("rlbuffers.segment_tree", "SegmentTree", "find_prefix"),
            ("rlbuffers.samplers", "PrioritizedSampler", "sample"),
            ("rlbuffers.storage.working", "FixedColumn", "gather"),
-           ("rlbuffers.storage.working", "RaggedColumn", "gather")]
+           ("rlbuffers.storage.working", "RaggedColumn", "gather"),
+           ("rlbuffers.storage.working", "RaggedColumn", "gather_packed")]
 
 
 def baseline_methods(rev: str) -> list[tuple[type, str, Callable[..., Any]]]:
