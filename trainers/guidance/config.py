@@ -95,6 +95,11 @@ class Config(LLMConfig):
     """Extra bytes a generation batch or policy-step micro-batch may use: 1.5 GiB by default
     (leaves the rest of the machine to other work); 'auto' for all the training device's free
     memory less a margin, 'none' for whole batches, or an integer."""
+    agent_init: str = ""
+    """GRPO checkpoint (``.../ckpt/step-N`` of ``trainers.grpo`` with --lora-rank and
+    --lora-alpha as here, or its weights.safetensors) whose LoRA adapter a new run's agent
+    adapter starts from ('': a fresh adapter); a resumed run restores its own adapters. The
+    file's path and SHA-256 go into eval.json (``agent_init``)."""
     train_threads: int = 1
     """torch threads of phase 2 (0: all CPUs). 1 by default: on this project's shared 2-core
     machines one thread is faster whenever another job runs beside it."""

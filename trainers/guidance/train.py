@@ -29,6 +29,7 @@ from trainers.config import evaluated, start
 from trainers.curves import Series, plot_curve
 from trainers.guidance import evaluation
 from trainers.guidance.advantages import mixed, outcomes, role_utterances
+from trainers.guidance.agent_init import load_agent_init
 from trainers.guidance.config import RESUMABLE, Config, check_config
 from trainers.guidance.critic import (
     DoubleCritic,
@@ -328,6 +329,9 @@ def build(cfg: Config) -> Learner:
         with monitor.phase("init") as init:
             policies, tok, _ = make_policies(cfg, naive=cfg.naive_init)
             critic, target, ctok = make_critic(cfg)
+        # a new run only (a resumed one restores its adapters), before the run directory
+        start_eval = {"agent_init": load_agent_init(policies, cfg.agent_init, cfg)} \
+            if cfg.agent_init and not cfg.resume else {}
         plan = place(policies, critic, target, device, auto_budget())
         if not cfg.naive_init:
             saved = reference_bytes_saved(policies.models["agent"])
@@ -345,7 +349,8 @@ def build(cfg: Config) -> Learner:
             cfg=cfg, device=device, policies=policies, tok=tok, critic=critic, target=target,
             ctok=ctok, opts=opts, ambs=ambs, run=run, pool=pool, problems=problems,
             monitor=monitor, rng=np.random.default_rng(cfg.seed),
-            trainer={"iteration": 0, "episodes": 0, "data": {"epoch": 0, "position": 0}},
+            trainer={"iteration": 0, "episodes": 0, "data": {"epoch": 0, "position": 0},
+                     "eval": start_eval},
             plans=plans, init_peak_rss_bytes=init.peak_rss_bytes)
         if run.resumed:
             load_checkpoint(learner)

@@ -1,0 +1,122 @@
+"""``--agent-init``: a new guidance run's agent adapter loaded from a GRPO checkpoint.
+
+The GRPO trainer (``trainers/grpo``, ``save_weights``) writes a LoRA run's trained
+parameters to ``ckpt/step-N/weights.safetensors`` under peft's full names with its adapter
+name (``...q_proj.lora_A.default.weight``); the guidance trainer's adapters are read and set
+by ``Policies.adapter_state`` / ``load_adapter_state`` under peft's names without it
+(``...q_proj.lora_A.weight``). :func:`load_agent_init` maps the one onto the other and checks
+every name and shape before it changes anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+FLAG = "--agent-init"
+_ADAPTER_NAME = re.compile(r"\.(lora_[AB])\.[^.]+\.weight$")
+
+
+def checkpoint_file(path: str | Path) -> Path:
+    """The safetensors file of ``path``: a GRPO checkpoint directory (``.../ckpt/step-N``,
+    its ``weights.safetensors``) or that file itself.
+
+    Raises:
+        FileNotFoundError: ``--agent-init: expected ...``, naming what is missing."""
+    p = Path(path)
+    f = p / "weights.safetensors" if p.is_dir() else p
+    if not f.is_file():
+        raise FileNotFoundError(f"{FLAG}: expected a GRPO checkpoint directory holding "
+                                f"weights.safetensors (or that file), got {str(path)!r} "
+                                f"({f} does not exist)")
+    return f
+
+
+def sha256(path: Path) -> str:
+    """Hex SHA-256 of the file at ``path`` (read in 1 MiB blocks)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(2**20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def adapter_names(state: dict[str, Any]) -> dict[str, str]:
+    """``{peft name without the adapter name: name in the file}`` of the LoRA tensors of a
+    GRPO ``weights.safetensors`` state (names without ``lora_A``/``lora_B`` are skipped)."""
+    return {_ADAPTER_NAME.sub(r".\1.weight", k): k for k in state if _ADAPTER_NAME.search(k)}
+
+
+def check_run_config(file: Path, cfg: Any) -> dict[str, Any]:
+    """The GRPO run's ``config.json`` (two directories above ``ckpt/step-N``), when there is
+    one, checked against ``cfg``: the LoRA scale ``alpha / rank`` and the base model are not
+    in the weights, so they must match here. Returns the compared settings ({} without it).
+
+    Raises:
+        ValueError: ``--agent-init: expected --lora-alpha ..., got ...`` (or --lora-rank,
+            --model) for a setting that differs."""
+    path = file.parent.parent.parent / "config.json"
+    if not path.is_file():
+        return {}
+    saved = json.loads(path.read_text())
+    seen = {}
+    for name in ("model", "lora_rank", "lora_alpha"):
+        if name in saved:
+            seen[name] = saved[name]
+            if saved[name] != getattr(cfg, name):
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{FLAG}: expected {flag} {getattr(cfg, name)!r} (this run's), "
+                                 f"got {saved[name]!r} in {path}: pass {flag} {saved[name]!r}")
+    return seen
+
+
+def load_agent_init(policies: Any, path: str | Path, cfg: Any) -> dict[str, Any]:
+    """Load the LoRA adapter of the GRPO checkpoint at ``path`` into ``policies``' agent
+    adapter (exact copies, converted to the adapter's dtype; the guidance adapter is not
+    touched). ``cfg`` gives ``model``, ``lora_rank`` and ``lora_alpha`` to compare with the
+    GRPO run's ``config.json`` when it is there.
+
+    Returns:
+        ``{"path", "sha256", "tensors", "grpo_config"}``: the file loaded, its SHA-256, the
+        number of tensors and the GRPO settings compared.
+
+    Raises:
+        FileNotFoundError: no such checkpoint file.
+        ValueError: ``--agent-init: expected ..., got ...`` for a full-weights checkpoint
+            (no LoRA tensors), names that do not match the agent adapter's, a shape (rank)
+            that differs, or a GRPO setting that differs.
+    """
+    from safetensors.torch import load_file
+
+    file = checkpoint_file(path)
+    grpo = check_run_config(file, cfg)
+    state = load_file(str(file))
+    names = adapter_names(state)
+    if not names:
+        raise ValueError(f"{FLAG}: expected a LoRA checkpoint (lora_A/lora_B tensors), got "
+                         f"{len(state)} tensors without any in {file} (a full-weights "
+                         f"checkpoint, e.g. {sorted(state)[:2]}?)")
+    want = policies.adapter_state("agent")
+    missing, extra = sorted(set(want) - set(names)), sorted(set(names) - set(want))
+    if missing or extra:
+        raise ValueError(f"{FLAG}: expected the agent adapter's {len(want)} LoRA tensors, got "
+                         f"{len(names)} in {file}; missing {missing[:3]}, unexpected "
+                         f"{extra[:3]}")
+    for k, v in want.items():
+        got = tuple(state[names[k]].shape)
+        if got != v.shape:
+            raise ValueError(f"{FLAG}: expected {k} of shape {v.shape} (--lora-rank "
+                             f"{cfg.lora_rank}), got {got} in {file}")
+    policies.load_adapter_state("agent", {
+        k: state[names[k]].float().numpy().astype(v.dtype, copy=False) for k, v in want.items()})
+    info = {"path": str(file.resolve()), "sha256": sha256(file), "tensors": len(want),
+            "grpo_config": grpo}
+    log.info("agent adapter initialised from %s (%d tensors, sha256 %s)", info["path"],
+             info["tensors"], info["sha256"])
+    return info
