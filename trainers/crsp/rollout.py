@@ -101,8 +101,10 @@ class RoleBatch:
         return prompts, groups, adv, weight
 
     def training_tokens(self) -> int:
-        """Completion tokens the update scores (:meth:`training`)."""
-        return sum(len(c) for g in self.training()[1] for c in g)
+        """Completion tokens the update scores (:meth:`training`), counted without building
+        its arrays."""
+        return (sum(len(c) for g in self.groups for c in g) + len(self.verdict_advantage)
+                * sum(len(o) for o in self.verdict_options))
 
 
 def sample(model: Any, tok: Any, sampling: Sampling, role: str, prompts: list[np.ndarray],
@@ -284,8 +286,8 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
         if labels.any() and not labels.all() else None,
         **confusion(says, labels), "critic_class_rate": class_rate(stats[TRUTH]),
         # The verdict distribution itself (it moves before sampled verdicts do).
-        "critic_p_correct": float(np.mean(torch.sigmoid(torch.from_numpy(
-            v_logprobs[:, 0] - v_logprobs[:, 1])).numpy())) if judged else 0.0,
+        "critic_p_correct": float(np.mean(1.0 / (1.0 + np.exp(
+            v_logprobs[:, 1] - v_logprobs[:, 0])))) if judged else 0.0,
         "critic_verdict_loss": float(verdict_loss(v_logprobs, truth, rate, cfg.verdict_loss
                                                   ).mean()) if term else None,
         "novelty": float(novelty[valid].mean()) if valid.any() else 0.0,
