@@ -145,3 +145,25 @@ def test_rolling_balanced_accuracy_over_steps_equals_the_pooled_verdicts():
     assert 0 < defined < len(rows)
     # Rows without counts (an older run's) get None and count for nothing.
     assert R.rolling_balanced_accuracy([{"step": 1}, *rows[:1]], 4) == [None, got[0]]
+
+
+def test_step_class_rate_is_add_one_smoothed_over_the_step():
+    assert R.step_class_rate(np.zeros(0, bool)) == 0.5
+    assert R.step_class_rate(np.array([True, False, False])) == pytest.approx(2 / 5)
+    with pytest.raises(ValueError, match=r"truth: expected bool\[M\], got shape \(2, 2\)"):
+        R.step_class_rate(np.zeros((2, 2), bool))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.booleans(), min_size=2, max_size=64).filter(lambda t: 0 < sum(t) < len(t)))
+def test_step_weights_balance_the_two_classes_of_the_step(labels):
+    """With the step's own rate, the summed verdict weights of the correct and the incorrect
+    attempts agree up to the add-one smoothing (exactly: their ratio is
+    ``(k/(k+1)) / ((M-k)/(M-k+1))``, within [1/2, 2]), whatever earlier steps judged."""
+    truth = np.array(labels, bool)
+    m, k = len(truth), int(truth.sum())
+    rate = R.step_class_rate(truth)
+    reward = R.balanced_verdict_reward(truth[:, None], truth, rate)  # every verdict right
+    pos, neg = reward[truth].sum(), reward[~truth].sum()
+    np.testing.assert_allclose(pos / neg, (k / (k + 1)) / ((m - k) / (m - k + 1)), rtol=1e-5)
+    assert 0.5 <= pos / neg <= 2.0  # unweighted it would be k / (M - k), e.g. 1/63

@@ -11,6 +11,8 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.heavy import require
 
@@ -109,10 +111,13 @@ def test_well_formed_path_end_to_end(tiny_dir, monkeypatch):
     assert creativity[0] > 0.5
     assert batches["proposer"].parts["format"] == [1.0, 1.0, 1.0, 0.0]
     assert 0 < metrics["critic_seed_majority"] <= 1
-    # The critic's verdict reward is +-1 weighted by its attempt's class, from the running
-    # class frequency of the judged attempts; the verdict distribution is in the metrics.
+    # The critic's verdict reward is +-1 weighted by its attempt's class, from the class
+    # frequency of the step's judged attempts (add-one smoothed; --critic-class-weights
+    # step); the verdict distribution is in the metrics.
     rate = metrics["critic_class_rate"]
-    assert 0 < rate < 1 and 0 <= metrics["critic_truth_correct"] <= 1
+    judged = 32 // cfg.critic_samples
+    correct = round(metrics["critic_truth_correct"] * judged)
+    assert rate == pytest.approx((correct + 1) / (judged + 2))
     counts = [metrics[k] for k in ("critic_tp", "critic_fn", "critic_tn", "critic_fp")]
     assert sum(counts) == 32 and metrics["critic_tp"] + metrics["critic_fp"] == round(
         32 * metrics["critic_says_correct"])
@@ -243,6 +248,8 @@ def test_held_out_evaluation_of_a_run(tiny_dir, tmp_path, capsys, monkeypatch):
         bal = c["critic_balanced_set"]  # as many correct attempts as incorrect ones
         assert 2 * bal["attempts_correct"]["k"] == bal["attempts_correct"]["n"]
         assert bal["attempts_correct"]["n"] == pool["balanced_set"]
+        if pool["balanced_set"]:  # the verdict margin's AUC on the balanced set
+            assert 0 <= bal["auc"]["ci95"][0] <= bal["auc"]["auc"] <= bal["auc"]["ci95"][1] <= 1
     assert out["proposer"]["first"]["steps"] == [1, 1] and out["proposer"]["last"]["n"] == 4
     says, labels = np.array([True, False, False, False]), np.array([True, True, False, False])
     assert evaluate.balanced_accuracy(says, labels) == 0.75
@@ -323,3 +330,22 @@ def test_a_new_run_warms_up_the_proposer_and_the_critic_first(tiny_dir, tmp_path
 
     eos = AutoTokenizer.from_pretrained(tiny_dir).eos_token_id
     assert int(TokenStore(run / "warmup" / "critic" / "targets")[0][-1]) == eos  # it stops
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(-3, 3), st.booleans()), min_size=2, max_size=40)
+       .filter(lambda r: 0 < sum(y for _, y in r) < len(r)))
+def test_auc_is_the_pairwise_ranking_probability(rows):
+    """The critic's AUC against a naive loop over every (correct, incorrect) pair, ties half;
+    its Hanley-McNeil interval holds it."""
+    from trainers.crsp import evaluate
+
+    scores = np.array([float(s) for s, _ in rows])
+    labels = np.array([y for _, y in rows])
+    pairs = [(a, b) for a, b in itertools.product(scores[labels], scores[~labels])]
+    want = sum(1.0 if a > b else 0.5 if a == b else 0.0 for a, b in pairs) / len(pairs)
+    got = evaluate.auc(scores, labels)
+    assert got["auc"] == pytest.approx(want)
+    assert got["n_correct"] + got["n_incorrect"] == len(rows)
+    assert got["ci95"][0] <= got["auc"] <= got["ci95"][1]
+    assert evaluate.auc(-scores, labels)["auc"] == pytest.approx(1 - want)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainers.config import check_rules
+from trainers.crsp.rewards import CLASS_WEIGHTS
 from trainers.crsp.verdict import MODES
 from trainers.llm.config import LLM_RESUMABLE, LLMConfig, check_dtype, check_llm
 
@@ -43,6 +44,11 @@ class Config(LLMConfig):
     (the sampled verdict's policy gradient only)."""
     verdict_coef: float = 1.0
     """Weight of the verdict term (not used with --verdict-loss sampled)."""
+    critic_class_weights: str = "step"
+    """Where the class frequency of the critic's balanced weights ``w_y = 1 / (2 freq(y))``
+    comes from: 'step' (the step's judged attempts, add-one smoothed: each update weighs the
+    two classes equally whatever the solver's success rate did before) or 'running' (every
+    attempt judged so far, add-one smoothed: lags behind a solver that improves)."""
     warmup_steps: int = 0
     """Supervised format warm-up steps per role (proposer, critic) before the first step of a
     new run (``trainers/crsp/warmup.py``; examples through ``rlbuffers.stream``); 0: off."""
@@ -157,6 +163,8 @@ def check_config(c: Config) -> None:
         "format_weight": (c.format_weight >= 0, ">= 0"),
         "verdict_loss": (c.verdict_loss in MODES, f"one of {', '.join(MODES)}"),
         "verdict_coef": (c.verdict_coef >= 0, ">= 0"),
+        "critic_class_weights": (c.critic_class_weights in CLASS_WEIGHTS,
+                                 f"one of {', '.join(CLASS_WEIGHTS)}"),
         "lora_rank": (c.lora_rank >= 1, ">= 1 (roles are adapters)"),
         "alpha_decay": (0 < c.alpha_decay <= 1, "in (0, 1]"),
         "micro_batch_tokens": (c.micro_batch_tokens >= 0, ">= 0 (0: planned)"),

@@ -71,16 +71,37 @@ def evaluation_set(cfg: Config, run_dir: Path, tok: Any, size: int, seed: int
     return problems, {**report, "training_seeds": len(seeds), "proposals": len(written)}
 
 
-def critic_figures(says: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
+def auc(scores: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
+    """Area under the ROC curve of ``scores`` (float[n], higher: more likely correct) against
+    ``labels`` (bool[n], both classes present): the probability that a correct attempt scores
+    above an incorrect one, ties counted half (the Mann-Whitney U / (n1 n0)), with the 95%
+    interval of Hanley & McNeil 1982 ("The meaning and use of the area under a ROC curve",
+    Radiology 143, eq. 1-3). Threshold-free: 0.5 for a critic that does not look at the
+    attempt, whatever verdict it prefers."""
+    s, y = np.asarray(scores, np.float64), np.asarray(labels, bool)
+    pos, neg = s[y], s[~y]
+    diff = pos[:, None] - neg[None, :]
+    a = float(((diff > 0) + 0.5 * (diff == 0)).mean())
+    n1, n0 = len(pos), len(neg)
+    q1, q2 = a / (2 - a), 2 * a * a / (1 + a)
+    se = np.sqrt((a * (1 - a) + (n1 - 1) * (q1 - a * a) + (n0 - 1) * (q2 - a * a)) / (n1 * n0))
+    return {"auc": a, "ci95": [max(0.0, a - 1.96 * se), min(1.0, a + 1.96 * se)],
+            "n_correct": n1, "n_incorrect": n0}
+
+
+def critic_figures(says: np.ndarray, labels: np.ndarray, margin: np.ndarray | None = None
+                   ) -> dict[str, Any]:
     """Verdict accuracy, the majority-class rate and balanced accuracy of ``says`` against
-    ``labels`` (bool[n] each; True: correct)."""
+    ``labels`` (bool[n] each; True: correct), and with ``margin`` (float[n], the verdict
+    log-prob margin ``L_correct - L_incorrect``) its :func:`auc`."""
     n, k = len(labels), int(labels.sum())
     both = 0 < k < n
     return {"accuracy": proportion(int((says == labels).sum()), n),
             "majority_rate": proportion(max(k, n - k), n),
             "balanced_accuracy": balanced_accuracy(says, labels) if both else None,
             "says_correct": float(says.mean()) if n else 0.0,
-            "attempts_correct": proportion(k, n)}
+            "attempts_correct": proportion(k, n),
+            **({"auc": auc(margin, labels)} if margin is not None and both else {})}
 
 
 def balanced_set(labels: np.ndarray) -> np.ndarray:
@@ -145,12 +166,14 @@ def evaluate_checkpoint(cfg: Config, model: Any, tok: Any, step: int,
     c_prompts = [prompts("critic", f"Problem:\n{problems[i // k]['question']}\n\n"
                                    f"Solution:\n{t}") for i, t in enumerate(texts)]
     lp = verdict_logprobs(model, tok, c_prompts, cfg.packing(cfg.pack_tokens, cfg.train_dtype))
-    says = (lp[:, 0] > lp[:, 1]).reshape(labels.shape)
+    margin = (lp[:, 0] - lp[:, 1]).reshape(labels.shape)
+    says = margin > 0
     pick = balanced_set(labels)
     p_idx, a_idx = pick[:, 0], pick[:, 1]
     return {"step": step, "solver_accuracy": proportion(int(sum(solved)), len(problems)),
-            "critic_first_attempts": critic_figures(says[:, 0], labels[:, 0]),
-            "critic_balanced_set": critic_figures(says[p_idx, a_idx], labels[p_idx, a_idx])}
+            "critic_first_attempts": critic_figures(says[:, 0], labels[:, 0], margin[:, 0]),
+            "critic_balanced_set": critic_figures(says[p_idx, a_idx], labels[p_idx, a_idx],
+                                                  margin[p_idx, a_idx])}
 
 
 def _cache() -> Any:

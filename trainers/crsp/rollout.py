@@ -28,6 +28,7 @@ from trainers.crsp.rewards import (
     confusion,
     length_reward,
     solvability,
+    step_class_rate,
 )
 from trainers.crsp.roles import ROLES, Prompts, activate
 from trainers.crsp.verdict import verdict_advantages, verdict_loss
@@ -222,7 +223,8 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
     truth = np.array([bool(outcome[k][j]) for k, j in judged], bool)
     stats.setdefault(TRUTH, RunningMeanStd()).update(truth.astype(np.float64))
     agree = (verdicts == truth[:, None]).astype(np.float32).reshape(-1)
-    rate = class_rate(stats[TRUTH])
+    rate = (step_class_rate(truth) if cfg.critic_class_weights == "step"
+            else class_rate(stats[TRUTH]))
     critic_r = balanced_verdict_reward(verdicts, truth, rate)
     term = cfg.verdict_loss != "sampled" and len(judged) > 0
     if term:  # the verdict is trained over both continuations, the reason by its rewards
@@ -284,7 +286,7 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
         # None on a step whose judged attempts are all of one class (it is not defined).
         "critic_balanced_accuracy": balanced_accuracy(says, labels)
         if labels.any() and not labels.all() else None,
-        **confusion(says, labels), "critic_class_rate": class_rate(stats[TRUTH]),
+        **confusion(says, labels), "critic_class_rate": rate,
         # The verdict distribution itself (it moves before sampled verdicts do).
         "critic_p_correct": float(np.mean(1.0 / (1.0 + np.exp(
             v_logprobs[:, 1] - v_logprobs[:, 0])))) if judged else 0.0,
