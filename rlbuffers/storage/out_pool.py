@@ -15,6 +15,7 @@ where the previous batch is still bound while the next is drawn.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 
@@ -57,7 +58,7 @@ class OutputPool:
         """An uninitialised C-contiguous array ``shape`` of ``dtype``: a kept one that no one
         else refers to any more, or a new one (then kept, the oldest kept one dropped)."""
         dtype = np.dtype(dtype)
-        if not self._enabled or int(np.prod(shape)) * dtype.itemsize < self.min_bytes:
+        if not self._enabled or math.prod(shape) * dtype.itemsize < self.min_bytes:
             return np.empty(shape, dtype)
         with self._lock:
             arrays = self._arrays

@@ -109,6 +109,8 @@ class FixedColumn:
         self._random_reads = False
         self._writable: np.memmap | None = None  # opened by the first scatter
         self._out = OutputPool()  # large gathers reuse outputs the caller has dropped
+        # computed once: gather needs them on every call
+        self._row_shape, self._row_bytes = spec.row_shape, spec.item_bytes
 
     def write(self, slot: int, rows: np.ndarray) -> None:
         """Write ``rows[n, *shape]`` into slots ``[slot, slot + n)`` (no wrap)."""
@@ -129,14 +131,14 @@ class FixedColumn:
         if self.random_reads:
             return self._gather_pread(np.asarray(slots, dtype=np.int64))
         slots = np.asarray(slots)
-        if slots.ndim != 1 or len(slots) * self.spec.item_bytes < self._out.min_bytes:
+        if slots.ndim != 1 or len(slots) * self._row_bytes < self._out.min_bytes:
             return self._rows[slots]
         lo, hi = int(slots.min()), int(slots.max())
         if lo < -self.capacity or hi >= self.capacity:
             bad = lo if lo < -self.capacity else hi
             raise IndexError(f"{self.path.name}: slot {bad} is outside [-{self.capacity}, "
                              f"{self.capacity})")
-        out = self._out.empty((len(slots), *self.spec.row_shape), self.spec.dtype)
+        out = self._out.empty((len(slots), *self._row_shape), self.spec.dtype)
         # mode="wrap": in-range slots (checked above) index as numpy indexing does, and the
         # rows go straight into ``out`` (mode="raise" would copy them through a buffer)
         return np.take(self._rows, slots, axis=0, out=out, mode="wrap")
