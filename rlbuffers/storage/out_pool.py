@@ -9,8 +9,11 @@ before the gather copies 64 MB into it: about half of the call (issue 33, worklo
 nothing but the pool refers to it (its reference count says so: the caller dropped the batch,
 and with it every view, tensor or memoryview of it, since each of those refers to the array).
 That is what freeing and allocating again would do, minus the zeroing: no array that anyone
-can still reach is ever reused. Two arrays cover the usual loop ``batch = buf.sample(B)``,
-where the previous batch is still bound while the next is drawn.
+can still reach is ever reused (a weak reference does not count: it sees the array reused,
+where without the pool it would see it freed). Two arrays cover the usual loop ``batch =
+buf.sample(B)``, where the previous batch is still bound while the next is drawn; they stay
+allocated while the caller holds no batch, until :meth:`OutputPool.clear` (the column's
+``close``).
 """
 
 from __future__ import annotations
