@@ -44,11 +44,13 @@ def _naive(col, slots: np.ndarray) -> np.ndarray:
 
 @settings(max_examples=30, deadline=None)
 @given(slots=st.lists(st.integers(-CAPACITY, CAPACITY - 1), min_size=64, max_size=200),
-       rounds=st.integers(1, 4))
-def test_pooled_gather_equals_row_by_row_reads(tmp_path_factory, slots, rounds):
+       rounds=st.integers(1, 4), pread=st.booleans())
+def test_pooled_gather_equals_row_by_row_reads(tmp_path_factory, slots, rounds, pread):
     buf = _buffer(tmp_path_factory.mktemp("p") / "b")
     col = buf._storage.working.columns["obs"]
-    idx = np.array(slots, dtype=np.int64)
+    col.random_reads = pread  # the map or one pread per row (tiers larger than memory)
+    assert col.random_reads == pread
+    idx = np.array([s % CAPACITY for s in slots] if pread else slots, dtype=np.int64)
     assert len(idx) * col.spec.item_bytes >= MIN_BYTES  # the pooled path
     want = _naive(col, idx)
     for _ in range(rounds):  # later rounds reuse the dropped output
@@ -66,6 +68,8 @@ def test_gather_refuses_slots_out_of_range(tmp_path):
         idx = np.r_[np.arange(70), bad]
         with pytest.raises(IndexError, match=f"slot {bad}"):
             col.gather(idx)
+    with pytest.raises(IndexError):  # float slots are refused, as numpy indexing does
+        col.gather(np.arange(70, dtype=np.float64))
     buf.close()
 
 
