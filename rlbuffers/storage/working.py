@@ -130,8 +130,7 @@ class FixedColumn:
         """
         if self.random_reads:
             return self._gather_pread(np.asarray(slots, dtype=np.int64))
-        slots = np.asarray(slots)
-        if (slots.ndim != 1 or slots.dtype.kind != "i"
+        if (not isinstance(slots, np.ndarray) or slots.ndim != 1 or slots.dtype.kind != "i"
                 or len(slots) * self._row_bytes < self._out.min_bytes):
             return self._rows[slots]  # (np.take would also cast float slots to int)
         lo, hi = int(slots.min()), int(slots.max())
