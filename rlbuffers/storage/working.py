@@ -37,6 +37,7 @@ from rlbuffers.packed import Packed, packed_from_bytes
 from rlbuffers.spec import FieldSpec
 from rlbuffers.storage.location import check_inside
 from rlbuffers.storage.manifest import write_json_atomic
+from rlbuffers.storage.out_pool import OutputPool
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,9 @@ class FixedColumn:
         self.fd = os.open(path, os.O_RDWR)
         self._random_reads = False
         self._writable: np.memmap | None = None  # opened by the first scatter
+        self._out = OutputPool()  # large gathers reuse outputs the caller has dropped
+        # computed once: gather needs them on every call
+        self._row_shape, self._row_bytes = spec.row_shape, spec.item_bytes
 
     def write(self, slot: int, rows: np.ndarray) -> None:
         """Write ``rows[n, *shape]`` into slots ``[slot, slot + n)`` (no wrap)."""
@@ -114,11 +118,30 @@ class FixedColumn:
         _pwrite_all(self.fd, memoryview(data).cast("B"), self.offset + slot * self.spec.item_bytes)
 
     def gather(self, slots: np.ndarray) -> np.ndarray:
-        """Rows at ``slots`` (int64[N]) as a new array ``[N, *shape]``: numpy indexing of the
-        memory map, or, with :attr:`random_reads`, one ``pread`` per row."""
+        """Rows at ``slots`` (int64[N], each in ``[-capacity, capacity)``) as an array
+        ``[N, *shape]`` that no one else holds: numpy indexing of the memory map, or, with
+        :attr:`random_reads`, one ``pread`` per row. A gather of at least
+        :data:`~rlbuffers.storage.out_pool.MIN_BYTES` writes into an array of
+        :class:`~rlbuffers.storage.out_pool.OutputPool` (one the caller has dropped, so the
+        kernel need not zero fresh pages for it) with one ``np.take``.
+
+        Raises:
+            IndexError: a slot outside ``[-capacity, capacity)``.
+        """
         if self.random_reads:
             return self._gather_pread(np.asarray(slots, dtype=np.int64))
-        return self._rows[slots]
+        if (not isinstance(slots, np.ndarray) or slots.ndim != 1 or slots.dtype.kind != "i"
+                or len(slots) * self._row_bytes < self._out.min_bytes):
+            return self._rows[slots]  # (np.take would also cast float slots to int)
+        lo, hi = int(slots.min()), int(slots.max())
+        if lo < -self.capacity or hi >= self.capacity:
+            bad = lo if lo < -self.capacity else hi
+            raise IndexError(f"{self.path.name}: slot {bad} is outside [-{self.capacity}, "
+                             f"{self.capacity})")
+        out = self._out.empty((len(slots), *self._row_shape), self.spec.dtype)
+        # mode="wrap": in-range slots (checked above) index as numpy indexing does, and the
+        # rows go straight into ``out`` (mode="raise" would copy them through a buffer)
+        return np.take(self._rows, slots, axis=0, out=out, mode="wrap")
 
     @property
     def random_reads(self) -> bool:
@@ -133,7 +156,7 @@ class FixedColumn:
         self._random_reads = bool(on) and self.spec.item_bytes >= PREAD_MIN_ROW_BYTES
 
     def _gather_pread(self, slots: np.ndarray) -> np.ndarray:
-        out = np.empty((len(slots), *self.spec.row_shape), dtype=self.spec.dtype)
+        out = self._out.empty((len(slots), *self.spec.row_shape), self.spec.dtype)
         rows = out.reshape(len(slots), -1).view(np.uint8)
         order = np.argsort(slots, kind="stable")  # ascending offsets: friendlier to the disk
         offsets = (self.offset + slots[order] * self.spec.item_bytes).tolist()
@@ -169,6 +192,7 @@ class FixedColumn:
 
     def close(self) -> None:
         os.close(self.fd)
+        self._out.clear()
         self.view = self._rows = self._writable = None  # type: ignore[assignment]
 
 
