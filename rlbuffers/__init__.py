@@ -35,6 +35,7 @@ from rlbuffers.lazy import lazy_attributes
 if TYPE_CHECKING:
     from rlbuffers.buffer import ReplayBuffer, SaveReport
     from rlbuffers.packed import Packed
+    from rlbuffers.padded import Padded
     from rlbuffers.samplers import (
         GroupSampler,
         PrioritizedSampler,
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "ReplayBuffer": "rlbuffers.buffer", "SaveReport": "rlbuffers.buffer",
     "FieldSpec": "rlbuffers.spec", "Packed": "rlbuffers.packed",
+    "Padded": "rlbuffers.padded",
     **{n: "rlbuffers.samplers" for n in ("GroupSampler", "PrioritizedSampler", "Sampler",
                                          "SequenceSampler", "UniformSampler",
                                          "register_sampler")},
@@ -73,6 +75,7 @@ __all__ = [
     "NotABufferError",
     "NotPrioritizedError",
     "Packed",
+    "Padded",
     "PrioritizedSampler",
     "RLBuffersError",
     "ReadOnlyError",

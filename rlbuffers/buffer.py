@@ -283,11 +283,13 @@ class ReplayBuffer:
         if ragged == "list":  # the default path stays as it was: no wrapper per field
             return spec.batch_rows(self._fields, slots.shape, plain)
         flat = np.asarray(slots, dtype=np.int64).ravel()
+        joined = (self._storage.gather_packed if ragged == "packed"
+                  else self._storage.gather_padded)
 
         def get(name: str) -> Any:
             if self._fields[name].ragged:
                 self._open_check()
-                return self._storage.gather_packed(name, flat)
+                return joined(name, flat)
             return plain(name)
 
         return spec.batch_rows(self._fields, slots.shape, get)
@@ -305,9 +307,15 @@ class ReplayBuffer:
                 field's dtype and ``cu_seqlens`` int64[B + 1] (row i is
                 ``values[cu_seqlens[i]:cu_seqlens[i + 1]]``); with a sequence sampler the
                 B * L rows are packed in ``[B, L]`` row-major order and ``cu_seqlens`` is
-                int64[B * L + 1] (row ``(b, l)`` is number ``b * L + l``). Both formats
-                draw the same transitions from the same generator state; the packed one
-                builds no Python object per row.
+                int64[B * L + 1] (row ``(b, l)`` is number ``b * L + l``); ``"padded"``: one
+                :class:`~rlbuffers.padded.Padded` with ``values [B, T, *row]`` in the
+                field's dtype, ``T`` the longest of the B rows, each row followed by zeros
+                (the pad value is always 0, ``False`` for bool), and ``lengths`` int64[B]
+                (row i is ``values[i, :lengths[i]]``; ``mask`` bool[B, T]); with a sequence
+                sampler ``values [B * L, T, *row]`` and ``lengths`` int64[B * L], rows in
+                ``[B, L]`` row-major order as packed. All formats draw the same transitions
+                from the same generator state; packed and padded build no Python object per
+                row.
 
         Returns:
             ``{field: [B, *shape]}`` (sequences: ``[B, L, *shape]``; ragged fields: as
@@ -316,7 +324,8 @@ class ReplayBuffer:
 
         Raises:
             BufferEmptyError: too few transitions. ValueError: batch_size < 1, or ``ragged``
-            not ``"list"`` or ``"packed"`` (nothing is drawn: the generator does not move).
+            not ``"list"``, ``"packed"`` or ``"padded"`` (nothing is drawn: the generator
+            does not move).
         """
         batch_size = positive_int("batch_size", batch_size)
         ragged = check_ragged_format(ragged)

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: The values ``ragged=`` takes: a list of arrays (one per row), or one :class:`Packed`.
-RAGGED_FORMATS = ("list", "packed")
+#: The values ``ragged=`` takes: a list of arrays (one per row), one :class:`Packed`, or one
+#: :class:`~rlbuffers.padded.Padded`.
+RAGGED_FORMATS = ("list", "packed", "padded")
 
 
 @dataclass(frozen=True, eq=False)

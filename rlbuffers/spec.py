@@ -360,7 +360,8 @@ def batch_rows(fields: dict[str, FieldSpec], shape: tuple[int, ...], gather: Any
     """Shape gathered rows as a batch: ``{field: [*shape, *row_shape]}``; ragged fields give a
     list (``shape = (B,)``) or a list of ``B`` lists of ``L`` arrays (``shape = (B, L)``), or
     whatever else ``gather`` returned for them as it is (a :class:`~rlbuffers.packed.Packed`
-    of all ``B * L`` rows). ``gather(name)`` returns the flat rows of field ``name``."""
+    or :class:`~rlbuffers.padded.Padded` of all ``B * L`` rows). ``gather(name)`` returns the
+    flat rows of field ``name``."""
     out: dict[str, Any] = {}
     for name, spec in fields.items():
         data = gather(name)

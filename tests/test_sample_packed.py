@@ -126,8 +126,8 @@ def test_bad_ragged_argument_is_refused_before_drawing(tmp_path, bad, mode):
         buf.close()
         buf = ReplayBuffer.open(path, mode="r")
     state = buf.rng.bit_generator.state
-    with pytest.raises(ValueError, match=r"ragged: expected one of \('list', 'packed'\), got "
-                       + repr(bad).replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ValueError, match=r"ragged: expected one of \('list', 'packed', "
+                       r"'padded'\), got " + repr(bad).replace("[", r"\[").replace("]", r"\]")):
         buf.sample(2, ragged=bad)
     assert buf.rng.bit_generator.state == state  # nothing drawn
     buf.close()

@@ -11,6 +11,7 @@ import numpy as np
 
 from rlbuffers.cache import ENTRY_OVERHEAD_BYTES, ByteLRUCache
 from rlbuffers.packed import Packed, pack_rows, packed_from_bytes
+from rlbuffers.padded import Padded, padded_from_pieces
 from rlbuffers.storage.persistent import PersistentTier
 
 
@@ -75,15 +76,29 @@ class ChunkReader:
             ends[sel] = p.cu_seqlens[local[sel] + 1]
         return chunk, starts, ends, packed
 
+    def _pieces(self, name: str, slots: np.ndarray) -> tuple[list[memoryview], np.ndarray]:
+        """The bytes of the rows of ragged field ``name`` at ``slots`` (int64[N]): N
+        memoryviews of the cached decoded chunks (no copy, no numpy call per row) and their
+        lengths (int64[N], rows along the ragged axis)."""
+        row_bytes = self.tier.specs[name].item_bytes
+        chunk, starts, ends, packed = self._ragged_ranges(name, slots)
+        sources = {c: memoryview(p.values.reshape(-1).view(np.uint8)) for c, p in packed.items()}
+        return [sources[c][a:b] for c, a, b in zip(
+            chunk.tolist(), (starts * row_bytes).tolist(), (ends * row_bytes).tolist(),
+            strict=True)], ends - starts
+
     def gather_packed(self, name: str, slots: np.ndarray) -> Packed:
         """Rows of ragged field ``name`` at ``slots`` (int64[N]) packed into new arrays
         (``values [sum_len, *row]``, ``cu_seqlens`` int64[N + 1]): the rows' byte ranges in
         the cached decoded chunks joined by one ``bytearray.join``, no numpy call per row."""
         spec = self.tier.specs[name]
-        chunk, starts, ends, packed = self._ragged_ranges(name, slots)
-        sources = {c: memoryview(p.values.reshape(-1).view(np.uint8)) for c, p in packed.items()}
-        row_bytes = spec.item_bytes
-        blob = bytearray().join([sources[c][a:b] for c, a, b in zip(
-            chunk.tolist(), (starts * row_bytes).tolist(), (ends * row_bytes).tolist(),
-            strict=True)])
-        return packed_from_bytes(blob, ends - starts, spec.dtype, spec.row_shape)
+        pieces, lengths = self._pieces(name, slots)
+        return packed_from_bytes(bytearray().join(pieces), lengths, spec.dtype, spec.row_shape)
+
+    def gather_padded(self, name: str, slots: np.ndarray) -> Padded:
+        """Rows of ragged field ``name`` at ``slots`` (int64[N]) padded into a new array
+        (``values [N, L, *row]``, zeros after each row, ``L`` the longest; ``lengths``
+        int64[N]): the rows' byte ranges and their pads joined by one ``bytearray.join``."""
+        spec = self.tier.specs[name]
+        pieces, lengths = self._pieces(name, slots)
+        return padded_from_pieces(pieces, lengths, spec.dtype, spec.row_shape)

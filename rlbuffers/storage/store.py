@@ -22,6 +22,7 @@ import numpy as np
 
 from rlbuffers.errors import FieldError, SnapshotReclaimedError, UnsafePathError
 from rlbuffers.packed import Packed
+from rlbuffers.padded import Padded
 from rlbuffers.storage.lease import ReaderLease
 from rlbuffers.storage.location import LocalLocation, Location
 from rlbuffers.storage.lock import LOCK_FILE
@@ -126,6 +127,10 @@ class ReadOnlyStorage:
         """Rows of ragged column ``name`` at ``slots`` (int64[N]) as one :class:`Packed`."""
         return self._reader.gather_packed(name, slots)
 
+    def gather_padded(self, name: str, slots: np.ndarray) -> Padded:
+        """Rows of ragged column ``name`` at ``slots`` (int64[N]) as one :class:`Padded`."""
+        return self._reader.gather_padded(name, slots)
+
     def close(self) -> None:
         """Release the lease (the cache goes with the object)."""
         if self._lease is not None:
@@ -220,12 +225,19 @@ class WritableStorage:
         """Rows of column ``name`` at ``slots`` (int64[N]): ``[N, *shape]``, or a list (ragged)."""
         return self.working.columns[name].gather(slots)
 
-    def gather_packed(self, name: str, slots: np.ndarray) -> Packed:
-        """Rows of ragged column ``name`` at ``slots`` (int64[N]) as one :class:`Packed`."""
+    def _ragged_column(self, name: str, method: str) -> RaggedColumn:
         col = self.working.columns[name]
         if not isinstance(col, RaggedColumn):
-            raise TypeError(f"field {name!r}: not ragged (gather_packed is for ragged fields)")
-        return col.gather_packed(slots)
+            raise TypeError(f"field {name!r}: not ragged ({method} is for ragged fields)")
+        return col
+
+    def gather_packed(self, name: str, slots: np.ndarray) -> Packed:
+        """Rows of ragged column ``name`` at ``slots`` (int64[N]) as one :class:`Packed`."""
+        return self._ragged_column(name, "gather_packed").gather_packed(slots)
+
+    def gather_padded(self, name: str, slots: np.ndarray) -> Padded:
+        """Rows of ragged column ``name`` at ``slots`` (int64[N]) as one :class:`Padded`."""
+        return self._ragged_column(name, "gather_padded").gather_padded(slots)
 
     def commit(self, manifest: Manifest, *, full: bool = False,
                background: bool = False) -> SaveReport | SaveFuture:

@@ -34,6 +34,7 @@ import numpy as np
 from rlbuffers.intmath import ceil_div
 from rlbuffers.memory.limits import memory_limit_bytes
 from rlbuffers.packed import Packed, packed_from_bytes
+from rlbuffers.padded import Padded, padded_from_pieces
 from rlbuffers.spec import FieldSpec
 from rlbuffers.storage.location import check_inside
 from rlbuffers.storage.manifest import write_json_atomic
@@ -294,11 +295,11 @@ class RaggedColumn:
         the one new flat array of :meth:`gather_packed`."""
         return self.gather_packed(slots).to_list()
 
-    def gather_packed(self, slots: np.ndarray) -> Packed:
-        """Values of ``slots`` (int64[N]) packed: ``values [sum_len, *row]`` (a new array),
-        ``cu_seqlens`` int64[N + 1]; copied out of the memory-mapped values files by one
-        ``bytearray.join`` of the rows' byte ranges (no numpy call per row). The maps stay
-        open between calls; a chunk is (re)mapped only when a row ends past its map."""
+    def _pieces(self, slots: np.ndarray) -> tuple[list[memoryview], np.ndarray]:
+        """The bytes of the values of ``slots`` (int64[N]): N memoryviews of the memory-mapped
+        values files (no copy, no numpy call per row) and their lengths (int64[N], rows along
+        the ragged axis). The maps stay open between calls; a chunk is (re)mapped only when a
+        row ends past its map."""
         slots = np.asarray(slots, dtype=np.int64).ravel()
         lengths = self._length_rows[slots]
         starts = self._start_rows[slots]
@@ -310,9 +311,23 @@ class RaggedColumn:
             for c in np.flatnonzero(last).tolist():
                 self._values(c, int(last[c]))
         views = self._views  # a row of 0 bytes slices to b"" whether its chunk is mapped or not
-        blob = bytearray().join([views[c][a:b] for c, a, b in
-                                 zip(chunk.tolist(), starts.tolist(), ends.tolist(), strict=True)])
-        return packed_from_bytes(blob, lengths, self.spec.dtype, self.spec.row_shape)
+        return [views[c][a:b] for c, a, b in
+                zip(chunk.tolist(), starts.tolist(), ends.tolist(), strict=True)], lengths
+
+    def gather_packed(self, slots: np.ndarray) -> Packed:
+        """Values of ``slots`` (int64[N]) packed: ``values [sum_len, *row]`` (a new array),
+        ``cu_seqlens`` int64[N + 1]; copied out of the memory-mapped values files by one
+        ``bytearray.join`` of the rows' byte ranges (no numpy call per row)."""
+        pieces, lengths = self._pieces(slots)
+        return packed_from_bytes(bytearray().join(pieces), lengths, self.spec.dtype,
+                                 self.spec.row_shape)
+
+    def gather_padded(self, slots: np.ndarray) -> Padded:
+        """Values of ``slots`` (int64[N]) padded: ``values [N, L, *row]`` (a new array, zeros
+        after each row, ``L`` the longest), ``lengths`` int64[N]; copied out of the
+        memory-mapped values files by one ``bytearray.join`` of the rows and their pads."""
+        pieces, lengths = self._pieces(slots)
+        return padded_from_pieces(pieces, lengths, self.spec.dtype, self.spec.row_shape)
 
     def read_range(self, start: int, stop: int) -> list[np.ndarray]:
         """Values of slots ``[start, stop)``."""
