@@ -182,6 +182,10 @@ class RLB(System):
         """``sample(256)`` with ragged fields packed (values + ``cu_seqlens``, no list)."""
         return self.buf.sample(B, ragged="packed")
 
+    def sample_padded(self) -> Any:
+        """``sample(256)`` with ragged fields padded (values [256, L] + lengths, no list)."""
+        return self.buf.sample(B, ragged="padded")
+
     def uniform_rewards(self) -> np.ndarray:
         return np.asarray(self.buf.sample(B)["reward"])
 

@@ -3,8 +3,8 @@
 
 For each workload: fill an rlbuffers buffer (uniform, then one with a ``PrioritizedSampler``
 whose first half of transitions gets priority 1e-6, as bench_peers does; on the ragged
-workload each is also sampled with ``ragged="packed"``: the "rlbuffers packed" rows) and a
-cpprb buffer;
+workload each is also sampled with ``ragged="packed"`` and ``ragged="padded"``: the
+"rlbuffers packed" and "rlbuffers padded" rows) and a cpprb buffer;
 warm up; then ``--rounds`` interleaved rounds timing ``sample(256)`` of every system in turn
 (medians of wall and CPU time reported), then one cProfile run of rlbuffers' sampling split by
 the functions it calls (index drawing, column gathers, batch assembly).
@@ -152,6 +152,7 @@ def systems(wl: Workload, scratch: Path) -> dict[str, Callable[[], Any]]:
         out[f"rlbuffers {'prioritized' if per else 'uniform'}"] = s.sample
         if wl.ragged:
             out[f"rlbuffers packed {'prioritized' if per else 'uniform'}"] = s.sample_packed
+            out[f"rlbuffers padded {'prioritized' if per else 'uniform'}"] = s.sample_padded
     try:
         import cpprb  # noqa: F401
     except ImportError:
