@@ -104,6 +104,23 @@ def test_sequence_samples_pad_b_times_l_rows(tmp_path_factory, lengths, window, 
         check_same_draw(reader, 5, seed)
 
 
+def test_padded_beside_a_frame_stack(tmp_path):
+    """A stacked field rebuilt on read beside a ragged field sampled padded: both as with
+    ``ragged="list"``."""
+    buf = ReplayBuffer.create(tmp_path / "b", capacity=6, fields={
+        "obs": FieldSpec((2, 3), "uint8", stack_axis=0), "tok": FieldSpec((None,), "int32"),
+        "done": FieldSpec((), "bool")}, seed=0, chunk_transitions=2)
+    lengths = [0, 1, 2, 3, 0, 2, 1, 3, 2]
+    for i, k in enumerate(lengths):  # wraps past the capacity
+        buf.add(obs=np.stack([np.full(3, max(i - 1, 0)), np.full(3, i)]).astype(np.uint8),
+                tok=np.arange(1, k + 1, dtype=np.int32) * (i + 1), done=i == 4)
+    check_same_draw(buf, 8, 5)
+    got = buf.sample(8, rng=np.random.default_rng(5), ragged="padded")
+    rows = [np.arange(1, lengths[i] + 1, dtype=np.int32) * (i + 1) for i in got["indices"].tolist()]
+    check_padded(got["tok"], rows, "int32", ())
+    buf.close()
+
+
 @pytest.mark.parametrize("mode", ["r+", "r"])
 def test_padded_values_are_a_copy(tmp_path, mode):
     """Writing into a padded sample changes nothing stored."""
