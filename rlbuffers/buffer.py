@@ -314,8 +314,8 @@ class ReplayBuffer:
                 (row i is ``values[i, :lengths[i]]``; ``mask`` bool[B, T]); with a sequence
                 sampler ``values [B * L, T, *row]`` and ``lengths`` int64[B * L], rows in
                 ``[B, L]`` row-major order as packed. All formats draw the same transitions
-                from the same generator state; packed and padded build no Python object per
-                row.
+                from the same generator state; packed and padded return no Python object
+                per row.
 
         Returns:
             ``{field: [B, *shape]}`` (sequences: ``[B, L, *shape]``; ragged fields: as
