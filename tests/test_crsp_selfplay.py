@@ -225,9 +225,20 @@ def test_held_out_evaluation_of_a_run(tiny_dir, tmp_path, capsys, monkeypatch):
     # a proposal that is well formed is kept out of the held-out set like a training seed.
     monkeypatch.setattr(evaluate, "proposal_parts", lambda text: ("What is 7 + 8?", "15"))
     written = evaluate.proposals(run, tok)
-    assert written == [{"question": "What is 7 + 8?"}] * 8
+    assert written == [{"question": "What is 7 + 8?"}]  # 8 proposals, one distinct question
     problems, report = evaluate.evaluation_set(cfg, run, tok, 12, 5)
-    assert report["overlap"] == 0 and report["proposals"] == 8 and len(problems) == 12
+    assert report["overlap"] == 0 and report["proposals"] == 1 and len(problems) == 12
+    # metrics.jsonl keeps every step's questions: what the buffer overwrote is still excluded
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    logged = [q for r in rows for q in r["proposed_questions"]]
+    lost = tmp_path / "lost"
+    lost.mkdir()
+    (lost / "metrics.jsonl").write_text("\n".join(json.dumps(
+        {"step": i, "proposed_questions": [f"What is {i} + 1?", "What is 7 + 8?"]})
+        for i in (1, 2)))
+    assert evaluate.proposals(lost, tok) == [{"question": q} for q in (
+        "What is 1 + 1?", "What is 7 + 8?", "What is 2 + 1?")]
+    assert all(isinstance(q, str) and q for q in logged)
     keys = evaluation.training_keys(written + [dict(p) for p in evaluation.task_problems(
         cfg.task, cfg.train_size, cfg.seed, cfg.task_config)])
     assert evaluation.overlap(problems, keys) == 0

@@ -47,17 +47,24 @@ def proportion(k: float, n: int) -> dict[str, Any]:
 
 
 def proposals(run_dir: Path, tok: Any) -> list[dict[str, Any]]:
-    """The problems the run's proposer wrote (``{"question"}`` dicts, well-formed ones),
-    read from ``DIR/buffer``'s last commit (empty without a buffer)."""
+    """The problems the run's proposer wrote (``{"question"}`` dicts, every parsed question):
+    those of every step in ``DIR/metrics.jsonl`` (``proposed_questions``) and those still in
+    ``DIR/buffer``'s last commit (the buffer alone loses the oldest steps once its capacity
+    is reached; runs before the metrics kept them have only the buffer)."""
     from rlbuffers import ReplayBuffer
 
-    if not (run_dir / "buffer").exists():
-        return []
-    with ReplayBuffer.open(run_dir / "buffer", mode="r") as buf:
-        rows = buf[np.arange(len(buf))] if len(buf) else {"role": np.zeros(0)}
-    mine = np.flatnonzero(np.asarray(rows["role"]) == ROLE_ID["proposer"])
-    texts = [tok.decode(rows["completion_ids"][i], skip_special_tokens=True) for i in mine]
-    return [{"question": q} for q, _ in map(proposal_parts, texts) if q]
+    questions: list[str] = []
+    path = run_dir / "metrics.jsonl"
+    if path.exists():
+        for line in path.read_text().splitlines():
+            questions += json.loads(line).get("proposed_questions", [])
+    if (run_dir / "buffer").exists():
+        with ReplayBuffer.open(run_dir / "buffer", mode="r") as buf:
+            rows = buf[np.arange(len(buf))] if len(buf) else {"role": np.zeros(0)}
+        mine = np.flatnonzero(np.asarray(rows["role"]) == ROLE_ID["proposer"])
+        texts = [tok.decode(rows["completion_ids"][i], skip_special_tokens=True) for i in mine]
+        questions += [q for q, _ in map(proposal_parts, texts) if q]
+    return [{"question": q} for q in dict.fromkeys(questions)]
 
 
 def evaluation_set(cfg: Config, run_dir: Path, tok: Any, size: int, seed: int

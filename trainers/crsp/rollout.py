@@ -293,5 +293,9 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
         "critic_verdict_loss": float(verdict_loss(v_logprobs, truth, rate, cfg.verdict_loss
                                                   ).mean()) if term else None,
         "novelty": float(novelty[valid].mean()) if valid.any() else 0.0,
-        "truncated_prompts": prompts.truncated})
+        "truncated_prompts": prompts.truncated,
+        # Every question the proposer wrote this step (answer or not): metrics.jsonl keeps
+        # them all, so the held-out evaluation excludes them after the buffer's capacity
+        # has overwritten the step's utterances.
+        "proposed_questions": [q for q, _ in parts if q]})
     return out, metrics
