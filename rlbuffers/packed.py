@@ -47,16 +47,24 @@ class Packed:
         Raises:
             IndexError: ``i`` outside ``[-N, N)``.
         """
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"row: expected an index in [{-n}, {n}), got {i}")
-        i %= n
+        i = row_index(i, len(self))
         return self.values[int(self.cu_seqlens[i]):int(self.cu_seqlens[i + 1])]
 
     def to_list(self) -> list[np.ndarray]:
         """The N rows as a list of views of :attr:`values` (the ``ragged="list"`` format)."""
         b = self.cu_seqlens.tolist()
         return [self.values[x:y] for x, y in zip(b[:-1], b[1:], strict=True)]
+
+
+def row_index(i: int, n: int) -> int:
+    """Row ``i`` of ``n`` as an index in ``[0, n)`` (negative ``i`` counts from the end).
+
+    Raises:
+        IndexError: ``i`` outside ``[-n, n)``.
+    """
+    if not -n <= i < n:
+        raise IndexError(f"row: expected an index in [{-n}, {n}), got {i}")
+    return i % n
 
 
 def packed_from_bytes(blob: bytes | bytearray, lengths: np.ndarray, dtype: np.dtype,

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rlbuffers.packed import row_index
+
 
 @dataclass(frozen=True, eq=False)
 class Padded:
@@ -46,10 +48,7 @@ class Padded:
         Raises:
             IndexError: ``i`` outside ``[-N, N)``.
         """
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"row: expected an index in [{-n}, {n}), got {i}")
-        i %= n
+        i = row_index(i, len(self))
         return self.values[i, :int(self.lengths[i])]
 
     def to_list(self) -> list[np.ndarray]:
