@@ -28,9 +28,10 @@ from rlbuffers.storage.location import LocalLocation, Location
 from rlbuffers.storage.lock import LOCK_FILE
 from rlbuffers.storage.manifest import Manifest, read_manifest
 from rlbuffers.storage.persistent import PersistentTier
+from rlbuffers.storage.ragged_column import RaggedColumn
 from rlbuffers.storage.reader import ChunkReader
 from rlbuffers.storage.saver import SaveFuture, Saver, SaveReport
-from rlbuffers.storage.working import FixedColumn, RaggedColumn, WorkingTier
+from rlbuffers.storage.working import FixedColumn, WorkingTier
 
 log = logging.getLogger(__name__)
 

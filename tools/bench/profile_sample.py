@@ -51,8 +51,10 @@ PATCHED = [("rlbuffers.segment_tree", "SegmentTree", "find_prefix"),
 
 
 def baseline_methods(rev: str) -> list[tuple[type, str, Callable[..., Any]]]:
-    """The methods of :data:`PATCHED` as git revision ``rev`` wrote them, compiled in today's
-    modules (so their helpers resolve): ``(class, name, function)``."""
+    """The methods of :data:`PATCHED` as git revision ``rev`` wrote them (in the module file
+    named there), compiled in the module that holds the class today (so their helpers
+    resolve; ``RaggedColumn`` moved to ``storage/ragged_column.py``): ``(class, name,
+    function)``."""
     root = Path(__file__).resolve().parents[2]
     out = []
     for mod_name, cls_name, meth in PATCHED:
@@ -66,10 +68,11 @@ def baseline_methods(rev: str) -> list[tuple[type, str, Callable[..., Any]]]:
                        if isinstance(n, ast.FunctionDef) and n.name == meth)
         fn_node.decorator_list = []
         code = textwrap.dedent(ast.get_source_segment(src, fn_node) or "")
-        scope = dict(vars(mod))
+        cls = getattr(mod, cls_name)  # today's class: its module's names resolve the helpers
+        scope = dict(vars(sys.modules[cls.__module__]))
         exec(compile("from __future__ import annotations\n" + code, f"{rev}:{path}", "exec"),
              scope)
-        out.append((getattr(mod, cls_name), meth, scope[meth]))
+        out.append((cls, meth, scope[meth]))
     return out
 
 

@@ -1,0 +1,179 @@
+"""A ragged field of the working tier: per-slot (byte offset, row count) in two ``.npy``
+files and one append-only values file per chunk (``<field>.ragged/``; layout in
+``rlbuffers.storage.working``), gathered as a list of rows, :class:`~rlbuffers.packed.Packed`
+or :class:`~rlbuffers.padded.Padded`."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from rlbuffers.intmath import ceil_div
+from rlbuffers.packed import Packed, packed_from_bytes
+from rlbuffers.padded import Padded, padded_from_pieces
+from rlbuffers.spec import FieldSpec
+from rlbuffers.storage.fileio import pwrite_all
+
+
+class RaggedColumn:
+    """One ragged field: per-slot (byte offset, row count) and one append-only values file per
+    chunk, compacted whenever a chunk has been completely rewritten."""
+
+    def __init__(
+        self, path: Path, spec: FieldSpec, capacity: int, base_chunk_rows: int, *, create: bool
+    ) -> None:
+        self.path, self.spec, self.capacity = path, spec, capacity
+        self.base_chunk_rows = base_chunk_rows
+        self._row_bytes = spec.item_bytes  # computed once: gather needs it on every call
+        if create:
+            path.mkdir(parents=True, exist_ok=True)
+            for name in ("start", "length"):
+                np.lib.format.open_memmap(
+                    path / f"{name}.npy", mode="w+", dtype=np.int64, shape=(capacity,)
+                ).flush()
+        self.start = np.lib.format.open_memmap(path / "start.npy", mode="r+")
+        self.length = np.lib.format.open_memmap(path / "length.npy", mode="r+")
+        # the same maps as plain arrays: indexed without memmap's per-call overhead
+        self._start_rows = self.start.view(np.ndarray)
+        self._length_rows = self.length.view(np.ndarray)
+        self._fds: dict[int, int] = {}
+        self._maps: dict[int, mmap.mmap] = {}  # read-only maps of the values files (gather)
+        n_chunks = ceil_div(capacity, base_chunk_rows)
+        #: ``_views[c]``: a memoryview of ``_maps[c]``, or an empty one where chunk ``c`` is
+        #: not mapped (its rows so far have 0 bytes: slicing it gives them)
+        self._views: list[memoryview] = [memoryview(b"")] * n_chunks
+        #: ``_mapped[c]``: bytes of chunk ``c`` that ``_views[c]`` covers (0: not mapped)
+        self._mapped = np.zeros(n_chunks, dtype=np.int64)
+        #: held while a map is replaced: a background save's reads and a sample may remap the
+        #: same chunk at once, and ``_views[c]`` must never be shorter than ``_mapped[c]``
+        self._map_lock = threading.Lock()
+
+    def _fd(self, c: int) -> int:
+        fd = self._fds.get(c)
+        if fd is None:
+            fd = os.open(self.path / f"c{c}.bin", os.O_RDWR | os.O_CREAT, 0o644)
+            self._fds[c] = fd
+        return fd
+
+    def write(self, slot: int, rows: list[np.ndarray]) -> None:
+        """Append ``rows`` (n arrays ``[len_i, *row]``) as slots ``[slot, slot + n)``."""
+        i = 0
+        while i < len(rows):
+            c = (slot + i) // self.base_chunk_rows
+            n = min(len(rows) - i, (c + 1) * self.base_chunk_rows - (slot + i))
+            part = rows[i : i + n]
+            fd = self._fd(c)
+            end = os.fstat(fd).st_size
+            lengths = np.array([len(r) for r in part], dtype=np.int64)
+            starts = end + np.concatenate([[0], np.cumsum(lengths[:-1] * self.spec.item_bytes)])
+            blob = b"".join(np.ascontiguousarray(r).tobytes() for r in part)
+            pwrite_all(fd, memoryview(blob), end)
+            s = slot + i
+            self.start[s : s + n] = starts
+            self.length[s : s + n] = lengths
+            if (s + n) % self.base_chunk_rows == 0 or s + n == self.capacity:
+                self._maybe_compact(c)
+            i += n
+
+    def _live_range(self, c: int) -> tuple[int, int]:
+        return c * self.base_chunk_rows, min((c + 1) * self.base_chunk_rows, self.capacity)
+
+    def _maybe_compact(self, c: int) -> None:
+        a, b = self._live_range(c)
+        live = int(self.length[a:b].sum()) * self.spec.item_bytes
+        if os.fstat(self._fd(c)).st_size > 2 * live + 4096:
+            self._rewrite(c, self.read_range(a, b))
+
+    def _rewrite(self, c: int, rows: list[np.ndarray]) -> None:
+        a, _ = self._live_range(c)
+        self.reset_chunk(c)
+        self.write(a, rows)
+
+    def _values(self, c: int, end: int) -> mmap.mmap:
+        """A read-only map of chunk ``c``'s values file covering bytes ``[0, end)``; remapped
+        when the file has grown past the cached map."""
+        with self._map_lock:
+            m = self._maps.get(c)
+            if m is None or len(m) < end:
+                m = self._maps[c] = mmap.mmap(self._fd(c), 0, prot=mmap.PROT_READ)
+                self._views[c] = memoryview(m)  # the view first: readers check _mapped first
+                self._mapped[c] = len(m)
+            return m
+
+    def _unmap(self, c: int) -> None:
+        """Forget chunk ``c``'s map (before its file is truncated: reading a map past the end
+        of its file raises SIGBUS)."""
+        with self._map_lock:
+            self._maps.pop(c, None)
+            self._mapped[c] = 0
+            self._views[c] = memoryview(b"")
+
+    def gather(self, slots: np.ndarray) -> list[np.ndarray]:
+        """Values of ``slots`` (int64[N]) as a list of N arrays ``[len_i, *row]``: views into
+        the one new flat array of :meth:`gather_packed`."""
+        return self.gather_packed(slots).to_list()
+
+    def _pieces(self, slots: np.ndarray) -> tuple[list[memoryview], np.ndarray]:
+        """The bytes of the values of ``slots`` (int64[N]): N memoryviews of the memory-mapped
+        values files (no copy, no numpy call per row) and their lengths (int64[N], rows along
+        the ragged axis). The maps stay open between calls; a chunk is (re)mapped only when a
+        row ends past its map."""
+        slots = np.asarray(slots, dtype=np.int64).ravel()
+        lengths = self._length_rows[slots]
+        starts = self._start_rows[slots]
+        ends = starts + lengths * self._row_bytes
+        chunk = slots // self.base_chunk_rows
+        if (ends > self._mapped[chunk]).any():
+            last = np.zeros(len(self._mapped), dtype=np.int64)
+            np.maximum.at(last, chunk, ends)  # the furthest byte read in each chunk
+            for c in np.flatnonzero(last).tolist():
+                self._values(c, int(last[c]))
+        views = self._views  # a row of 0 bytes slices to b"" whether its chunk is mapped or not
+        return [views[c][a:b] for c, a, b in
+                zip(chunk.tolist(), starts.tolist(), ends.tolist(), strict=True)], lengths
+
+    def gather_packed(self, slots: np.ndarray) -> Packed:
+        """Values of ``slots`` (int64[N]) packed: ``values [sum_len, *row]`` (a new array),
+        ``cu_seqlens`` int64[N + 1]; copied out of the memory-mapped values files by one
+        ``bytearray.join`` of the rows' byte ranges (no numpy call per row)."""
+        pieces, lengths = self._pieces(slots)
+        return packed_from_bytes(bytearray().join(pieces), lengths, self.spec.dtype,
+                                 self.spec.row_shape)
+
+    def gather_padded(self, slots: np.ndarray) -> Padded:
+        """Values of ``slots`` (int64[N]) padded: ``values [N, L, *row]`` (a new array, zeros
+        after each row, ``L`` the longest), ``lengths`` int64[N]; copied out of the
+        memory-mapped values files by one ``bytearray.join`` of the rows and their pads."""
+        pieces, lengths = self._pieces(slots)
+        return padded_from_pieces(pieces, lengths, self.spec.dtype, self.spec.row_shape)
+
+    def read_range(self, start: int, stop: int) -> list[np.ndarray]:
+        """Values of slots ``[start, stop)``."""
+        return self.gather(np.arange(start, stop))
+
+    def reset_chunk(self, c: int) -> None:
+        """Empty the values file of base chunk ``c`` (before it is rebuilt)."""
+        self._unmap(c)
+        os.ftruncate(self._fd(c), 0)
+        a, b = self._live_range(c)
+        self.start[a:b] = 0
+        self.length[a:b] = 0
+
+    def flush(self) -> None:
+        self.start.flush()
+        self.length.flush()
+        for fd in self._fds.values():
+            os.fsync(fd)
+
+    def close(self) -> None:
+        for c in list(self._maps):
+            self._unmap(c)
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        self.start = self.length = None  # type: ignore[assignment]
+        self._start_rows = self._length_rows = None  # type: ignore[assignment]
