@@ -167,3 +167,60 @@ def test_step_weights_balance_the_two_classes_of_the_step(labels):
     pos, neg = reward[truth].sum(), reward[~truth].sum()
     np.testing.assert_allclose(pos / neg, (k / (k + 1)) / ((m - k) / (m - k + 1)), rtol=1e-5)
     assert 0.5 <= pos / neg <= 2.0  # unweighted it would be k / (M - k), e.g. 1/63
+
+
+def naive_window_rate(steps: list[np.ndarray], window: float) -> float:
+    """The windowed rate from its definition: an attempt judged ``n`` attempts ago (later
+    steps' attempts counted, its own step's not) weighs ``(1 - 1/window) ** n``."""
+    judged = correct = 0.0
+    for i, truth in enumerate(steps):
+        later = sum(len(t) for t in steps[i + 1:])
+        weight = (1.0 - 1.0 / window) ** later
+        judged += weight * len(truth)
+        correct += weight * truth.sum()
+    return (correct + 1.0) / (judged + 2.0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.booleans(), max_size=40), min_size=1, max_size=30),
+       st.floats(1.0, 1000.0), st.integers(0, 29))
+def test_class_window_equals_its_definition_and_resumes_exactly(steps, window, cut):
+    steps = [np.array(s, bool) for s in steps]
+    w = R.ClassWindow(window)
+    resumed = None
+    for i, truth in enumerate(steps):
+        if i == cut:  # a checkpoint here: a fresh window loaded from its state_dict
+            resumed = R.ClassWindow(window)
+            resumed.load_state_dict(w.state_dict())
+            w = resumed
+        w.update(truth)
+        assert w.rate == pytest.approx(naive_window_rate(steps[:i + 1], window), rel=1e-9)
+        assert 0.0 < w.rate < 1.0
+
+
+def test_window_weights_balance_a_run_of_one_class_steps_where_step_weights_do_not():
+    """The issue-36 failure: most steps judge incorrect attempts only, a few hold both. Over
+    the run (6% correct), the summed verdict weights of the two classes (every verdict right)
+    are within 3/2 of each other with the window's rate (0.76: the rate counts the step's
+    own attempts, so a burst of correct ones lowers its own weight); with the step's own
+    rate the incorrect class weighs 4.4x the correct one."""
+    rng = np.random.default_rng(0)
+    steps = [rng.random(32) < (0.25 if s % 4 == 0 else 0.0) for s in range(60)]
+    totals = {}
+    for mode in ("window", "step"):
+        w, pos, neg = R.ClassWindow(256.0), 0.0, 0.0
+        for truth in steps:
+            w.update(truth)
+            rate = w.rate if mode == "window" else R.step_class_rate(truth)
+            reward = R.balanced_verdict_reward(truth[:, None], truth, rate)
+            pos, neg = pos + reward[truth].sum(), neg + reward[~truth].sum()
+        totals[mode] = pos / neg
+    assert 2 / 3 <= totals["window"] <= 3 / 2, totals
+    assert totals["step"] < 0.25, totals
+
+
+def test_class_window_refuses_bad_input():
+    with pytest.raises(ValueError, match="window: expected >= 1 judged attempts, got 0.5"):
+        R.ClassWindow(0.5)
+    with pytest.raises(ValueError, match=r"truth: expected bool\[M\], got shape \(2, 2\)"):
+        R.ClassWindow().update(np.zeros((2, 2), bool))

@@ -44,11 +44,14 @@ class Config(LLMConfig):
     (the sampled verdict's policy gradient only)."""
     verdict_coef: float = 1.0
     """Weight of the verdict term (not used with --verdict-loss sampled)."""
-    critic_class_weights: str = "step"
+    critic_class_weights: str = "window"
     """Where the class frequency of the critic's balanced weights ``w_y = 1 / (2 freq(y))``
-    comes from: 'step' (the step's judged attempts, add-one smoothed: each update weighs the
-    two classes equally whatever the solver's success rate did before) or 'running' (every
-    attempt judged so far, add-one smoothed: lags behind a solver that improves)."""
+    comes from: 'window' (a decayed window of the last ``--critic-class-window`` judged
+    attempts, across steps: ``rewards.ClassWindow``), 'step' (the step's judged attempts
+    only: a step that judged one class gets no balance) or 'running' (every attempt judged
+    so far: lags behind a solver that improves). All add-one smoothed."""
+    critic_class_window: float = 256.0
+    """Judged attempts in the window of --critic-class-weights window (>= 1)."""
     warmup_steps: int = 0
     """Supervised format warm-up steps per role (proposer, critic) before the first step of a
     new run (``trainers/crsp/warmup.py``; examples through ``rlbuffers.stream``); 0: off."""
@@ -165,6 +168,7 @@ def check_config(c: Config) -> None:
         "verdict_coef": (c.verdict_coef >= 0, ">= 0"),
         "critic_class_weights": (c.critic_class_weights in CLASS_WEIGHTS,
                                  f"one of {', '.join(CLASS_WEIGHTS)}"),
+        "critic_class_window": (c.critic_class_window >= 1, ">= 1"),
         "lora_rank": (c.lora_rank >= 1, ">= 1 (roles are adapters)"),
         "alpha_decay": (0 < c.alpha_decay <= 1, "in (0, 1]"),
         "micro_batch_tokens": (c.micro_batch_tokens >= 0, ">= 0 (0: planned)"),

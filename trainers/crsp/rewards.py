@@ -150,9 +150,12 @@ class NoveltySketch:
 TRUTH = "critic_truth"
 
 
-#: ``--critic-class-weights`` choices: the class frequency from the step's judged attempts
-#: or from every attempt judged so far.
-CLASS_WEIGHTS = ("step", "running")
+#: Key in the trainer's statistics of the decayed class counts (:class:`ClassWindow`).
+WINDOW = "critic_truth_window"
+
+#: ``--critic-class-weights`` choices: the class frequency from a decayed window of the
+#: latest judged attempts, from the step's judged attempts, or from every attempt so far.
+CLASS_WEIGHTS = ("window", "step", "running")
 
 
 def class_rate(truth: RunningMeanStd) -> float:
@@ -175,6 +178,53 @@ def step_class_rate(truth: np.ndarray) -> float:
     if y.ndim != 1:
         raise ValueError(f"truth: expected bool[M], got shape {y.shape}")
     return float((y.sum() + 1.0) / (len(y) + 2.0))
+
+
+class ClassWindow:
+    """Class frequency of the latest judged attempts, over an exponential window of about
+    ``window`` attempts (``--critic-class-window``), add-one smoothed.
+
+    Each step's ``M`` judged attempts (``truth``: bool[M]) decay the counts kept so far by
+    ``(1 - 1 / window) ** M`` and then add theirs: an attempt judged ``n`` attempts ago
+    weighs ``(1 - 1 / window) ** n`` (attempts of one step count as equally recent), so the
+    effective number of attempts approaches ``window``. ``rate = (correct + 1) / (judged +
+    2)`` as :func:`class_rate` (Laplace's rule of succession on the decayed counts).
+
+    Why: the class weights must balance over many steps, not one. In the 44-step issue-36
+    run 26 of 44 steps judged attempts of one class only (94% of all were incorrect); a
+    per-step rate (:func:`step_class_rate`) balances only steps holding both classes, so
+    the one-class steps pushed "incorrect" unopposed and the verdict said "correct" on 3-4%
+    of held-out attempts while its margin's AUC rose to 0.65. A running rate over the whole
+    run (:func:`class_rate`) lags a solver that improves (0.30 read while 50-80% were
+    correct in the 50-step run). The window follows the recent frequency across steps.
+
+    Raises:
+        ValueError: ``window`` below 1, or ``truth`` not bool[M].
+    """
+
+    def __init__(self, window: float = 256.0) -> None:
+        if not window >= 1.0:
+            raise ValueError(f"window: expected >= 1 judged attempts, got {window}")
+        self.window, self.judged, self.correct = float(window), 0.0, 0.0
+
+    def update(self, truth: np.ndarray) -> None:
+        y = np.asarray(truth, bool)
+        if y.ndim != 1:
+            raise ValueError(f"truth: expected bool[M], got shape {y.shape}")
+        decay = (1.0 - 1.0 / self.window) ** len(y)
+        self.judged = self.judged * decay + len(y)
+        self.correct = self.correct * decay + float(y.sum())
+
+    @property
+    def rate(self) -> float:
+        """The smoothed frequency of correct attempts in the window, in (0, 1)."""
+        return (self.correct + 1.0) / (self.judged + 2.0)
+
+    def state_dict(self) -> dict[str, float]:
+        return {"window": self.window, "judged": self.judged, "correct": self.correct}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.judged, self.correct = float(state["judged"]), float(state["correct"])
 
 
 def balanced_verdict_reward(verdicts: np.ndarray, truth: np.ndarray, rate: float

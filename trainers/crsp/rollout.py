@@ -19,6 +19,8 @@ from trainers.crsp.config import Config, group_size, length_target, longest_comp
 from trainers.crsp.formats import STOP, VERDICTS, cut_at_stop, format_scores, proposal_parts
 from trainers.crsp.rewards import (
     TRUTH,
+    WINDOW,
+    ClassWindow,
     NoveltySketch,
     advantages,
     alpha_schedule,
@@ -155,7 +157,7 @@ def choose_verdicts(logprobs: np.ndarray, k: int) -> np.ndarray:
 
 
 def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dict[str, Any]],
-            score: Any, sketch: NoveltySketch, stats: dict[str, RunningMeanStd],
+            score: Any, sketch: NoveltySketch, stats: dict[str, Any],
             alpha: Any = None, *, step: int) -> tuple[dict[str, RoleBatch], dict[str, Any]]:
     """Generate every role's utterances for ``seeds`` and reward them. ``score(answer,
     entry)`` is reasoning-gym's verifier of a seed problem; ``alpha`` the run's cached
@@ -163,8 +165,9 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
     role batches and the step's metrics (rewards, format scores and flat-group fractions per
     role, seed accuracy, proposals' validity and novelty, the critic's agreement, verdict
     distribution against the ground truth, balanced accuracy and majority-class rate).
-    ``stats`` also keeps the running class frequency of the judged attempts
-    (``rewards.TRUTH``) that the critic's verdict reward is balanced with."""
+    ``stats`` also keeps the class frequencies of the judged attempts that the critic's
+    verdict reward is balanced with: running (``rewards.TRUTH``) and windowed
+    (``rewards.WINDOW``, a ``ClassWindow``, created here when missing)."""
     alpha = alpha or alpha_schedule(cfg.alpha0, cfg.alpha_decay)
     sampling = cfg.sampling(longest_completion(cfg), generate_dtype=cfg.generate_dtype)
     packing = cfg.packing(cfg.pack_tokens, cfg.train_dtype)
@@ -223,8 +226,10 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
     truth = np.array([bool(outcome[k][j]) for k, j in judged], bool)
     stats.setdefault(TRUTH, RunningMeanStd()).update(truth.astype(np.float64))
     agree = (verdicts == truth[:, None]).astype(np.float32).reshape(-1)
-    rate = (step_class_rate(truth) if cfg.critic_class_weights == "step"
-            else class_rate(stats[TRUTH]))
+    window = stats.setdefault(WINDOW, ClassWindow(cfg.critic_class_window))
+    window.update(truth)
+    rate = {"window": lambda: window.rate, "step": lambda: step_class_rate(truth),
+            "running": lambda: class_rate(stats[TRUTH])}[cfg.critic_class_weights]()
     critic_r = balanced_verdict_reward(verdicts, truth, rate)
     term = cfg.verdict_loss != "sampled" and len(judged) > 0
     if term:  # the verdict is trained over both continuations, the reason by its rewards

@@ -64,6 +64,8 @@ from trainers.crsp.formats import render
 from trainers.crsp.naive import naive_grads
 from trainers.crsp.rewards import (
     TRUTH,
+    WINDOW,
+    ClassWindow,
     NoveltySketch,
     alpha_schedule,
     rolling_balanced_accuracy,
@@ -99,7 +101,7 @@ class Trainer:
     amb: AdaptiveMicroBatch
     prompts: Prompts
     sketch: NoveltySketch
-    stats: dict[str, RunningMeanStd]
+    stats: dict[str, Any]  # RunningMeanStd per role and TRUTH; ClassWindow at WINDOW
     rng: np.random.Generator
     state: dict[str, Any]  # step, groups, data order (plain data)
     plan: dict[str, Any]  # the memory plan's numbers (in every metrics row)
@@ -278,7 +280,8 @@ def setup(cfg: Config, device: torch.device, rank: int, world: int
     t = Trainer(cfg, device, model, tok, reference, opts, amb,
                 Prompts(tok, cfg.max_prompt_tokens, ByteLRUCache(cfg.prompt_cache_bytes)),
                 NoveltySketch(cfg.sketch_capacity, cfg.sketch_perm, cfg.seed),
-                {r: RunningMeanStd() for r in (*ROLES, TRUTH)},
+                {**{r: RunningMeanStd() for r in (*ROLES, TRUTH)},
+                 WINDOW: ClassWindow(cfg.critic_class_window)},
                 np.random.default_rng(cfg.seed),
                 {"step": 0, "groups": 0, "data": {}}, plan,
                 alpha_schedule(cfg.alpha0, cfg.alpha_decay), units)
