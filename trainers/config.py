@@ -131,12 +131,14 @@ def parse_config(cls: type[C], argv: list[str] | None, *, prog: str, description
     parser = ArgumentParser(prog=prog, description=description)
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        kind = argparse.BooleanOptionalAction if isinstance(f.default, bool) else None
-        typ = None if kind else (str if f.default is None else type(f.default))
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, action=kind,
+        # A flag --x / --no-x for a bool; BooleanOptionalAction takes no ``type`` (passing
+        # one, even None, is deprecated since Python 3.12 and an error from 3.14).
+        kind = {"action": argparse.BooleanOptionalAction} if isinstance(f.default, bool) \
+            else {"type": str if f.default is None else type(f.default)}
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name,
                             help=f"{docs.get(f.name, '')} (default: {f.default})"
                             .replace("%", "%%"),  # argparse formats help with %
-                            type=typ, default=argparse.SUPPRESS)
+                            default=argparse.SUPPRESS, **kind)
     given = vars(parser.parse_args(argv))
     run_dir = Path(given.get("run_dir", getattr(cls, "run_dir", "")))
     if not given.get("resume"):
