@@ -302,8 +302,9 @@ def test_one_step_run_logs_the_memory_plan_and_each_phase(tiny_dir, tmp_path, ca
     """At the default log level a run prints its memory plan (budget, micro-batches,
     checkpointing, savings) and one line per step with each phase's seconds and peak; the
     plan's numbers are in the metrics row."""
+    # The CPU's plan (--device auto would pick a GPU where one is present).
     train.main([*ARGS, "--model", str(tiny_dir), "--steps", "1", "--run-dir",
-                str(tmp_path / "run"), "--gradient-checkpointing", "all"])
+                str(tmp_path / "run"), "--gradient-checkpointing", "all", "--device", "cpu"])
     err = capsys.readouterr().err
     plan = next(line for line in err.splitlines() if "memory plan:" in line)
     assert "INFO trainers.crsp" in plan and "budget none" in plan

@@ -6,6 +6,8 @@ if compgen -G ".whl/*.whl" > /dev/null; then
     if [ ! -f /tmp/site/.installed ]; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target /tmp/site .whl/*.whl || exit 1
+        # pure-Python packages published without a wheel (cellpylib, zss): copied as folders
+        [ -d .whl/site ] && cp -r .whl/site/. /tmp/site/
         # reasoning-gym imports pycosat for one task family; no wheel for it: a stub module
         [ -f /tmp/site/pycosat.py ] || python3 -c "import pycosat" 2>/dev/null \
             || echo '"""stub: no SAT tasks here"""' > /tmp/site/pycosat.py
