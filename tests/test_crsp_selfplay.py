@@ -244,7 +244,7 @@ def test_held_out_evaluation_of_a_run(tiny_dir, tmp_path, capsys, monkeypatch):
         cfg.task, cfg.train_size, cfg.seed, cfg.task_config)])
     assert evaluation.overlap(problems, keys) == 0
     evaluate.main(["--run-dir", str(run), "--steps", "0,2", "--eval-size", "12",
-                   "--window", "1", "--critic-attempts", "3"])
+                   "--window", "1", "--critic-attempts", "3", "--calibration-size", "5"])
     out = json.loads(capsys.readouterr().out)
     assert out == json.loads((run / "eval.json").read_text())
     assert out["overlap"] == 0 and out["held_out"]["size"] == 12
@@ -262,6 +262,15 @@ def test_held_out_evaluation_of_a_run(tiny_dir, tmp_path, capsys, monkeypatch):
         assert bal["attempts_correct"]["n"] == pool["balanced_set"]
         if pool["balanced_set"]:  # the verdict margin's AUC on the balanced set
             assert 0 <= bal["auc"]["ci95"][0] <= bal["auc"]["auc"] <= bal["auc"]["ci95"][1] <= 1
+        # The calibrated verdicts: the same attempts, a threshold fitted on 5 training seeds'
+        # 15 attempts (never a held-out problem); the threshold-free AUC is unchanged.
+        assert c["calibration"]["n"] == 15 and np.isfinite(c["calibration"]["tau"])
+        cal = c["critic_balanced_set_calibrated"]
+        assert cal["attempts_correct"] == bal["attempts_correct"]
+        assert cal.get("auc") == bal.get("auc")
+        assert c["critic_first_attempts_calibrated"]["accuracy"]["n"] == 12
+    assert out["calibration_set"]["training_seeds"] == 5
+    assert out["calibration_set"]["correct"]["n"] == 15
     assert out["proposer"]["first"]["steps"] == [1, 1] and out["proposer"]["last"]["n"] == 4
     says, labels = np.array([True, False, False, False]), np.array([True, True, False, False])
     assert evaluate.balanced_accuracy(says, labels) == 0.75
@@ -361,3 +370,37 @@ def test_auc_is_the_pairwise_ranking_probability(rows):
     assert got["n_correct"] + got["n_incorrect"] == len(rows)
     assert got["ci95"][0] <= got["auc"] <= got["ci95"][1]
     assert evaluate.auc(-scores, labels)["auc"] == pytest.approx(1 - want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(-4, 4), st.booleans()), min_size=1, max_size=40))
+def test_youden_threshold_is_the_best_cut_of_a_brute_force_search(rows):
+    """The calibrated threshold against a naive search over every candidate threshold (each
+    margin, and below the smallest): its balanced accuracy is the best any threshold reaches,
+    and ``margin > tau`` reproduces it."""
+    from trainers.crsp import evaluate
+
+    margin = np.array([float(m) for m, _ in rows])
+    labels = np.array([y for _, y in rows])
+    got = evaluate.youden_threshold(margin, labels)
+    if labels.all() or not labels.any():
+        assert got == {"tau": 0.0, "balanced_accuracy": None, "n": len(rows)}
+        return
+    candidates = [margin.min() - 1.0, *margin]
+    best = max(naive_balanced_accuracy(margin > t, labels) for t in candidates)
+    assert got["balanced_accuracy"] == pytest.approx(best)
+    assert naive_balanced_accuracy(margin > got["tau"], labels) == pytest.approx(best)
+
+
+def naive_balanced_accuracy(says, labels):
+    pairs = list(zip(says, labels, strict=True))
+    tpr = sum(s and y for s, y in pairs) / sum(y for _, y in pairs)
+    tnr = sum(not s and not y for s, y in pairs) / sum(not y for _, y in pairs)
+    return (tpr + tnr) / 2
+
+
+def test_youden_threshold_refuses_mismatched_shapes():
+    from trainers.crsp import evaluate
+
+    with pytest.raises(ValueError, match=r"margin / labels: expected float\[n\] and bool\[n\]"):
+        evaluate.youden_threshold(np.zeros(3), np.zeros(2, bool))

@@ -13,7 +13,13 @@
   attempt of every problem against the majority-class rate of those attempts, and on a
   class-balanced set (each problem's first correct and first incorrect attempt, the larger
   class cut to the smaller's size, by problem order) against its majority rate of 50%;
-  balanced accuracy (the mean recall of the two classes) of both;
+  balanced accuracy (the mean recall of the two classes) of both; the AUC of the verdict
+  margin ``L_correct - L_incorrect`` (threshold-free); and the same figures with the verdict
+  read at a *calibrated* threshold, ``margin > tau``, ``tau`` the one of best balanced accuracy
+  (Youden's J) on that checkpoint's margins over ``--calibration-size`` of the run's own
+  *training* seed problems (sampled attempts by the same solver, labelled by the verifier):
+  an operating point set on training data, never on the held-out set, by the same procedure
+  for every checkpoint;
 - from ``metrics.jsonl``, the proposer's well-formed proposals over the first and the last
   ``--window`` steps;
 
@@ -111,6 +117,41 @@ def critic_figures(says: np.ndarray, labels: np.ndarray, margin: np.ndarray | No
             **({"auc": auc(margin, labels)} if margin is not None and both else {})}
 
 
+def youden_threshold(margin: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
+    """The verdict threshold ``tau`` that maximises balanced accuracy (equivalently Youden's
+    ``J = TPR + TNR - 1``: Youden 1950, "Index for rating diagnostic tests") of ``margin >
+    tau`` against ``labels`` (float[n], bool[n]): over every distinct cut of the sorted
+    margins, ``tau`` the midpoint between the two margins it falls between (below the
+    smallest: everything "correct"; at the largest: everything "incorrect"); the lowest such
+    ``tau`` on ties. Returns ``{"tau", "balanced_accuracy", "n"}``; ``tau`` 0.0 and
+    ``balanced_accuracy`` None when a class is missing.
+
+    Raises:
+        ValueError: ``margin`` and ``labels`` of different lengths.
+    """
+    m, y = np.asarray(margin, np.float64), np.asarray(labels, bool)
+    if m.shape != y.shape or m.ndim != 1:
+        raise ValueError(f"margin / labels: expected float[n] and bool[n], got {m.shape} and "
+                         f"{y.shape}")
+    n1 = int(y.sum())
+    n0 = len(y) - n1
+    if not n1 or not n0:
+        return {"tau": 0.0, "balanced_accuracy": None, "n": len(y)}
+    order = np.argsort(m, kind="stable")
+    ms, ys = m[order], y[order]
+    # Cut after the first i sorted margins (i = 0..n): those say "incorrect", the rest
+    # "correct"; only cuts between distinct margins are realisable by a threshold.
+    below_neg = np.concatenate([[0], np.cumsum(~ys)])  # true negatives
+    below_pos = np.concatenate([[0], np.cumsum(ys)])  # false negatives
+    ba = 0.5 * ((n1 - below_pos) / n1 + below_neg / n0)
+    ok = np.ones(len(ms) + 1, bool)
+    ok[1:-1] = ms[1:] > ms[:-1]
+    i = int(np.flatnonzero(ok)[np.argmax(ba[ok])])
+    tau = (ms[0] - 1.0 if i == 0 else ms[-1] if i == len(ms)
+           else 0.5 * (ms[i - 1] + ms[i]))
+    return {"tau": float(tau), "balanced_accuracy": float(ba[i]), "n": len(y)}
+
+
 def balanced_set(labels: np.ndarray) -> np.ndarray:
     """Indices ``(problem, attempt)`` (int[2m, 2]) of a class-balanced set from ``labels``
     (bool[P, K]: attempt k of problem p was correct): each problem's first correct and first
@@ -154,12 +195,27 @@ def solver_attempts(cfg: Config, model: Any, tok: Any, problems: list[dict[str, 
     return texts, np.array(labels, bool).reshape(len(problems), attempts)
 
 
+def margins(cfg: Config, model: Any, tok: Any, problems: list[dict[str, Any]],
+            pool: tuple[list[str], np.ndarray]) -> np.ndarray:
+    """The critic's verdict margins ``L_correct - L_incorrect`` (float64[P, K]) on the attempt
+    ``pool`` (:func:`solver_attempts`' output) of ``problems``."""
+    texts, labels = pool
+    k = labels.shape[1]
+    prompts = Prompts(tok, cfg.max_prompt_tokens, _cache())
+    c_prompts = [prompts("critic", f"Problem:\n{problems[i // k]['question']}\n\n"
+                                   f"Solution:\n{t}") for i, t in enumerate(texts)]
+    lp = verdict_logprobs(model, tok, c_prompts, cfg.packing(cfg.pack_tokens, cfg.train_dtype))
+    return (lp[:, 0] - lp[:, 1]).reshape(labels.shape)
+
+
 def evaluate_checkpoint(cfg: Config, model: Any, tok: Any, step: int,
-                        problems: list[dict[str, Any]], pool: tuple[list[str], np.ndarray]
-                        ) -> dict[str, Any]:
+                        problems: list[dict[str, Any]], pool: tuple[list[str], np.ndarray],
+                        calibration: tuple[list[dict[str, Any]], tuple[list[str], np.ndarray]]
+                        | None = None) -> dict[str, Any]:
     """Checkpoint ``step``'s greedy solver accuracy on ``problems`` and its critic's verdicts
     on the attempt ``pool`` (:func:`solver_attempts`' output: the same attempts for every
-    checkpoint)."""
+    checkpoint); with ``calibration`` (training problems and their attempt pool), the same
+    verdict figures at the threshold :func:`youden_threshold` sets on them."""
     correct_fn = task_correct(cfg.task, cfg.task_config)
     prompts = Prompts(tok, cfg.max_prompt_tokens, _cache())
     sampling = cfg.sampling(cfg.solver_tokens, generate_dtype=cfg.generate_dtype)
@@ -168,19 +224,26 @@ def evaluate_checkpoint(cfg: Config, model: Any, tok: Any, step: int,
                       sampling, n_per_prompt=1, greedy=True, max_new=cfg.solver_tokens)
     solved = [correct_fn(extract_answer(tok.decode(c, skip_special_tokens=True))[0] or None,
                          p) == 1.0 for (c, _), p in zip(greedy, problems, strict=True)]
-    texts, labels = pool
-    k = labels.shape[1]
-    c_prompts = [prompts("critic", f"Problem:\n{problems[i // k]['question']}\n\n"
-                                   f"Solution:\n{t}") for i, t in enumerate(texts)]
-    lp = verdict_logprobs(model, tok, c_prompts, cfg.packing(cfg.pack_tokens, cfg.train_dtype))
-    margin = (lp[:, 0] - lp[:, 1]).reshape(labels.shape)
-    says = margin > 0
+    labels = pool[1]
+    margin = margins(cfg, model, tok, problems, pool)
     pick = balanced_set(labels)
     p_idx, a_idx = pick[:, 0], pick[:, 1]
-    return {"step": step, "solver_accuracy": proportion(int(sum(solved)), len(problems)),
-            "critic_first_attempts": critic_figures(says[:, 0], labels[:, 0], margin[:, 0]),
-            "critic_balanced_set": critic_figures(says[p_idx, a_idx], labels[p_idx, a_idx],
-                                                  margin[p_idx, a_idx])}
+    out = {"step": step, "solver_accuracy": proportion(int(sum(solved)), len(problems))}
+    for tag, tau in (("", 0.0), ("_calibrated", None)):
+        if tau is None:
+            if calibration is None:
+                break
+            c_problems, c_pool = calibration
+            fit = youden_threshold(margins(cfg, model, tok, c_problems, c_pool).reshape(-1),
+                                   c_pool[1].reshape(-1))
+            out["calibration"] = fit
+            tau = fit["tau"]
+        says = margin > tau
+        out[f"critic_first_attempts{tag}"] = critic_figures(says[:, 0], labels[:, 0],
+                                                            margin[:, 0])
+        out[f"critic_balanced_set{tag}"] = critic_figures(
+            says[p_idx, a_idx], labels[p_idx, a_idx], margin[p_idx, a_idx])
+    return out
 
 
 def _cache() -> Any:
@@ -218,6 +281,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--attempts-from", type=int, default=None,
                     help="the checkpoint whose solver writes the attempts every checkpoint's "
                          "critic judges (default: the last of --steps)")
+    ap.add_argument("--calibration-size", type=int, default=100,
+                    help="training seed problems whose attempts set each checkpoint's "
+                         "calibrated verdict threshold (0: no calibrated figures)")
     ap.add_argument("--window", type=int, default=20, help="steps per proposer window")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None, help="JSON file (DIR/eval.json)")
@@ -231,10 +297,19 @@ def main(argv: list[str] | None = None) -> None:
     model, tok = load_checkpoint(cfg, a.run_dir, source)
     problems, report = evaluation_set(cfg, a.run_dir, tok, a.eval_size, seed)
     texts, labels = solver_attempts(cfg, model, tok, problems, seed, a.critic_attempts)
+    calibration = None
+    if a.calibration_size:  # training seeds: never a held-out problem
+        seeds = [dict(p) for p in task_problems(cfg.task, cfg.train_size, cfg.seed,
+                                                cfg.task_config)]
+        pick = np.random.default_rng(seed).permutation(len(seeds))[:a.calibration_size]
+        c_problems = [seeds[i] for i in sorted(pick)]
+        calibration = (c_problems, solver_attempts(cfg, model, tok, c_problems, seed + 1,
+                                                   a.critic_attempts))
     checkpoints = []
     for step in steps:
         m = model if step == source else load_checkpoint(cfg, a.run_dir, step)[0]
-        checkpoints.append(evaluate_checkpoint(cfg, m, tok, step, problems, (texts, labels)))
+        checkpoints.append(evaluate_checkpoint(cfg, m, tok, step, problems, (texts, labels),
+                                               calibration))
         del m
     out: dict[str, Any] = {
         "held_out": report, "overlap": report["overlap"],
@@ -242,6 +317,9 @@ def main(argv: list[str] | None = None) -> None:
         "critic_attempts": {"from_step": source, "per_problem": a.critic_attempts,
                             "correct": proportion(int(labels.sum()), labels.size),
                             "balanced_set": len(balanced_set(labels))},
+        "calibration_set": None if calibration is None else {
+            "training_seeds": len(calibration[0]),
+            "correct": proportion(int(calibration[1][1].sum()), calibration[1][1].size)},
         "checkpoints": checkpoints}
     (a.out or a.run_dir / "eval.json").write_text(json.dumps(out, indent=1))
     print(json.dumps(out, indent=1))
