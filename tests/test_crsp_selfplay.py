@@ -112,9 +112,8 @@ def test_well_formed_path_end_to_end(tiny_dir, monkeypatch):
     assert batches["proposer"].parts["format"] == [1.0, 1.0, 1.0, 0.0]
     assert 0 < metrics["critic_seed_majority"] <= 1
     # The critic's verdict reward is +-1 weighted by its attempt's class, from the class
-    # frequency of the judged attempts in the window (add-one smoothed; --critic-class-weights
-    # window, whose first step holds this step's attempts only); the verdict distribution is
-    # in the metrics.
+    # frequency of the step's judged attempts (add-one smoothed; --critic-class-weights
+    # step); the verdict distribution is in the metrics.
     rate = metrics["critic_class_rate"]
     judged = 32 // cfg.critic_samples
     correct = round(metrics["critic_truth_correct"] * judged)

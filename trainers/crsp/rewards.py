@@ -153,9 +153,9 @@ TRUTH = "critic_truth"
 #: Key in the trainer's statistics of the decayed class counts (:class:`ClassWindow`).
 WINDOW = "critic_truth_window"
 
-#: ``--critic-class-weights`` choices: the class frequency from a decayed window of the
-#: latest judged attempts, from the step's judged attempts, or from every attempt so far.
-CLASS_WEIGHTS = ("window", "step", "running")
+#: ``--critic-class-weights`` choices: the class frequency from the step's judged attempts,
+#: from a decayed window of the latest judged attempts, or from every attempt so far.
+CLASS_WEIGHTS = ("step", "window", "running")
 
 
 def class_rate(truth: RunningMeanStd) -> float:
