@@ -73,12 +73,17 @@ def proposals(run_dir: Path, tok: Any) -> list[dict[str, Any]]:
     return [{"question": q} for q in dict.fromkeys(questions)]
 
 
+def training_seeds(cfg: Config) -> list[dict[str, Any]]:
+    """The run's training seed problems, as the trainer drew them."""
+    return [dict(p) for p in task_problems(cfg.task, cfg.train_size, cfg.seed,
+                                           cfg.task_config)]
+
+
 def evaluation_set(cfg: Config, run_dir: Path, tok: Any, size: int, seed: int
                    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The held-out problems and their report (``held_out``'s, plus how many training seeds
     and proposals they were kept apart from)."""
-    seeds = [dict(p) for p in task_problems(cfg.task, cfg.train_size, cfg.seed,
-                                            cfg.task_config)]
+    seeds = training_seeds(cfg)
     written = proposals(run_dir, tok)
     problems, report = held_out(cfg.task, cfg.task_config, seeds + written, size, seed)
     return problems, {**report, "training_seeds": len(seeds), "proposals": len(written)}
@@ -228,16 +233,15 @@ def evaluate_checkpoint(cfg: Config, model: Any, tok: Any, step: int,
     margin = margins(cfg, model, tok, problems, pool)
     pick = balanced_set(labels)
     p_idx, a_idx = pick[:, 0], pick[:, 1]
-    out = {"step": step, "solver_accuracy": proportion(int(sum(solved)), len(problems))}
-    for tag, tau in (("", 0.0), ("_calibrated", None)):
-        if tau is None:
-            if calibration is None:
-                break
-            c_problems, c_pool = calibration
-            fit = youden_threshold(margins(cfg, model, tok, c_problems, c_pool).reshape(-1),
-                                   c_pool[1].reshape(-1))
-            out["calibration"] = fit
-            tau = fit["tau"]
+    out: dict[str, Any] = {"step": step,
+                           "solver_accuracy": proportion(int(sum(solved)), len(problems))}
+    thresholds = {"": 0.0}
+    if calibration is not None:
+        c_problems, c_pool = calibration
+        out["calibration"] = youden_threshold(
+            margins(cfg, model, tok, c_problems, c_pool).reshape(-1), c_pool[1].reshape(-1))
+        thresholds["_calibrated"] = out["calibration"]["tau"]
+    for tag, tau in thresholds.items():
         says = margin > tau
         out[f"critic_first_attempts{tag}"] = critic_figures(says[:, 0], labels[:, 0],
                                                             margin[:, 0])
@@ -299,8 +303,7 @@ def main(argv: list[str] | None = None) -> None:
     texts, labels = solver_attempts(cfg, model, tok, problems, seed, a.critic_attempts)
     calibration = None
     if a.calibration_size:  # training seeds: never a held-out problem
-        seeds = [dict(p) for p in task_problems(cfg.task, cfg.train_size, cfg.seed,
-                                                cfg.task_config)]
+        seeds = training_seeds(cfg)
         pick = np.random.default_rng(seed).permutation(len(seeds))[:a.calibration_size]
         c_problems = [seeds[i] for i in sorted(pick)]
         calibration = (c_problems, solver_attempts(cfg, model, tok, c_problems, seed + 1,
