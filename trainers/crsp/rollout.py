@@ -156,6 +156,20 @@ def choose_verdicts(logprobs: np.ndarray, k: int) -> np.ndarray:
     return (torch.rand(len(logprobs), k, dtype=torch.float64) < p_correct[:, None]).numpy()
 
 
+def critic_class_rate(cfg: Config, stats: dict[str, Any], truth: np.ndarray) -> float:
+    """The frequency of correct judged attempts that the critic's class weights use
+    (``--critic-class-weights``), after adding the step's ``truth`` (bool[M]) to the window
+    (``stats[WINDOW]``, created when missing; the running ``stats[TRUTH]`` is updated by the
+    caller)."""
+    window = stats.setdefault(WINDOW, ClassWindow(cfg.critic_class_window))
+    window.update(truth)
+    if cfg.critic_class_weights == "step":
+        return step_class_rate(truth)
+    if cfg.critic_class_weights == "window":
+        return window.rate
+    return class_rate(stats[TRUTH])
+
+
 def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dict[str, Any]],
             score: Any, sketch: NoveltySketch, stats: dict[str, Any],
             alpha: Any = None, *, step: int) -> tuple[dict[str, RoleBatch], dict[str, Any]]:
@@ -226,10 +240,7 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
     truth = np.array([bool(outcome[k][j]) for k, j in judged], bool)
     stats.setdefault(TRUTH, RunningMeanStd()).update(truth.astype(np.float64))
     agree = (verdicts == truth[:, None]).astype(np.float32).reshape(-1)
-    window = stats.setdefault(WINDOW, ClassWindow(cfg.critic_class_window))
-    window.update(truth)
-    rate = {"window": lambda: window.rate, "step": lambda: step_class_rate(truth),
-            "running": lambda: class_rate(stats[TRUTH])}[cfg.critic_class_weights]()
+    rate = critic_class_rate(cfg, stats, truth)
     critic_r = balanced_verdict_reward(verdicts, truth, rate)
     term = cfg.verdict_loss != "sampled" and len(judged) > 0
     if term:  # the verdict is trained over both continuations, the reason by its rewards
