@@ -1,8 +1,12 @@
-"""Large gathers write into recycled arrays (``OutputPool``): the rows are bit-identical to a
-row-by-row read of the column's file, and an array (or any view, tensor or memoryview of it)
-that a caller still holds is never written again."""
+"""Large gathers write into recycled arrays (``OutputPool``), copied in parallel parts when
+large (``take_rows``): the rows are bit-identical to a row-by-row read of the column's file,
+and an array (or any view, tensor or memoryview of it) that a caller still holds is never
+written again."""
 
+import contextlib
+import os
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -11,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlbuffers import FieldSpec, PrioritizedSampler, ReplayBuffer
+from rlbuffers.storage import working
 from rlbuffers.storage.out_pool import MIN_BYTES, OutputPool
 
 ROW = (64, 64)  # float32: 16 KiB a row, so 64 rows or more take the pooled path
@@ -44,9 +49,17 @@ def _naive(col, slots: np.ndarray) -> np.ndarray:
 
 @settings(max_examples=30, deadline=None)
 @given(slots=st.lists(st.integers(-CAPACITY, CAPACITY - 1), min_size=64, max_size=200),
-       rounds=st.integers(1, 4), pread=st.booleans())
-def test_pooled_gather_equals_row_by_row_reads(tmp_path_factory, slots, rounds, pread):
-    buf = _buffer(tmp_path_factory.mktemp("p") / "b")
+       rounds=st.integers(1, 4), pread=st.booleans(), parallel=st.booleans())
+def test_pooled_gather_equals_row_by_row_reads(tmp_path_factory, slots, rounds, pread,
+                                               parallel):
+    # parallel: parts of 256 KiB, so these gathers (1-3 MiB) split over the copy threads
+    with (mock.patch.object(working, "COPY_PART_BYTES", 1 << 18) if parallel
+          else contextlib.nullcontext()):
+        check_pooled_gather(tmp_path_factory.mktemp("p") / "b", slots, rounds, pread)
+
+
+def check_pooled_gather(path: Path, slots: list[int], rounds: int, pread: bool) -> None:
+    buf = _buffer(path)
     col = buf._storage.working.columns["obs"]
     col.random_reads = pread  # the map or one pread per row (tiers larger than memory)
     assert col.random_reads == pread
@@ -59,6 +72,31 @@ def test_pooled_gather_equals_row_by_row_reads(tmp_path_factory, slots, rounds, 
         assert got.tobytes() == want.tobytes()
         del got
     buf.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 300), parts=st.integers(1, working.COPY_THREADS),
+       seed=st.integers(0, 2**32 - 1))
+def test_take_in_parts_equals_numpy_indexing(n, parts, seed):
+    """Any split of the slots over the copy threads (empty parts included) gives ``rows[slots]``
+    in ``out``, negative slots counting from the end as numpy's do."""
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(0, 256, (50, 33, 7), dtype=np.uint8)
+    slots = rng.integers(-50, 50, n)
+    out = np.empty((n, 33, 7), np.uint8)
+    with mock.patch.object(working, "copy_parts", lambda nbytes: parts):
+        got = working.take_rows(rows, slots, out)
+    assert got is out
+    assert got.tobytes() == rows[slots].tobytes()
+
+
+def test_copy_parts_per_part_bytes_threads_and_cpus():
+    part, cpus = working.COPY_PART_BYTES, len(os.sched_getaffinity(0))
+    assert working.copy_parts(0) == working.copy_parts(2 * part - 1) == 1
+    assert working.copy_parts(2 * part) == min(2, cpus)
+    assert working.copy_parts(100 * part) == min(working.COPY_THREADS, cpus)
+    with mock.patch.object(os, "sched_getaffinity", lambda pid: {0}):
+        assert working.copy_parts(100 * part) == 1
 
 
 def test_gather_refuses_slots_out_of_range(tmp_path):

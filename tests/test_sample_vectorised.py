@@ -1,16 +1,37 @@
 """The vectorised sampling paths against naive references: the sum-tree descent (all draws
-one level at a time) against a scalar descent per draw, prioritized draws against the
+one level at a time) against a scalar descent per draw, the running-sum search of small trees
+against a scan of the leaves per draw, prioritized draws against the
 formulas of Schaul et al. (2016) computed draw by draw from the same generator state, and the
 ragged gather (one join of byte ranges) against reading each row's bytes from its values file."""
 
+import contextlib
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlbuffers import FieldSpec, PrioritizedSampler, ReplayBuffer
+from rlbuffers import FieldSpec, PrioritizedSampler, ReplayBuffer, segment_tree
 from rlbuffers.segment_tree import SegmentTree
+
+#: ``find_prefix`` always descends the tree (the path of trees over RUNNING_SUM_MAX_LEAVES)
+descent_only = mock.patch.object(segment_tree, "RUNNING_SUM_MAX_LEAVES", 0)
+
+
+def scan(tree: SegmentTree, mass: float) -> int:
+    """One prefix-sum search by the definition, a leaf at a time: the first leaf whose
+    running sum exceeds ``mass`` (a mass at or past the total: the last leaf that adds to
+    it)."""
+    acc, last = 0.0, 0
+    for i in range(tree.capacity):
+        value = float(tree.tree[tree.n + i])
+        if acc + value > acc:
+            last = i
+        acc += value
+        if mass < acc:
+            return i
+    return last
 
 
 def descend(tree: SegmentTree, mass: float) -> int:
@@ -32,15 +53,39 @@ leaves = st.lists(st.one_of(st.just(0.0), st.floats(1e-9, 1e6, allow_nan=False))
 @settings(max_examples=150, deadline=None)
 @given(values=leaves, fracs=st.lists(st.floats(0, 1, exclude_max=True), min_size=1, max_size=40),
        spare=st.integers(0, 9))
-def test_find_prefix_equals_scalar_descent(values, fracs, spare):
+def test_find_prefix_equals_the_scalar_search_of_its_path(values, fracs, spare):
+    """Small trees search the running sum (reference: a scan of the leaves); larger ones
+    descend the tree (reference: a scalar descent); both end on positive leaves."""
     tree = SegmentTree(len(values) + spare, np.add, 0.0)  # spare: empty leaves past the data
     tree.rebuild(np.array(values))
     mass = np.array(fracs) * tree.root
-    got = tree.find_prefix(mass)
-    assert got.dtype == np.int64 and got.shape == mass.shape
-    assert got.tolist() == [descend(tree, float(m)) for m in mass]
-    if tree.root > 0:
-        assert (np.array(values + [0.0] * spare)[got] > 0).all()
+    for path, reference in ((contextlib.nullcontext(), scan), (descent_only, descend)):
+        with path:
+            got = tree.find_prefix(mass)
+        assert got.dtype == np.int64 and got.shape == mass.shape
+        if tree.root > 0:
+            assert got.tolist() == [reference(tree, float(m)) for m in mass]
+            assert (np.array(values + [0.0] * spare)[got] > 0).all()
+        else:
+            assert got.tolist() == [descend(tree, float(m)) for m in mass]
+
+
+@settings(max_examples=50, deadline=None)
+@given(capacity=st.integers(1, 30),
+       steps=st.lists(st.tuples(st.lists(st.tuples(st.integers(0, 29), st.floats(0, 1e3)),
+                                         max_size=5),
+                                st.lists(st.floats(0, 1, exclude_max=True), min_size=1,
+                                         max_size=8)), min_size=1, max_size=8))
+def test_running_sum_follows_every_change_of_the_leaves(capacity, steps):
+    """Updates between searches: each search sees the leaves as they are then."""
+    tree = SegmentTree(capacity, np.add, 0.0)
+    tree.rebuild(np.ones(capacity))
+    for updates, fracs in steps:
+        for i, v in updates:
+            tree.set(np.array([i % capacity]), np.array([v]))
+        if tree.root > 0:
+            mass = np.array(fracs) * tree.root
+            assert tree.find_prefix(mass).tolist() == [scan(tree, float(m)) for m in mass]
 
 
 @settings(max_examples=50, deadline=None)
@@ -51,7 +96,10 @@ def test_find_prefix_outside_its_domain_still_follows_the_full_rule(values, mass
     tree = SegmentTree(len(values), np.add, 0.0)
     tree.rebuild(np.array(values))
     got = tree.find_prefix(np.array(mass))
-    assert got.tolist() == [descend(tree, m) for m in mass]
+    if tree.root > 0 and min(mass) >= 0:  # the running sum: masses past the total clamped
+        assert got.tolist() == [scan(tree, m) for m in mass]
+    else:
+        assert got.tolist() == [descend(tree, m) for m in mass]
 
 
 def test_find_prefix_where_rounding_would_enter_a_zero_subtree():
@@ -60,14 +108,19 @@ def test_find_prefix_where_rounding_would_enter_a_zero_subtree():
     tree = SegmentTree(3, np.add, 0.0)
     tree.rebuild(np.array([0.0, 5.37, 8.29]))
     mass = np.array([np.nextafter(tree.root, 0), 0.0, 5.37])
-    assert tree.find_prefix(mass).tolist() == [descend(tree, float(m)) for m in mass] == [2, 1, 2]
+    with descent_only:
+        assert tree.find_prefix(mass).tolist() == [descend(tree, float(m)) for m in mass] \
+            == [2, 1, 2]
+    assert tree.find_prefix(mass).tolist() == [scan(tree, float(m)) for m in mass] == [2, 1, 2]
 
 
 def test_find_prefix_of_no_draws_and_of_one_leaf():
     tree = SegmentTree(1, np.add, 0.0)
     tree.rebuild(np.array([2.0]))
-    assert tree.find_prefix(np.array([0.0, 1.9])).tolist() == [0, 0]
-    assert tree.find_prefix(np.zeros(0)).shape == (0,)
+    for path in (contextlib.nullcontext(), descent_only):
+        with path:
+            assert tree.find_prefix(np.array([0.0, 1.9])).tolist() == [0, 0]
+            assert tree.find_prefix(np.zeros(0)).shape == (0,)
 
 
 def reference_draw(sampler: PrioritizedSampler, raw: np.ndarray, size: int, batch: int,
@@ -81,7 +134,7 @@ def reference_draw(sampler: PrioritizedSampler, raw: np.ndarray, size: int, batc
     slots, weights = [], []
     for j in range(batch):
         mass = min((j + u[j]) * (total / batch), np.nextafter(total, 0))
-        s = descend(tsum, mass)
+        s = scan(tsum, mass)  # a tree this small searches its running sum
         slots.append(s)
         weights.append(float(np.float32((tsum.tree[tsum.n + s] / low) ** -sampler.beta)))
     return slots, weights

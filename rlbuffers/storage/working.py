@@ -75,6 +75,51 @@ def _read_pool() -> ThreadPoolExecutor:
     return _POOL[1]
 
 
+#: A gather copies in parallel parts of at least this many bytes each (``np.take`` releases
+#: the GIL): below it, handing a part to a thread costs more than the copy it saves.
+COPY_PART_BYTES = 2 << 20
+#: At most this many parts (the calling thread copies one): one copy does not use the memory
+#: bandwidth of a core, a few do.
+COPY_THREADS = 4
+_COPY_POOL: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def copy_parts(nbytes: int) -> int:
+    """Parts a gather of ``nbytes`` is split into: one per :data:`COPY_PART_BYTES`, at most
+    :data:`COPY_THREADS` and at most the CPUs this process may run on."""
+    cpus = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1)
+    return max(1, min(nbytes // COPY_PART_BYTES, COPY_THREADS, cpus))
+
+
+def _copy_pool() -> ThreadPoolExecutor:
+    """The copy threads of this process (its own pool, not the readers': a copy never waits
+    on a reader, so neither pool can fill up with tasks waiting on the other)."""
+    global _COPY_POOL
+    if _COPY_POOL is None or _COPY_POOL[0] != os.getpid():
+        _COPY_POOL = (os.getpid(), ThreadPoolExecutor(COPY_THREADS - 1,
+                                                      thread_name_prefix="rlbuffers-copy"))
+    return _COPY_POOL[1]
+
+
+def take_rows(rows: np.ndarray, slots: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``out[:] = rows[slots]`` (``slots`` int64[N], each in ``[-len(rows), len(rows))``,
+    checked by the caller), copied in :func:`copy_parts` parts at once: the calling thread
+    copies the first, the copy threads the others. Returns ``out``."""
+    parts = copy_parts(out.nbytes)
+    if parts == 1:
+        # mode="wrap": in-range slots index as numpy indexing does, and the rows go straight
+        # into ``out`` (mode="raise" would copy them through a buffer)
+        return np.take(rows, slots, axis=0, out=out, mode="wrap")
+    cuts = [len(slots) * i // parts for i in range(parts + 1)]
+    pending = [_copy_pool().submit(np.take, rows, slots[a:b], 0, out[a:b], "wrap")
+               for a, b in zip(cuts[1:-1], cuts[2:], strict=True)]
+    np.take(rows, slots[: cuts[1]], axis=0, out=out[: cuts[1]], mode="wrap")
+    for job in pending:
+        job.result()
+    return out
+
+
 class FixedColumn:
     """One fixed-shape field: a ``.npy`` file ``[capacity, *shape]``."""
 
@@ -107,7 +152,8 @@ class FixedColumn:
         :attr:`random_reads`, one ``pread`` per row. A gather of at least
         :data:`~rlbuffers.storage.out_pool.MIN_BYTES` writes into an array of
         :class:`~rlbuffers.storage.out_pool.OutputPool` (one the caller has dropped, so the
-        kernel need not zero fresh pages for it) with one ``np.take``.
+        kernel need not zero fresh pages for it) with ``np.take``, in parallel parts when it
+        is large (:func:`take_rows`).
 
         Raises:
             IndexError: a slot outside ``[-capacity, capacity)``.
@@ -123,9 +169,7 @@ class FixedColumn:
             raise IndexError(f"{self.path.name}: slot {bad} is outside [-{self.capacity}, "
                              f"{self.capacity})")
         out = self._out.empty((len(slots), *self._row_shape), self.spec.dtype)
-        # mode="wrap": in-range slots (checked above) index as numpy indexing does, and the
-        # rows go straight into ``out`` (mode="raise" would copy them through a buffer)
-        return np.take(self._rows, slots, axis=0, out=out, mode="wrap")
+        return take_rows(self._rows, slots, out)
 
     @property
     def random_reads(self) -> bool:

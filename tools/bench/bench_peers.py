@@ -415,13 +415,26 @@ def _du(path: Path) -> int:
                p.parts)
 
 
-def _rate(fn: Callable[[], Any], calls: int = 200, budget_s: float = 5.0) -> float:
+def _rate(fn: Callable[[], Any], calls: int = 200, budget_s: float = 5.0) -> tuple[float, float]:
+    """``fn``'s calls per second of wall time and its CPU time per call (s, all threads)."""
     fn()
-    t, k = time.perf_counter(), 0
+    t, c, k = time.perf_counter(), time.process_time(), 0
     while k < calls and (k < 5 or time.perf_counter() - t < budget_s):
         fn()
         k += 1
-    return k / (time.perf_counter() - t)
+    return k / (time.perf_counter() - t), (time.process_time() - c) / k
+
+
+def interleaved(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, tuple[float, float]]:
+    """``{key: (calls/s, CPU s per call)}``: medians of ``rounds`` rounds, each timing every
+    ``fns[key]`` in turn (:func:`_rate`), so that a slow spell of the machine falls on every
+    system alike rather than on whichever ran then."""
+    runs: dict[str, list[tuple[float, float]]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for key, fn in fns.items():
+            runs[key].append(_rate(fn))
+    return {k: (statistics.median(x for x, _ in v), statistics.median(y for _, y in v))
+            for k, v in runs.items()}
 
 
 def _warm(fn: Callable[[], Any], n: int, budget_s: float = 20.0) -> None:
@@ -447,8 +460,17 @@ def _reseed_globals(seed: int) -> None:
         pass
 
 
-def cycle(sys_: System, wl: Workload, runs: int) -> dict[str, Any]:
-    """One fill / save / +2% save / load / sample cycle; returns the measurements."""
+def _clear(sys_: System) -> None:
+    """Drop ``sys_``'s buffer and delete its files."""
+    sys_.drop()
+    gc.collect()
+    for p in sys_.scratch.iterdir():
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+
+def cycle(sys_: System, wl: Workload) -> dict[str, Any]:
+    """One fill / save / +2% save / drop / load cycle; returns the measurements and leaves
+    the loaded buffer warmed up (its sampling is timed by :func:`interleaved`)."""
     r: dict[str, Any] = {}
     sys_.build()
     t = time.perf_counter()
@@ -479,68 +501,85 @@ def cycle(sys_: System, wl: Workload, runs: int) -> dict[str, Any]:
     r["open_rss"] = _rss() - base
     r["rng_survives"] = bool(np.array_equal(expected, sys_.uniform_rewards()))
     _warm(sys_.sample, wl.n)
-    if wl.ragged and isinstance(sys_, RLB):  # list and packed formats, interleaved
-        rates = [(_rate(sys_.sample), _rate(sys_.sample_packed)) for _ in range(runs)]
-        r["uniform_per_s"] = statistics.median(x for x, _ in rates)
-        r["packed_per_s"] = statistics.median(y for _, y in rates)
-    else:
-        r["uniform_per_s"] = statistics.median(_rate(sys_.sample) for _ in range(runs))
-    sys_.drop()
-    gc.collect()
-    for p in sys_.scratch.iterdir():
-        shutil.rmtree(p) if p.is_dir() else p.unlink()
     return r
 
 
-def prioritized(sys_: System, wl: Workload, runs: int) -> dict[str, Any]:
-    """Prioritized sample(256)/s, and whether priorities survive a save + load: the first half
-    of the transitions gets priority 1e-6, so after a faithful load almost no sample hits it."""
+def prioritized(sys_: System, wl: Workload) -> None:
+    """Build ``sys_`` with prioritized sampling, fill it and give the first half of the
+    transitions priority 1e-6 (the rest 1); warm it up (its sampling is timed by
+    :func:`interleaved`, every system with the same priorities)."""
     sys_.build(per=True)
     for b in wl.batches(0, wl.n):
         sys_.add(b)
     low = np.arange(wl.n) < wl.n // 2
     sys_.set_priorities(low, wl.n)
     _warm(sys_.prio_rewards, wl.n)
-    out: dict[str, Any] = {}
-    if wl.ragged and isinstance(sys_, RLB):  # list and packed formats, interleaved
-        rates = [(_rate(sys_.prio_rewards), _rate(sys_.sample_packed)) for _ in range(runs)]
-        rate = statistics.median(x for x, _ in rates)
-        out["prio_packed_per_s"] = statistics.median(y for _, y in rates)
-    else:
-        rate = statistics.median(_rate(sys_.prio_rewards) for _ in range(runs))
+
+
+def priorities_survive(sys_: System, wl: Workload) -> dict[str, Any]:
+    """Save and load the buffer of :func:`prioritized`: after a faithful load almost no
+    sample hits the first half (priority 1e-6)."""
     path = sys_.save(0)
     sys_.drop()
     gc.collect()
     sys_.load(path)
     hits = np.concatenate([sys_.prio_rewards() for _ in range(20)]) < wl.n // 2
-    sys_.drop()
-    gc.collect()
-    for p in sys_.scratch.iterdir():
-        shutil.rmtree(p) if p.is_dir() else p.unlink()
-    return {**out, "prio_per_s": rate, "prio_survive": bool(hits.mean() < 0.05),
-            "low_share": float(hits.mean())}
+    return {"prio_survive": bool(hits.mean() < 0.05), "low_share": float(hits.mean())}
 
 
-def bench_workload(wl: Workload, runs: int, budget_s: float, root: Path) -> dict[str, dict]:
+def _timed(loaded: dict[str, System], wl: Workload, rounds: int,
+           kinds: dict[str, Callable[[System], Callable[[], Any] | None]]
+           ) -> dict[str, dict[str, float]]:
+    """``{system: {kind + "_per_s": calls/s, kind + "_cpu_s": CPU s per call}}`` of the
+    sampling functions ``kinds[kind](system)`` (None: not timed), interleaved."""
+    fns = {f"{name}\0{kind}": fn for name, s in loaded.items() for kind, get in kinds.items()
+           if (fn := get(s)) is not None}
+    out: dict[str, dict[str, float]] = {name: {} for name in loaded}
+    for key, (rate, cpu) in interleaved(fns, rounds).items():
+        name, kind = key.split("\0")
+        out[name].update({f"{kind}_per_s": rate, f"{kind}_cpu_s": cpu})
+        print(wl.key, name, kind, f"{rate:,.0f}/s", f"{cpu * 1e6:,.0f} us CPU", flush=True)
+    return out
+
+
+def bench_workload(wl: Workload, runs: int, budget_s: float, root: Path,
+                   rounds: int) -> dict[str, dict]:
+    """Every system's cycles, then their uniform sampling timed in interleaved rounds with all
+    systems loaded; then every prioritized system built, checked and timed the same way."""
     out: dict[str, dict] = {}
+    loaded: dict[str, System] = {}
     for cls in SYSTEMS:
         scratch = root / f"{wl.key}-{cls.__name__}"
         scratch.mkdir(parents=True, exist_ok=True)
         sys_ = cls(wl, wl.n + wl.n // 50, scratch)
         t0, cycles = time.perf_counter(), []
         while len(cycles) < runs and (not cycles or time.perf_counter() - t0 < budget_s):
-            cycles.append(cycle(sys_, wl, runs))
+            if cycles:
+                _clear(sys_)  # the buffer of the previous cycle
+            cycles.append(cycle(sys_, wl))
             print(wl.key, cls.name, cycles[-1], flush=True)
         res = {k: statistics.median(c[k] for c in cycles) for k in cycles[0]
                if k != "rng_survives"}
         res["rng_survives"] = all(c["rng_survives"] for c in cycles)
         res["cycles"] = len(cycles)
-        if cls.prioritized:
-            res.update(prioritized(sys_, wl, runs))
-            print(wl.key, cls.name, "prioritized", res["prio_per_s"], res["low_share"],
-                  flush=True)
-        out[cls.name] = res
-        shutil.rmtree(scratch, ignore_errors=True)
+        out[cls.name], loaded[cls.name] = res, sys_
+    ragged = {"packed": lambda s: s.sample_packed if wl.ragged and isinstance(s, RLB) else None}
+    for name, r in _timed(loaded, wl, rounds, {"uniform": lambda s: s.sample, **ragged}).items():
+        out[name].update(r)
+    for s in loaded.values():
+        _clear(s)
+    loaded = {s.name: s for s in loaded.values() if s.prioritized}
+    for s in loaded.values():
+        prioritized(s, wl)
+    prio = {"prio": lambda s: s.prio_rewards, "prio_packed": ragged["packed"]}
+    for name, r in _timed(loaded, wl, rounds, prio).items():
+        out[name].update(r)
+    for name, s in loaded.items():
+        out[name].update(priorities_survive(s, wl))
+        print(wl.key, name, "prioritized", out[name]["low_share"], flush=True)
+        _clear(s)
+    for cls in SYSTEMS:
+        shutil.rmtree(root / f"{wl.key}-{cls.__name__}", ignore_errors=True)
     return out
 
 
@@ -576,6 +615,10 @@ def _ratios(res: dict[str, dict]) -> list[list[str]]:
             f"{ours['uniform_per_s'] / r['uniform_per_s']:.2f}x"
             + (f" (packed: {ours['packed_per_s'] / r['uniform_per_s']:.2f}x)"
                if "packed_per_s" in ours else ""),
+            f"{ours['prio_per_s'] / r['prio_per_s']:.2f}x"
+            + (f" (packed: {ours['prio_packed_per_s'] / r['prio_per_s']:.2f}x)"
+               if "prio_packed_per_s" in ours else "") if "prio_per_s" in r else "n/a",
+            f"{r['uniform_cpu_s'] / ours['uniform_cpu_s']:.2f}x",
             f"{r['bytes'] / ours['bytes']:.1f}x",
         ])
     return rows
@@ -598,7 +641,9 @@ def section(wl: Workload, res: dict[str, dict]) -> str:
     notes = ", ".join(f"{n}: {SYSTEMS[i].ragged_note}" for i, n in enumerate(res)) \
         if wl.ragged else ""
     rheads = ["peer", "peer's +2% re-save / ours", "peer's load / our open",
-              "our uniform sample / peer's" + (' (and with ragged="packed")' if wl.ragged else ""),
+              "our uniform sample/s / peer's" + (' (and with ragged="packed")' if wl.ragged
+                                                 else ""),
+              "our prioritized sample/s / peer's", "peer's CPU per uniform sample / ours",
               "peer's bytes / ours"]
     return (
         f"### {wl.title}, {wl.n:,} transitions (+2%: {wl.n // 50:,})\n\n"
@@ -611,7 +656,9 @@ def section(wl: Workload, res: dict[str, dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=3, help="fill/save/load cycles per system")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="interleaved rounds timing every system's sampling")
     ap.add_argument("--budget-s", type=float, default=240.0,
                     help="per system and workload: start no new cycle after this many seconds")
     ap.add_argument("--atari", type=int, default=100_000)
@@ -630,7 +677,8 @@ def main() -> None:
     try:
         for key in args.workloads:
             wl = makers[key]()
-            parts.append(section(wl, bench_workload(wl, args.runs, args.budget_s, root)))
+            parts.append(section(wl, bench_workload(wl, args.runs, args.budget_s, root,
+                                                       args.rounds)))
             print(parts[-1], flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -640,9 +688,16 @@ def main() -> None:
         f"{stamp()} `python -m tools.bench.bench_peers` in the venv of "
         f"`tools/bench/peers_env.py` ({versions}); total {time.perf_counter() - t0:,.0f} s. "
         "Each system runs cycles of fill, full save, +2% transitions and save again, drop, "
-        "open/load, uniform `sample(256)` (after a warm-up of ~n/256 calls for every "
-        f"system): medians of up to {args.runs} cycles (fewer where a "
-        f"system's cycles passed {args.budget_s:.0f} s; the first column says how many). Peers "
+        f"open/load: medians of up to {args.runs} cycles (fewer where a "
+        f"system's cycles passed {args.budget_s:.0f} s; the first column says how many). "
+        "Sampling is timed with every system's last-loaded buffer open at once (each warmed "
+        "up by ~n/256 calls after its load): uniform `sample(256)` calls per second, medians "
+        f"of {args.rounds} interleaved rounds (each system in turn, up to 200 calls or 5 s "
+        "each), so a slow spell of the shared machine falls on all systems alike; then the "
+        "same for prioritized buffers (built, filled and given the same priorities; then "
+        "each saved and loaded to see whether they survive). "
+        "CPU time per call counts all threads (rlbuffers copies gathers of >= 4 MB in "
+        "parallel parts, numpy's `take` releasing the GIL; the peers copy in one thread). Peers "
         "have no incremental save, so their '+2%' save rewrites everything; their saves return "
         "once the bytes are in the page cache (no fsync), while an rlbuffers save compresses "
         "and fsyncs its chunks and manifest before it returns. Peak extra RSS is "
