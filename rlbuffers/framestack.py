@@ -35,8 +35,9 @@ an episode continues the previous stack: frames ``0..k-2`` equal the previous fr
 transition's stack within an episode), else :class:`~rlbuffers.errors.FieldError` and the
 buffer is unchanged: only then can a stack be rebuilt bit-identically.
 
-A read of ``N`` stacks costs ``k`` gathers of ``N`` frames plus ``k`` gathers of episode ids
-(and one ragged gather for the few near an episode's start or the seam), no per-item loop.
+A read of ``N`` stacks costs one gather of ``N * k`` frames, straight into ``[N, k, *frame]``
+(a next observation's stacks: one more), plus ``k`` gathers of episode ids and one ragged
+gather for the few near an episode's start or the seam; no per-item loop.
 """
 
 from __future__ import annotations
@@ -197,18 +198,16 @@ class FrameStacks:
         axis = self.stacked[name].stack_axis
         return np.ascontiguousarray(np.moveaxis(frames, 1, 1 + axis))  # type: ignore[operator]
 
-    def frames(self, name: str, ring: RingState, gather: Gather, ids: np.ndarray,
-               episode: np.ndarray) -> np.ndarray:
-        """The stacks of stored transitions ``ids`` (int64[N], episode ids ``episode``) of
-        stacked field ``name``: ``[N, k, *frame]``, oldest frame first.
-
-        Raises:
-            CorruptChunkError: a head row (``_head_<name>``) that is not ``k - 1`` frames.
-        """
-        spec = self.stacked[name]
-        k, cap, first = spec.stack, ring.capacity, ring.first_live_id
+    def stack_slots(self, name: str, ring: RingState, gather: Gather, ids: np.ndarray,
+                    episode: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where the stacks of stored transitions ``ids`` (int64[N], episode ids ``episode``)
+        of stacked field ``name`` keep their frames: ``(slots, m)``, ``slots`` int64[N, k] the
+        slot of each frame, oldest first (entries that come from the head of the episode's
+        first stored transition point at that transition), ``m`` int64[N] the stored
+        predecessors of each in its episode (at most ``k - 1``)."""
+        k, cap, first = self.stacked[name].stack, ring.capacity, ring.first_live_id
         n = len(ids)
-        m = np.zeros(n, dtype=np.int64)  # stored predecessors in the same episode, <= k - 1
+        m = np.zeros(n, dtype=np.int64)
         alive = np.ones(n, dtype=bool)
         for d in range(1, k):
             prev = ids - d
@@ -216,16 +215,34 @@ class FrameStacks:
             same = np.asarray(gather(EPISODE_ID, np.where(ok, prev, ids) % cap)) == episode
             alive = ok & same
             m += alive
-        out = np.empty((n, k, *self.frame_shape[name]), dtype=spec.dtype)
-        for p in range(k):  # entries from the head are overwritten below
-            out[:, p] = gather(name, (ids - np.minimum(k - 1 - p, m)) % cap)
+        back = np.minimum(np.arange(k - 1, -1, -1), m[:, None])  # frames back from ids
+        return (ids[:, None] - back) % cap, m
+
+    def _gather_frames(self, name: str, gather: Gather, slots: np.ndarray) -> np.ndarray:
+        """The frames at ``slots`` (int64[N, L]) as ``[N, L, *frame]``: one gather of all
+        ``N * L`` rows, straight into that layout; an array no one else holds."""
+        out = np.asarray(gather(name, slots.ravel()))
+        out = out.reshape(*slots.shape, *self.frame_shape[name])
+        return out if out.flags.writeable else out.copy()
+
+    def frames(self, name: str, gather: Gather, ids: np.ndarray,
+               where: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """The stacks of stored transitions ``ids`` (int64[N]) of stacked field ``name``:
+        ``[N, k, *frame]``, oldest frame first; ``where``: their :meth:`stack_slots`.
+
+        Raises:
+            CorruptChunkError: a head row (``_head_<name>``) that is not ``k - 1`` frames.
+        """
+        slots, m = where
+        k = self.stacked[name].stack
+        out = self._gather_frames(name, gather, slots)
         need = np.flatnonzero(m < k - 1)
         if len(need):
-            anchors = (ids - m)[need]
-            heads = gather(head_column(name), anchors % cap)
+            anchors = slots[need, 0]  # the episode's first stored transition (its slot)
+            heads = gather(head_column(name), anchors)
             for a, h in zip(anchors.tolist(), heads, strict=True):
                 if len(h) != k - 1:
-                    raise CorruptChunkError(head_column(name), -1, f"slot {a % cap}: expected "
+                    raise CorruptChunkError(head_column(name), -1, f"slot {a}: expected "
                                             f"{k - 1} head frames, got {len(h)}")
             head = np.stack(heads) if k > 1 else None
             mm = m[need]
@@ -234,19 +251,37 @@ class FrameStacks:
                 out[need[use], p] = head[use, p + mm[use]]  # type: ignore[index]
         return out
 
-    def next_frames(self, name: str, ring: RingState, gather: Gather, ids: np.ndarray,
-                    episode: np.ndarray) -> np.ndarray:
-        """The newest frame of the next observation of transitions ``ids``: ``[N, *frame]``.
+    def stacks(self, name: str, ring: RingState, gather: Gather, ids: np.ndarray,
+               episode: np.ndarray) -> np.ndarray:
+        """:meth:`frames` of ``ids`` (int64[N], episode ids ``episode``): ``[N, k, *frame]``."""
+        return self.frames(name, gather, ids, self.stack_slots(name, ring, gather, ids, episode))
+
+    def next_stacks(self, name: str, ring: RingState, gather: Gather, ids: np.ndarray,
+                    episode: np.ndarray, where: tuple[np.ndarray, np.ndarray],
+                    stack: Callable[[], np.ndarray]) -> np.ndarray:
+        """The stacks of the next observations of stored transitions ``ids`` (int64[N],
+        episode ids ``episode``, :meth:`stack_slots` ``where``) of stacked field ``name``:
+        ``[N, k, *frame]``, each the transition's stack shifted by one frame plus the next
+        transition's newest frame (same episode) or its ``_final_<name>`` frame; one gather
+        of all ``N * k`` frames. ``stack()``: the transitions' own stacks (:meth:`frames`),
+        read only for the rows whose shifted frames come from an episode's head.
 
         Raises:
             CorruptChunkError: a needed ``_final_<name>`` row that is not one frame.
         """
-        cap = ring.capacity
+        slots, m = where
+        k, cap = self.stacked[name].stack, ring.capacity
         nxt = ids + 1
         stored = nxt < ring.total_added
         same = stored & (np.asarray(gather(EPISODE_ID, np.where(stored, nxt, ids) % cap))
                          == episode)
-        out = np.asarray(gather(name, np.where(same, nxt, ids) % cap))
+        shifted = np.empty_like(slots)
+        shifted[:, :-1] = slots[:, 1:]
+        shifted[:, -1] = np.where(same, nxt, ids) % cap
+        out = self._gather_frames(name, gather, shifted)
+        heads = np.flatnonzero(m < k - 2)  # frames 1.. of their stack partly from a head
+        if len(heads):
+            out[heads, :-1] = stack()[heads, 1:]
         last = np.flatnonzero(~same)
         if len(last):
             finals = gather(final_column(name), ids[last] % cap)
@@ -254,7 +289,7 @@ class FrameStacks:
                 if len(f) != 1:
                     raise CorruptChunkError(final_column(name), -1, f"slot {i % cap}: "
                                             f"expected 1 final frame, got {len(f)}")
-            out[last] = np.concatenate(finals)
+            out[last, -1] = np.concatenate(finals)
         return out
 
     def reader(self, ring: RingState, gather: Gather, slots: np.ndarray) -> Callable[[str], Any]:
@@ -262,16 +297,21 @@ class FrameStacks:
         derived fields rebuilt, ``[N, *shape]``; others as ``gather`` reads them)."""
         flat = np.asarray(slots, dtype=np.int64).ravel()
         ids = ring.ids(flat)
-        cache: dict[str, Any] = {}
+        cache: dict[Any, Any] = {}
 
         def episode() -> np.ndarray:
             if EPISODE_ID not in cache:
                 cache[EPISODE_ID] = np.asarray(gather(EPISODE_ID, flat))
             return cache[EPISODE_ID]
 
+        def where(src: str) -> tuple[np.ndarray, np.ndarray]:
+            if ("where", src) not in cache:
+                cache["where", src] = self.stack_slots(src, ring, gather, ids, episode())
+            return cache["where", src]
+
         def stack(src: str) -> np.ndarray:
             if src not in cache:
-                cache[src] = self.frames(src, ring, gather, ids, episode())
+                cache[src] = self.frames(src, gather, ids, where(src))
             return cache[src]
 
         def get(name: str) -> Any:
@@ -280,8 +320,8 @@ class FrameStacks:
             src = self.next_of.get(name)
             if src is None:
                 return gather(name, flat)
-            nxt = self.next_frames(src, ring, gather, ids, episode())
-            return self._to_user(src, np.concatenate([stack(src)[:, 1:], nxt[:, None]], axis=1))
+            return self._to_user(src, self.next_stacks(src, ring, gather, ids, episode(),
+                                                       where(src), lambda: stack(src)))
 
         return get
 
@@ -356,7 +396,7 @@ class FrameStacks:
             frame = np.asarray(gather(name, np.array([o % cap], dtype=np.int64)))
             return np.concatenate([cached[1][1:], frame])
         ids = np.array([o], dtype=np.int64)
-        return self.frames(name, ring, gather, ids, np.asarray(gather(EPISODE_ID, ids % cap)))[0]
+        return self.stacks(name, ring, gather, ids, np.asarray(gather(EPISODE_ID, ids % cap)))[0]
 
     def _check_continues(self, name: str, f: np.ndarray, start: np.ndarray,
                          prev: _Previous, newest: np.ndarray | None) -> None:
@@ -367,7 +407,7 @@ class FrameStacks:
         bad[1:] = _differs(f[1:, :-1], f[:-1, 1:])
         if not prev.ended:
             stored = (newest[None] if newest is not None else
-                      self.frames(name, prev.ring, prev.gather, prev.ids, prev.episode))
+                      self.stacks(name, prev.ring, prev.gather, prev.ids, prev.episode))
             bad[:1] = _differs(f[:1, :-1], stored[:, 1:])
         bad &= ~start
         if bad.any():
