@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-#: Sum trees of at most this many leaves (``n``) answer prefix searches by binary search in a
-#: running sum of the leaves (one ``np.cumsum`` after each change of the leaves, kept until
-#: the next): at this size that costs less than the descent, ~5 numpy calls on each of
-#: ``log2(n)`` levels for every search (issue 33: ~75 us per prioritized ``sample(256)`` at
-#: 32,768 leaves, where the cumsum takes ~20 us and the search ~5 us).
-RUNNING_SUM_MAX_LEAVES = 1 << 16
+#: Prefix searches find their node at this depth of the tree (``2**TOP_DEPTH`` nodes, stored
+#: contiguously) with one ``np.searchsorted`` in the running sum of that level, and descend
+#: only the levels below it: the descent costs ~5 numpy calls per level for all searches
+#: together (~5 us for a batch of 256), the running sum of 4,096 nodes ~5 us in all (issue 33:
+#: 17 levels at 131,072 leaves become 5; 15 at 32,768 become 3).
+TOP_DEPTH = 12
 
 
 class SegmentTree:
@@ -26,12 +26,9 @@ class SegmentTree:
         self.n = 1 << max(0, (capacity - 1).bit_length())
         self.op, self.neutral = op, neutral
         self.tree = np.full(2 * self.n, neutral, dtype=np.float64)
-        #: ``cumsum`` of the leaves ``[0, capacity)`` for :meth:`find_prefix`; None: stale
-        self._running: np.ndarray | None = None
 
     def set(self, idx: np.ndarray, values: np.ndarray) -> None:
         """Set leaves ``idx`` (int64[m]) to ``values`` (float64[m]) and refresh their ancestors."""
-        self._running = None
         i = np.asarray(idx, dtype=np.int64) + self.n
         self.tree[i] = values
         i = np.unique(i >> 1)
@@ -44,7 +41,6 @@ class SegmentTree:
 
     def rebuild(self, leaves: np.ndarray) -> None:
         """Set all leaves at once (float64[capacity]) in O(n)."""
-        self._running = None
         self.tree[:] = self.neutral
         self.tree[self.n : self.n + len(leaves)] = leaves
         k = self.n
@@ -67,22 +63,23 @@ class SegmentTree:
         """For a sum tree of leaves >= 0: the leaf ``i`` with ``sum(leaves[:i]) <= mass <
         sum(leaves[:i+1])``.
 
-        Where the root is positive and finite and every mass is >= 0, a tree of at most
-        :data:`RUNNING_SUM_MAX_LEAVES` leaves answers from ``cs = cumsum(leaves)`` (computed
-        once per change of the leaves): ``i`` is the first leaf with ``mass < cs[i]``
-        (``np.searchsorted``), so ``cs[i] > cs[i - 1]`` and the leaf is positive; a mass at or
-        past ``cs[-1]`` (the root rounds differently) is searched as the largest float below
-        ``cs[-1]``, the last positive leaf.
+        Where the root is positive and finite and every mass is >= 0, each search first finds
+        its node at depth ``d = min(TOP_DEPTH, log2(n))`` from ``cs``, the running sum of
+        that level's nodes: the first node ``b`` with ``mass < cs[b]`` (``np.searchsorted``),
+        so ``cs[b] > cs[b - 1]`` and the node is positive; the search goes on below it with
+        ``mass - cs[b - 1]`` (>= 0). A mass at or past ``cs[-1]`` (the root may round
+        differently) is searched as the largest float below ``cs[-1]``, in the last positive
+        node.
 
-        Otherwise all ``m`` searches descend the tree together, one vectorised step per level.
-        At each node the search goes right iff ``(mass >= left and right > 0) or left <= 0``
-        (then ``mass -= left``); the tests on zeros keep float rounding from ending on a zero
-        leaf. Where the root is positive and finite and every mass is >= 0, a first pass tests
-        only ``mass >= left``: it differs from the full rule only by entering a zero subtree
-        (``right`` is 0), and then ends on a zero leaf; only if some search does is the full
-        rule run. Every visited node is then positive and every mass >= 0, so ``left <= 0``
-        implies ``mass >= left`` and ``right > 0``: that test is left out. Same leaves, fewer
-        numpy calls.
+        From there (from the root otherwise) all ``m`` searches descend together, one
+        vectorised step per level. At each node the search goes right iff ``(mass >= left and
+        right > 0) or left <= 0`` (then ``mass -= left``); the tests on zeros keep float
+        rounding from ending on a zero leaf. Below a positive node with every mass >= 0, a
+        first pass tests only ``mass >= left``: it differs from the full rule only by entering
+        a zero subtree (``right`` is 0), and then ends on a zero leaf; only if some search does
+        is the full rule run. Every visited node is then positive and every mass >= 0, so
+        ``left <= 0`` implies ``mass >= left`` and ``right > 0``: that test is left out. Same
+        leaves, fewer numpy calls.
 
         Args:
             mass: float64[m] in ``[0, root)``.
@@ -92,24 +89,32 @@ class SegmentTree:
         """
         mass = np.array(mass, dtype=np.float64).ravel()  # a copy: updated in place below
         if not (0 < self.tree[1] < np.inf and (len(mass) == 0 or mass.min() >= 0)):
-            return self._descend(mass, right_test=True, left_test=True)
-        if self.n <= RUNNING_SUM_MAX_LEAVES:
-            if self._running is None:
-                self._running = np.cumsum(self.tree[self.n : self.n + self.capacity])
-            cs = self._running
-            np.minimum(mass, np.nextafter(cs[-1], 0.0), out=mass)
-            return np.searchsorted(cs, mass, side="right").astype(np.int64, copy=False)
-        leaves = self._descend(mass.copy(), right_test=False, left_test=False)
+            return self._descend(mass, np.ones(len(mass), dtype=np.int64), right_test=True,
+                                 left_test=True)
+        nodes = self._top(mass)
+        leaves = self._descend(mass.copy(), nodes.copy(), right_test=False, left_test=False)
         if len(leaves) == 0 or self.tree.take(leaves + self.n).min() > 0:
             return leaves
-        return self._descend(mass, right_test=True, left_test=False)
+        return self._descend(mass, nodes, right_test=True, left_test=False)
 
-    def _descend(self, mass: np.ndarray, *, right_test: bool, left_test: bool) -> np.ndarray:
-        """The leaves that ``mass`` (float64[m], updated in place) reaches from the root,
-        going right where ``mass >= left`` [``and right > 0``] [``or left <= 0``]."""
-        i = np.ones(len(mass), dtype=np.int64)
+    def _top(self, mass: np.ndarray) -> np.ndarray:
+        """The nodes at depth ``min(TOP_DEPTH, log2(n))`` that ``mass`` (float64[m] >= 0,
+        root positive; updated in place to the mass left below each node) falls in."""
+        first = 1 << min(TOP_DEPTH, self.n.bit_length() - 1)
+        cs = np.cumsum(self.tree[first : 2 * first])
+        np.minimum(mass, np.nextafter(cs[-1], 0.0), out=mass)
+        b = np.searchsorted(cs, mass, side="right")
+        np.subtract(mass, cs.take(b - 1), out=mass, where=b > 0)
+        return b + first
+
+    def _descend(self, mass: np.ndarray, i: np.ndarray, *, right_test: bool,
+                 left_test: bool) -> np.ndarray:
+        """The leaves that ``mass`` (float64[m], updated in place) reaches from nodes ``i``
+        (int64[m], one depth; updated in place), going right where ``mass >= left`` [``and
+        right > 0``] [``or left <= 0``]."""
         tree, right_of = self.tree, self.tree[1:]  # right_of[k] = tree[k + 1]
-        for _ in range(self.n.bit_length() - 1):
+        levels = self.n.bit_length() - int(i[0]).bit_length() if len(i) else 0
+        for _ in range(levels):
             i <<= 1  # the left child
             left = tree.take(i)
             go_right = mass >= left

@@ -75,16 +75,17 @@ def check_pooled_gather(path: Path, slots: list[int], rounds: int, pread: bool) 
 
 
 @settings(max_examples=60, deadline=None)
-@given(n=st.integers(0, 300), parts=st.integers(1, working.COPY_THREADS),
-       seed=st.integers(0, 2**32 - 1))
-def test_take_in_parts_equals_numpy_indexing(n, parts, seed):
-    """Any split of the slots over the copy threads (empty parts included) gives ``rows[slots]``
-    in ``out``, negative slots counting from the end as numpy's do."""
+@given(n=st.integers(0, 300), threads=st.integers(1, working.COPY_THREADS),
+       piece=st.integers(1, 1 << 16), seed=st.integers(0, 2**32 - 1))
+def test_take_in_pieces_equals_numpy_indexing(n, threads, piece, seed):
+    """Any number of threads and pieces (from one piece per thread, some empty, to one per
+    row) gives ``rows[slots]`` in ``out``, negative slots counting from the end as numpy's."""
     rng = np.random.default_rng(seed)
     rows = rng.integers(0, 256, (50, 33, 7), dtype=np.uint8)
     slots = rng.integers(-50, 50, n)
     out = np.empty((n, 33, 7), np.uint8)
-    with mock.patch.object(working, "copy_parts", lambda nbytes: parts):
+    with (mock.patch.object(working, "copy_parts", lambda nbytes: threads),
+          mock.patch.object(working, "COPY_PIECE_BYTES", piece)):
         got = working.take_rows(rows, slots, out)
     assert got is out
     assert got.tobytes() == rows[slots].tobytes()

@@ -1,10 +1,10 @@
 """The vectorised sampling paths against naive references: the sum-tree descent (all draws
-one level at a time) against a scalar descent per draw, the running-sum search of small trees
-against a scan of the leaves per draw, prioritized draws against the
+one level at a time, after a running-sum search of one level) against a search a node at a
+time per draw, prioritized draws against the
 formulas of Schaul et al. (2016) computed draw by draw from the same generator state, and the
 ragged gather (one join of byte ranges) against reading each row's bytes from its values file."""
 
-import contextlib
+import itertools
 from pathlib import Path
 from unittest import mock
 
@@ -15,28 +15,15 @@ from hypothesis import strategies as st
 from rlbuffers import FieldSpec, PrioritizedSampler, ReplayBuffer, segment_tree
 from rlbuffers.segment_tree import SegmentTree
 
-#: ``find_prefix`` always descends the tree (the path of trees over RUNNING_SUM_MAX_LEAVES)
-descent_only = mock.patch.object(segment_tree, "RUNNING_SUM_MAX_LEAVES", 0)
+
+def depth(d: int):
+    """``find_prefix`` with its running-sum step at depth ``d`` (0: the plain descent)."""
+    return mock.patch.object(segment_tree, "TOP_DEPTH", d)
 
 
-def scan(tree: SegmentTree, mass: float) -> int:
-    """One prefix-sum search by the definition, a leaf at a time: the first leaf whose
-    running sum exceeds ``mass`` (a mass at or past the total: the last leaf that adds to
-    it)."""
-    acc, last = 0.0, 0
-    for i in range(tree.capacity):
-        value = float(tree.tree[tree.n + i])
-        if acc + value > acc:
-            last = i
-        acc += value
-        if mass < acc:
-            return i
-    return last
-
-
-def descend(tree: SegmentTree, mass: float) -> int:
-    """One prefix-sum search, a node at a time, with the comparisons of the original loop."""
-    i = 1
+def descend(tree: SegmentTree, mass: float, i: int = 1) -> int:
+    """One prefix-sum search, a node at a time from node ``i``, with the comparisons of the
+    original loop."""
     while i < tree.n:
         left, right = tree.tree[2 * i], tree.tree[2 * i + 1]
         go_right = bool((mass >= left and right > 0) or left <= 0)
@@ -46,6 +33,17 @@ def descend(tree: SegmentTree, mass: float) -> int:
     return i - tree.n
 
 
+def search(tree: SegmentTree, mass: float) -> int:
+    """One prefix-sum search by the two steps of ``find_prefix`` (mass >= 0, root > 0), a
+    node at a time: the first node at depth ``min(TOP_DEPTH, log2(n))`` whose running sum
+    exceeds ``mass`` (clamped below the level's total), then the descent below it."""
+    first = 1 << min(segment_tree.TOP_DEPTH, tree.n.bit_length() - 1)
+    sums = list(itertools.accumulate(float(v) for v in tree.tree[first : 2 * first]))
+    mass = min(mass, float(np.nextafter(sums[-1], 0.0)))
+    b = next(j for j, c in enumerate(sums) if mass < c)
+    return descend(tree, mass - sums[b - 1] if b else mass, first + b)
+
+
 leaves = st.lists(st.one_of(st.just(0.0), st.floats(1e-9, 1e6, allow_nan=False)),
                   min_size=1, max_size=70)
 
@@ -53,51 +51,56 @@ leaves = st.lists(st.one_of(st.just(0.0), st.floats(1e-9, 1e6, allow_nan=False))
 @settings(max_examples=150, deadline=None)
 @given(values=leaves, fracs=st.lists(st.floats(0, 1, exclude_max=True), min_size=1, max_size=40),
        spare=st.integers(0, 9))
-def test_find_prefix_equals_the_scalar_search_of_its_path(values, fracs, spare):
-    """Small trees search the running sum (reference: a scan of the leaves); larger ones
-    descend the tree (reference: a scalar descent); both end on positive leaves."""
+def test_find_prefix_equals_the_scalar_search(values, fracs, spare):
+    """At every depth of the running-sum step (0: the plain descent; 2: both steps; the
+    default: the leaves of these small trees), the same leaves as a search a node at a
+    time, and positive ones."""
     tree = SegmentTree(len(values) + spare, np.add, 0.0)  # spare: empty leaves past the data
     tree.rebuild(np.array(values))
     mass = np.array(fracs) * tree.root
-    for path, reference in ((contextlib.nullcontext(), scan), (descent_only, descend)):
-        with path:
+    for d in (0, 2, segment_tree.TOP_DEPTH):
+        with depth(d):
             got = tree.find_prefix(mass)
-        assert got.dtype == np.int64 and got.shape == mass.shape
-        if tree.root > 0:
-            assert got.tolist() == [reference(tree, float(m)) for m in mass]
-            assert (np.array(values + [0.0] * spare)[got] > 0).all()
-        else:
+            assert got.dtype == np.int64 and got.shape == mass.shape
+            if tree.root > 0:
+                assert got.tolist() == [search(tree, float(m)) for m in mass]
+                assert (np.array(values + [0.0] * spare)[got] > 0).all()
+            else:
+                assert got.tolist() == [descend(tree, float(m)) for m in mass]
+        if d == 0 and tree.root > 0:  # the running-sum step at depth 0 is the plain descent
             assert got.tolist() == [descend(tree, float(m)) for m in mass]
 
 
 @settings(max_examples=50, deadline=None)
-@given(capacity=st.integers(1, 30),
+@given(capacity=st.integers(1, 30), d=st.integers(0, 5),
        steps=st.lists(st.tuples(st.lists(st.tuples(st.integers(0, 29), st.floats(0, 1e3)),
                                          max_size=5),
                                 st.lists(st.floats(0, 1, exclude_max=True), min_size=1,
                                          max_size=8)), min_size=1, max_size=8))
-def test_running_sum_follows_every_change_of_the_leaves(capacity, steps):
+def test_searches_follow_every_change_of_the_leaves(capacity, d, steps):
     """Updates between searches: each search sees the leaves as they are then."""
     tree = SegmentTree(capacity, np.add, 0.0)
     tree.rebuild(np.ones(capacity))
-    for updates, fracs in steps:
-        for i, v in updates:
-            tree.set(np.array([i % capacity]), np.array([v]))
-        if tree.root > 0:
-            mass = np.array(fracs) * tree.root
-            assert tree.find_prefix(mass).tolist() == [scan(tree, float(m)) for m in mass]
+    with depth(d):
+        for updates, fracs in steps:
+            for i, v in updates:
+                tree.set(np.array([i % capacity]), np.array([v]))
+            if tree.root > 0:
+                mass = np.array(fracs) * tree.root
+                assert tree.find_prefix(mass).tolist() == [search(tree, float(m)) for m in mass]
 
 
 @settings(max_examples=50, deadline=None)
 @given(values=leaves, mass=st.lists(st.floats(-5, 1e7, allow_nan=False), min_size=1,
                                     max_size=20))
 def test_find_prefix_outside_its_domain_still_follows_the_full_rule(values, mass):
-    """Masses < 0 or >= root (or a zero root) take the unshortened test at every node."""
+    """Masses < 0 (or a zero root) take the unshortened test at every node from the root;
+    masses at or past the root are searched as the largest float below the level's total."""
     tree = SegmentTree(len(values), np.add, 0.0)
     tree.rebuild(np.array(values))
     got = tree.find_prefix(np.array(mass))
-    if tree.root > 0 and min(mass) >= 0:  # the running sum: masses past the total clamped
-        assert got.tolist() == [scan(tree, m) for m in mass]
+    if tree.root > 0 and min(mass) >= 0:
+        assert got.tolist() == [search(tree, m) for m in mass]
     else:
         assert got.tolist() == [descend(tree, m) for m in mass]
 
@@ -108,17 +111,17 @@ def test_find_prefix_where_rounding_would_enter_a_zero_subtree():
     tree = SegmentTree(3, np.add, 0.0)
     tree.rebuild(np.array([0.0, 5.37, 8.29]))
     mass = np.array([np.nextafter(tree.root, 0), 0.0, 5.37])
-    with descent_only:
+    with depth(0):
         assert tree.find_prefix(mass).tolist() == [descend(tree, float(m)) for m in mass] \
             == [2, 1, 2]
-    assert tree.find_prefix(mass).tolist() == [scan(tree, float(m)) for m in mass] == [2, 1, 2]
+    assert tree.find_prefix(mass).tolist() == [search(tree, float(m)) for m in mass] == [2, 1, 2]
 
 
 def test_find_prefix_of_no_draws_and_of_one_leaf():
     tree = SegmentTree(1, np.add, 0.0)
     tree.rebuild(np.array([2.0]))
-    for path in (contextlib.nullcontext(), descent_only):
-        with path:
+    for d in (0, segment_tree.TOP_DEPTH):
+        with depth(d):
             assert tree.find_prefix(np.array([0.0, 1.9])).tolist() == [0, 0]
             assert tree.find_prefix(np.zeros(0)).shape == (0,)
 
@@ -134,7 +137,7 @@ def reference_draw(sampler: PrioritizedSampler, raw: np.ndarray, size: int, batc
     slots, weights = [], []
     for j in range(batch):
         mass = min((j + u[j]) * (total / batch), np.nextafter(total, 0))
-        s = scan(tsum, mass)  # a tree this small searches its running sum
+        s = search(tsum, mass)
         slots.append(s)
         weights.append(float(np.float32((tsum.tree[tsum.n + s] / low) ** -sampler.beta)))
     return slots, weights

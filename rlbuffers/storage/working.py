@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import shutil
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -75,17 +76,21 @@ def _read_pool() -> ThreadPoolExecutor:
     return _POOL[1]
 
 
-#: A gather copies in parallel parts of at least this many bytes each (``np.take`` releases
-#: the GIL): below it, handing a part to a thread costs more than the copy it saves.
+#: A gather copies in parallel once it has at least this many bytes per thread (``np.take``
+#: releases the GIL): below it, waking a thread costs more than the copy it saves.
 COPY_PART_BYTES = 2 << 20
-#: At most this many parts (the calling thread copies one): one copy does not use the memory
-#: bandwidth of a core, a few do.
+#: At most this many threads copy one gather (the calling thread is one): one copy does not
+#: use the memory bandwidth of a core, a few do.
 COPY_THREADS = 4
+#: The rows of a parallel gather are cut into pieces of about this many bytes, which the
+#: threads take off a shared queue until none is left: a thread that starts late copies fewer
+#: pieces, and no thread waits long for another.
+COPY_PIECE_BYTES = 1 << 19
 _COPY_POOL: tuple[int, ThreadPoolExecutor] | None = None
 
 
 def copy_parts(nbytes: int) -> int:
-    """Parts a gather of ``nbytes`` is split into: one per :data:`COPY_PART_BYTES`, at most
+    """Threads that copy a gather of ``nbytes``: one per :data:`COPY_PART_BYTES`, at most
     :data:`COPY_THREADS` and at most the CPUs this process may run on."""
     cpus = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
             else os.cpu_count() or 1)
@@ -104,19 +109,35 @@ def _copy_pool() -> ThreadPoolExecutor:
 
 def take_rows(rows: np.ndarray, slots: np.ndarray, out: np.ndarray) -> np.ndarray:
     """``out[:] = rows[slots]`` (``slots`` int64[N], each in ``[-len(rows), len(rows))``,
-    checked by the caller), copied in :func:`copy_parts` parts at once: the calling thread
-    copies the first, the copy threads the others. Returns ``out``."""
-    parts = copy_parts(out.nbytes)
-    if parts == 1:
+    checked by the caller), by :func:`copy_parts` threads at once (the calling thread and
+    copy threads), each taking pieces of :data:`COPY_PIECE_BYTES` off a shared queue. A copy
+    thread that has not started when the calling thread finds the queue empty is cancelled,
+    not waited for. Returns ``out``."""
+    threads = copy_parts(out.nbytes)
+    if threads == 1:
         # mode="wrap": in-range slots index as numpy indexing does, and the rows go straight
         # into ``out`` (mode="raise" would copy them through a buffer)
         return np.take(rows, slots, axis=0, out=out, mode="wrap")
-    cuts = [len(slots) * i // parts for i in range(parts + 1)]
-    pending = [_copy_pool().submit(np.take, rows, slots[a:b], 0, out[a:b], "wrap")
-               for a, b in zip(cuts[1:-1], cuts[2:], strict=True)]
-    np.take(rows, slots[: cuts[1]], axis=0, out=out[: cuts[1]], mode="wrap")
-    for job in pending:
-        job.result()
+    pieces = max(threads, min(len(slots), out.nbytes // COPY_PIECE_BYTES))
+    cuts = [len(slots) * i // pieces for i in range(pieces + 1)]
+    todo: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for j in range(pieces):
+        todo.put(j)
+
+    def copy() -> None:
+        while True:
+            try:
+                j = todo.get_nowait()
+            except queue.Empty:
+                return
+            a, b = cuts[j], cuts[j + 1]
+            np.take(rows, slots[a:b], axis=0, out=out[a:b], mode="wrap")
+
+    helpers = [_copy_pool().submit(copy) for _ in range(threads - 1)]
+    copy()
+    for job in helpers:
+        if not job.cancel():  # started: it may still be copying its last piece
+            job.result()
     return out
 
 
