@@ -44,6 +44,7 @@ from tools.bench.bench_peers import CPPRB, RLB, B, Workload, atari, big_float, p
 
 #: (module, class, method) of the functions on the sampling path that ``--baseline`` swaps.
 PATCHED = [("rlbuffers.segment_tree", "SegmentTree", "find_prefix"),
+           ("rlbuffers.segment_tree", "SegmentTree", "_descend"),
            ("rlbuffers.samplers", "PrioritizedSampler", "sample"),
            ("rlbuffers.storage.working", "FixedColumn", "gather"),
            ("rlbuffers.storage.working", "RaggedColumn", "gather"),
