@@ -53,23 +53,29 @@ PATCHED = [("rlbuffers.segment_tree", "SegmentTree", "find_prefix"),
 
 def baseline_methods(rev: str) -> list[tuple[type, str, Callable[..., Any]]]:
     """The methods of :data:`PATCHED` as git revision ``rev`` wrote them (in the module file
-    named there), compiled in the module that holds the class today (so their helpers
-    resolve; ``RaggedColumn`` moved to ``storage/ragged_column.py``): ``(class, name,
-    function)``."""
+    named there, or, where ``rev`` has the class elsewhere, in the file of the module that
+    holds it today: ``RaggedColumn`` moved from ``storage/working.py`` to
+    ``storage/ragged_column.py``), compiled in the module that holds the class today (so
+    their helpers resolve): ``(class, name, function)``."""
     root = Path(__file__).resolve().parents[2]
     out = []
     for mod_name, cls_name, meth in PATCHED:
         mod = sys.modules.get(mod_name) or __import__(mod_name, fromlist=["_"])
-        path = mod_name.replace(".", "/") + ".py"
-        src = subprocess.run(["git", "-C", str(root), "show", f"{rev}:{path}"], check=True,
-                             capture_output=True, text=True).stdout
-        cls_node = next(n for n in ast.parse(src).body
-                        if isinstance(n, ast.ClassDef) and n.name == cls_name)
+        cls = getattr(mod, cls_name)  # today's class: its module's names resolve the helpers
+        for path in dict.fromkeys(m.replace(".", "/") + ".py"
+                                  for m in (mod_name, cls.__module__)):
+            src = subprocess.run(["git", "-C", str(root), "show", f"{rev}:{path}"],
+                                 capture_output=True, text=True).stdout
+            cls_node = next((n for n in ast.parse(src).body
+                             if isinstance(n, ast.ClassDef) and n.name == cls_name), None)
+            if cls_node is not None:
+                break
+        else:
+            raise LookupError(f"{rev}: no class {cls_name} in {mod_name} or {cls.__module__}")
         fn_node = next(n for n in cls_node.body
                        if isinstance(n, ast.FunctionDef) and n.name == meth)
         fn_node.decorator_list = []
         code = textwrap.dedent(ast.get_source_segment(src, fn_node) or "")
-        cls = getattr(mod, cls_name)  # today's class: its module's names resolve the helpers
         scope = dict(vars(sys.modules[cls.__module__]))
         exec(compile("from __future__ import annotations\n" + code, f"{rev}:{path}", "exec"),
              scope)
