@@ -10,11 +10,13 @@ observations, 10k transitions; (c) ragged int32 token trajectories, lengths 50-2
 
 Per system, a cycle: fill; full save (wall, peak extra RSS, bytes on disk); add 2% and save
 again (rlbuffers writes only the changed chunks; every peer re-saves everything); drop the
-buffer; open/load (wall, extra RSS after); uniform ``sample(256)`` throughput. Cycles repeat
-``--runs`` times or until the system has used ``--budget-s`` seconds of the workload (at least
-once); the tables say how many ran. Prioritized sampling and whether priorities and the RNG
-survive save+load are measured once per system. ``reward`` holds each transition's id, so
-sampled batches can be compared across a save and load.
+buffer; open/load (wall, extra RSS after). Cycles repeat ``--runs`` times or until the system
+has used ``--budget-s`` seconds of the workload (at least once); the tables say how many ran.
+Then, with every system's last-loaded buffer open at once, uniform ``sample(256)`` throughput
+and CPU time per call in ``--rounds`` interleaved rounds (medians); then the same for
+prioritized buffers given identical priorities, and whether priorities survive save+load.
+``reward`` holds each transition's id, so sampled batches can be compared across a save and
+load.
 
 Run inside the peers venv: ``python3 tools/bench/peers_env.py`` then
 ``.cache/peers-venv/bin/python -m tools.bench.bench_peers``. Writes the ``peers`` section of
