@@ -35,14 +35,15 @@ an episode continues the previous stack: frames ``0..k-2`` equal the previous fr
 transition's stack within an episode), else :class:`~rlbuffers.errors.FieldError` and the
 buffer is unchanged: only then can a stack be rebuilt bit-identically.
 
-A read of ``N`` stacks costs one gather of ``N * k`` frames, straight into ``[N, k, *frame]``
-(a next observation's stacks: one more), plus ``k`` gathers of episode ids and one ragged
-gather for the few near an episode's start or the seam; no per-item loop.
+A read of ``N`` stacks and their next observations costs one gather of ``2 N k`` frames,
+straight into ``[2N, k, *frame]``, one gather of ``N k`` episode ids, and one ragged gather for
+the few near an episode's start or end or the seam; no per-item loop.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -169,6 +170,23 @@ def _differs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (_as_bits(a) != _as_bits(b)).reshape(len(a), -1).any(axis=1)
 
 
+@dataclass
+class StackSlots:
+    """Where the stacks of ``N`` stored transitions keep their frames
+    (:meth:`FrameStacks.stack_slots`)."""
+
+    #: int64[N, k]: the slot of each frame, oldest first (frames that come from the head of
+    #: the episode's first stored transition point at that transition)
+    slots: np.ndarray
+    #: int64[N]: stored predecessors of each in its episode (at most ``k - 1``)
+    m: np.ndarray
+    #: int64[N, k]: the slots of the next observations' frames (``slots`` shifted by one,
+    #: then the next transition; itself where that is not stored in the same episode)
+    next_slots: np.ndarray | None = None
+    #: bool[N]: whether the next transition is stored, in the same episode
+    same: np.ndarray | None = None
+
+
 class FrameStacks:
     """Encoding (on write) and rebuilding (on read) of the stacked fields of one buffer.
 
@@ -199,129 +217,124 @@ class FrameStacks:
         return np.ascontiguousarray(np.moveaxis(frames, 1, 1 + axis))  # type: ignore[operator]
 
     def stack_slots(self, name: str, ring: RingState, gather: Gather, ids: np.ndarray,
-                    episode: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                    episode: np.ndarray, *, with_next: bool) -> StackSlots:
         """Where the stacks of stored transitions ``ids`` (int64[N], episode ids ``episode``)
-        of stacked field ``name`` keep their frames: ``(slots, m)``, ``slots`` int64[N, k] the
-        slot of each frame, oldest first (entries that come from the head of the episode's
-        first stored transition point at that transition), ``m`` int64[N] the stored
-        predecessors of each in its episode (at most ``k - 1``)."""
+        of stacked field ``name`` keep their frames (and, ``with_next``, those of their next
+        observations): one gather of the episode ids of the ``k - 1`` transitions before each
+        (and the one after)."""
         k, cap, first = self.stacked[name].stack, ring.capacity, ring.first_live_id
         n = len(ids)
-        m = np.zeros(n, dtype=np.int64)
-        alive = np.ones(n, dtype=bool)
-        for d in range(1, k):
-            prev = ids - d
-            ok = alive & (prev >= first)
-            same = np.asarray(gather(EPISODE_ID, np.where(ok, prev, ids) % cap)) == episode
-            alive = ok & same
-            m += alive
+        look = ids[:, None] - np.arange(1, k)  # [N, k - 1]: predecessors, nearest first
+        valid = look >= first
+        if with_next:
+            nxt = ids + 1
+            stored = nxt < ring.total_added
+            look = np.concatenate([look, nxt[:, None]], axis=1)
+            valid = np.concatenate([valid, stored[:, None]], axis=1)
+        eps = np.asarray(gather(EPISODE_ID, (np.where(valid, look, ids[:, None]) % cap).ravel()))
+        match = valid & (eps.reshape(n, -1) == episode[:, None])
+        # stored predecessors in the same episode: the leading run of matches
+        m = np.logical_and.accumulate(match[:, : k - 1], axis=1).sum(axis=1, dtype=np.int64)
         back = np.minimum(np.arange(k - 1, -1, -1), m[:, None])  # frames back from ids
-        return (ids[:, None] - back) % cap, m
+        slots = (ids[:, None] - back) % cap
+        if not with_next:
+            return StackSlots(slots, m)
+        same = match[:, -1]
+        shifted = np.empty_like(slots)
+        shifted[:, :-1] = slots[:, 1:]
+        shifted[:, -1] = np.where(same, nxt, ids) % cap
+        return StackSlots(slots, m, shifted, same)
 
-    def _gather_frames(self, name: str, gather: Gather, slots: np.ndarray) -> np.ndarray:
-        """The frames at ``slots`` (int64[N, L]) as ``[N, L, *frame]``: one gather of all
-        ``N * L`` rows, straight into that layout; an array no one else holds."""
-        out = np.asarray(gather(name, slots.ravel()))
-        out = out.reshape(*slots.shape, *self.frame_shape[name])
-        return out if out.flags.writeable else out.copy()
+    def read(self, name: str, ring: RingState, gather: Gather, ids: np.ndarray,
+             where: StackSlots) -> tuple[np.ndarray, np.ndarray | None]:
+        """The stacks of stored transitions ``ids`` (int64[N]) of stacked field ``name``,
+        ``[N, k, *frame]``, oldest frame first, and (where ``where`` has them) their next
+        observations' stacks, each the stack shifted by one frame plus the next transition's
+        newest frame (same episode) or its ``_final_<name>`` frame: one gather of all ``N *
+        k`` (``2 N k``) frames straight into that layout, then the few frames that come from
+        an episode's head and final frames.
 
-    def frames(self, name: str, gather: Gather, ids: np.ndarray,
-               where: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-        """The stacks of stored transitions ``ids`` (int64[N]) of stacked field ``name``:
-        ``[N, k, *frame]``, oldest frame first; ``where``: their :meth:`stack_slots`.
+        Raises:
+            CorruptChunkError: a head row (``_head_<name>``) that is not ``k - 1`` frames, or a
+                needed ``_final_<name>`` row that is not one frame.
+        """
+        k, cap, n = self.stacked[name].stack, ring.capacity, len(ids)
+        slots, m = where.slots, where.m
+        both = slots if where.next_slots is None else np.concatenate([slots, where.next_slots])
+        out = np.asarray(gather(name, both.ravel())).reshape(*both.shape, *self.frame_shape[name])
+        if not out.flags.writeable:
+            out = out.copy()
+        own, nxt = out[:n], (None if where.next_slots is None else out[n:])
+        need = np.flatnonzero(m < k - 1)
+        if len(need):
+            self._heads_into(name, gather, own, slots[need, 0], m[need], need)
+            if nxt is not None:  # frames 1.. of these stacks are the next stacks' 0..
+                nxt[need, :-1] = own[need, 1:]
+        if nxt is not None:
+            last = np.flatnonzero(~where.same)  # type: ignore[operator]
+            if len(last):
+                finals = gather(final_column(name), ids[last] % cap)
+                for i, f in zip(ids[last].tolist(), finals, strict=True):
+                    if len(f) != 1:
+                        raise CorruptChunkError(final_column(name), -1, f"slot {i % cap}: "
+                                                f"expected 1 final frame, got {len(f)}")
+                nxt[last, -1] = np.concatenate(finals)
+        return own, nxt
+
+    def _heads_into(self, name: str, gather: Gather, out: np.ndarray, anchors: np.ndarray,
+                    m: np.ndarray, rows: np.ndarray) -> None:
+        """Write the head frames of the stacks ``out[rows]`` (``m`` int64 stored predecessors
+        each, ``< k - 1``; ``anchors``: the slots of their episodes' first stored
+        transitions) into their first ``k - 1 - m`` entries.
 
         Raises:
             CorruptChunkError: a head row (``_head_<name>``) that is not ``k - 1`` frames.
         """
-        slots, m = where
         k = self.stacked[name].stack
-        out = self._gather_frames(name, gather, slots)
-        need = np.flatnonzero(m < k - 1)
-        if len(need):
-            anchors = slots[need, 0]  # the episode's first stored transition (its slot)
-            heads = gather(head_column(name), anchors)
-            for a, h in zip(anchors.tolist(), heads, strict=True):
-                if len(h) != k - 1:
-                    raise CorruptChunkError(head_column(name), -1, f"slot {a}: expected "
-                                            f"{k - 1} head frames, got {len(h)}")
-            head = np.stack(heads) if k > 1 else None
-            mm = m[need]
-            for p in range(k - 1):
-                use = p + mm < k - 1
-                out[need[use], p] = head[use, p + mm[use]]  # type: ignore[index]
-        return out
+        heads = gather(head_column(name), anchors)
+        for a, h in zip(anchors.tolist(), heads, strict=True):
+            if len(h) != k - 1:
+                raise CorruptChunkError(head_column(name), -1, f"slot {a}: expected "
+                                        f"{k - 1} head frames, got {len(h)}")
+        head = np.stack(heads)
+        for p in range(k - 1):
+            use = p + m < k - 1
+            out[rows[use], p] = head[use, p + m[use]]
 
     def stacks(self, name: str, ring: RingState, gather: Gather, ids: np.ndarray,
                episode: np.ndarray) -> np.ndarray:
-        """:meth:`frames` of ``ids`` (int64[N], episode ids ``episode``): ``[N, k, *frame]``."""
-        return self.frames(name, gather, ids, self.stack_slots(name, ring, gather, ids, episode))
-
-    def next_stacks(self, name: str, ring: RingState, gather: Gather, ids: np.ndarray,
-                    episode: np.ndarray, where: tuple[np.ndarray, np.ndarray],
-                    stack: Callable[[], np.ndarray]) -> np.ndarray:
-        """The stacks of the next observations of stored transitions ``ids`` (int64[N],
-        episode ids ``episode``, :meth:`stack_slots` ``where``) of stacked field ``name``:
-        ``[N, k, *frame]``, each the transition's stack shifted by one frame plus the next
-        transition's newest frame (same episode) or its ``_final_<name>`` frame; one gather
-        of all ``N * k`` frames. ``stack()``: the transitions' own stacks (:meth:`frames`),
-        read only for the rows whose shifted frames come from an episode's head.
-
-        Raises:
-            CorruptChunkError: a needed ``_final_<name>`` row that is not one frame.
-        """
-        slots, m = where
-        k, cap = self.stacked[name].stack, ring.capacity
-        nxt = ids + 1
-        stored = nxt < ring.total_added
-        same = stored & (np.asarray(gather(EPISODE_ID, np.where(stored, nxt, ids) % cap))
-                         == episode)
-        shifted = np.empty_like(slots)
-        shifted[:, :-1] = slots[:, 1:]
-        shifted[:, -1] = np.where(same, nxt, ids) % cap
-        out = self._gather_frames(name, gather, shifted)
-        heads = np.flatnonzero(m < k - 2)  # frames 1.. of their stack partly from a head
-        if len(heads):
-            out[heads, :-1] = stack()[heads, 1:]
-        last = np.flatnonzero(~same)
-        if len(last):
-            finals = gather(final_column(name), ids[last] % cap)
-            for i, f in zip(ids[last].tolist(), finals, strict=True):
-                if len(f) != 1:
-                    raise CorruptChunkError(final_column(name), -1, f"slot {i % cap}: "
-                                            f"expected 1 final frame, got {len(f)}")
-            out[last, -1] = np.concatenate(finals)
-        return out
+        """The stacks of stored transitions ``ids`` (int64[N], episode ids ``episode``):
+        ``[N, k, *frame]`` (:meth:`read` without next observations)."""
+        where = self.stack_slots(name, ring, gather, ids, episode, with_next=False)
+        return self.read(name, ring, gather, ids, where)[0]
 
     def reader(self, ring: RingState, gather: Gather, slots: np.ndarray) -> Callable[[str], Any]:
         """``get(field)``: the flat rows of any user field at stored ``slots`` (stacked and
-        derived fields rebuilt, ``[N, *shape]``; others as ``gather`` reads them)."""
+        derived fields rebuilt, ``[N, *shape]``; others as ``gather`` reads them). A stacked
+        field and its ``next_of`` field are read together, once."""
         flat = np.asarray(slots, dtype=np.int64).ravel()
         ids = ring.ids(flat)
-        cache: dict[Any, Any] = {}
+        cache: dict[str, Any] = {}
 
         def episode() -> np.ndarray:
             if EPISODE_ID not in cache:
                 cache[EPISODE_ID] = np.asarray(gather(EPISODE_ID, flat))
             return cache[EPISODE_ID]
 
-        def where(src: str) -> tuple[np.ndarray, np.ndarray]:
-            if ("where", src) not in cache:
-                cache["where", src] = self.stack_slots(src, ring, gather, ids, episode())
-            return cache["where", src]
-
-        def stack(src: str) -> np.ndarray:
+        def stacks(src: str) -> tuple[np.ndarray, np.ndarray | None]:
             if src not in cache:
-                cache[src] = self.frames(src, gather, ids, where(src))
+                where = self.stack_slots(src, ring, gather, ids, episode(),
+                                         with_next=src in self.next_by_source)
+                cache[src] = self.read(src, ring, gather, ids, where)
             return cache[src]
 
         def get(name: str) -> Any:
             if name in self.stacked:
-                return self._to_user(name, stack(name))
+                return self._to_user(name, stacks(name)[0])
             src = self.next_of.get(name)
             if src is None:
                 return gather(name, flat)
-            return self._to_user(src, self.next_stacks(src, ring, gather, ids, episode(),
-                                                       where(src), lambda: stack(src)))
+            return self._to_user(src, stacks(src)[1])  # type: ignore[arg-type]
 
         return get
 
