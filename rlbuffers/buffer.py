@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from rlbuffers import framestack, samplers, spec
+from rlbuffers import framestack, framestack_columns, samplers, spec
 from rlbuffers.compression import DEFAULT_CODEC
 from rlbuffers.deprecation import UNSET, renamed_attribute, renamed_keyword
 from rlbuffers.errors import BufferClosedError, ManifestError, ReadOnlyError
@@ -58,7 +58,7 @@ class ReplayBuffer:
         self.mode = mode
         self.capacity: int = m.capacity
         self.chunk_transitions: int = m.layout.base_chunk_rows
-        self._fields = framestack.user_fields(m.fields, m.next_of)
+        self._fields = framestack_columns.user_fields(m.fields, m.next_of)
         self._stacks = framestack.FrameStacks(m.fields, m.next_of)
         self._lock = lock
         self._closed = True
@@ -122,7 +122,7 @@ class ReplayBuffer:
         keep_commits = renamed_keyword("keep_generations", keep_generations,
                                        "keep_commits", keep_commits)
         spec.check_field_specs(fields, SAMPLE_KEYS)
-        next_of = framestack.check_next_of(fields, next_of, SAMPLE_KEYS)
+        next_of = framestack_columns.check_next_of(fields, next_of, SAMPLE_KEYS)
         sampler = sampler or samplers.UniformSampler()
         loc = make_location(path, dict(storage_options or {}))
         wdir = working_dir_of(loc, working_dir)
@@ -131,7 +131,7 @@ class ReplayBuffer:
         tier = create_tier(
             loc, capacity=capacity, fields=fields,
             internal={EPISODE_ID: FieldSpec((), "int64"), **sampler.extra_columns,
-                      **framestack.side_columns(fields, next_of)}, next_of=next_of,
+                      **framestack_columns.side_columns(fields, next_of)}, next_of=next_of,
             chunk_transitions=chunk_transitions, codec=codec,
             sampler_state=sampler.state_dict(), seed=seed, overwrite=overwrite,
             keep_commits=KEEP_COMMITS if keep_commits is None else keep_commits)

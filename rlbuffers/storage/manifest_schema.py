@@ -18,7 +18,7 @@ from typing import Any
 from rlbuffers import samplers
 from rlbuffers.compression import check_codec
 from rlbuffers.errors import FieldError, FormatVersionError, ManifestError, NotABufferError
-from rlbuffers.framestack import manifest_problem
+from rlbuffers.framestack_columns import manifest_problem
 from rlbuffers.intmath import ceil_div
 from rlbuffers.spec import FieldSpec, field_name_problem
 

@@ -427,11 +427,11 @@ def _rate(fn: Callable[[], Any], calls: int = 200, budget_s: float = 5.0) -> tup
     return k / (time.perf_counter() - t), (time.process_time() - c) / k
 
 
-def interleaved(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, tuple[float, float]]:
+def interleaved(fns: dict[Any, Callable[[], Any]], rounds: int) -> dict[Any, tuple[float, float]]:
     """``{key: (calls/s, CPU s per call)}``: medians of ``rounds`` rounds, each timing every
     ``fns[key]`` in turn (:func:`_rate`), so that a slow spell of the machine falls on every
     system alike rather than on whichever ran then."""
-    runs: dict[str, list[tuple[float, float]]] = {k: [] for k in fns}
+    runs: dict[Any, list[tuple[float, float]]] = {k: [] for k in fns}
     for _ in range(rounds):
         for key, fn in fns.items():
             runs[key].append(_rate(fn))
@@ -534,11 +534,10 @@ def _timed(loaded: dict[str, System], wl: Workload, rounds: int,
            ) -> dict[str, dict[str, float]]:
     """``{system: {kind + "_per_s": calls/s, kind + "_cpu_s": CPU s per call}}`` of the
     sampling functions ``kinds[kind](system)`` (None: not timed), interleaved."""
-    fns = {f"{name}\0{kind}": fn for name, s in loaded.items() for kind, get in kinds.items()
+    fns = {(name, kind): fn for name, s in loaded.items() for kind, get in kinds.items()
            if (fn := get(s)) is not None}
     out: dict[str, dict[str, float]] = {name: {} for name in loaded}
-    for key, (rate, cpu) in interleaved(fns, rounds).items():
-        name, kind = key.split("\0")
+    for (name, kind), (rate, cpu) in interleaved(fns, rounds).items():
         out[name].update({f"{kind}_per_s": rate, f"{kind}_cpu_s": cpu})
         print(wl.key, name, kind, f"{rate:,.0f}/s", f"{cpu * 1e6:,.0f} us CPU", flush=True)
     return out
