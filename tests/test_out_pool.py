@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlbuffers import FieldSpec, PrioritizedSampler, ReplayBuffer
-from rlbuffers.storage import working
+from rlbuffers.storage import copy_threads
 from rlbuffers.storage.out_pool import MIN_BYTES, OutputPool
 
 ROW = (64, 64)  # float32: 16 KiB a row, so 64 rows or more take the pooled path
@@ -53,7 +53,7 @@ def _naive(col, slots: np.ndarray) -> np.ndarray:
 def test_pooled_gather_equals_row_by_row_reads(tmp_path_factory, slots, rounds, pread,
                                                parallel):
     # parallel: parts of 256 KiB, so these gathers (1-3 MiB) split over the copy threads
-    with (mock.patch.object(working, "COPY_PART_BYTES", 1 << 18) if parallel
+    with (mock.patch.object(copy_threads, "COPY_PART_BYTES", 1 << 18) if parallel
           else contextlib.nullcontext()):
         check_pooled_gather(tmp_path_factory.mktemp("p") / "b", slots, rounds, pread)
 
@@ -75,7 +75,7 @@ def check_pooled_gather(path: Path, slots: list[int], rounds: int, pread: bool) 
 
 
 @settings(max_examples=60, deadline=None)
-@given(n=st.integers(0, 300), threads=st.integers(1, working.COPY_THREADS),
+@given(n=st.integers(0, 300), threads=st.integers(1, copy_threads.COPY_THREADS),
        piece=st.integers(1, 1 << 16), seed=st.integers(0, 2**32 - 1))
 def test_take_in_pieces_equals_numpy_indexing(n, threads, piece, seed):
     """Any number of threads and pieces (from one piece per thread, some empty, to one per
@@ -84,20 +84,20 @@ def test_take_in_pieces_equals_numpy_indexing(n, threads, piece, seed):
     rows = rng.integers(0, 256, (50, 33, 7), dtype=np.uint8)
     slots = rng.integers(-50, 50, n)
     out = np.empty((n, 33, 7), np.uint8)
-    with (mock.patch.object(working, "copy_parts", lambda nbytes: threads),
-          mock.patch.object(working, "COPY_PIECE_BYTES", piece)):
-        got = working.take_rows(rows, slots, out)
+    with (mock.patch.object(copy_threads, "copy_parts", lambda nbytes: threads),
+          mock.patch.object(copy_threads, "COPY_PIECE_BYTES", piece)):
+        got = copy_threads.take_rows(rows, slots, out)
     assert got is out
     assert got.tobytes() == rows[slots].tobytes()
 
 
 def test_copy_parts_per_part_bytes_threads_and_cpus():
-    part, cpus = working.COPY_PART_BYTES, len(os.sched_getaffinity(0))
-    assert working.copy_parts(0) == working.copy_parts(2 * part - 1) == 1
-    assert working.copy_parts(2 * part) == min(2, cpus)
-    assert working.copy_parts(100 * part) == min(working.COPY_THREADS, cpus)
+    part, cpus = copy_threads.COPY_PART_BYTES, len(os.sched_getaffinity(0))
+    assert copy_threads.copy_parts(0) == copy_threads.copy_parts(2 * part - 1) == 1
+    assert copy_threads.copy_parts(2 * part) == min(2, cpus)
+    assert copy_threads.copy_parts(100 * part) == min(copy_threads.COPY_THREADS, cpus)
     with mock.patch.object(os, "sched_getaffinity", lambda pid: {0}):
-        assert working.copy_parts(100 * part) == 1
+        assert copy_threads.copy_parts(100 * part) == 1
 
 
 def test_gather_refuses_slots_out_of_range(tmp_path):

@@ -13,10 +13,39 @@ from pathlib import Path
 import numpy as np
 
 from rlbuffers.intmath import ceil_div
-from rlbuffers.packed import Packed, packed_from_bytes
+from rlbuffers.packed import Packed, cu_seqlens, packed_from_bytes
 from rlbuffers.padded import Padded, padded_from_pieces
 from rlbuffers.spec import FieldSpec
+from rlbuffers.storage import ranges
+from rlbuffers.storage.copy_threads import copy_parts, copy_pool
 from rlbuffers.storage.fileio import pwrite_all
+
+
+def copy_rows(out: np.ndarray, views: list[memoryview], chunk: np.ndarray, starts: np.ndarray,
+              ends: np.ndarray, dst: np.ndarray, stops: np.ndarray) -> None:
+    """:data:`ranges.copy_ranges` of N rows (``dst`` int64[N + 1]: row ``i`` goes to
+    ``out[dst[i]:stops[i]]``, ``dst[-1]`` the bytes written in all; the others int64[N]), by
+    :func:`~rlbuffers.storage.copy_threads.copy_parts` threads at once (the calling thread and copy
+    threads, each a run of rows of about the same bytes; the C copy releases the GIL)."""
+    total = int(stops[-1]) if len(stops) else 0
+    threads = min(copy_parts(total), len(stops))
+    if threads <= 1:
+        ranges.copy_ranges(out, views, chunk, starts, ends, dst[:-1], stops)
+        return
+    cuts = np.searchsorted(stops, np.arange(1, threads) * (total // threads)).tolist()
+    cuts = [0, *cuts, len(stops)]
+
+    def copy(j: int) -> None:
+        a, b = cuts[j], cuts[j + 1]
+        ranges.copy_ranges(out, views, chunk[a:b], starts[a:b], ends[a:b], dst[a:b], stops[a:b])
+
+    helpers = [copy_pool().submit(copy, j) for j in range(1, threads)]
+    copy(0)
+    for j, job in enumerate(helpers, 1):
+        if job.cancel():  # not started: the calling thread copies its part, never waits for it
+            copy(j)
+        else:
+            job.result()
 
 
 class RaggedColumn:
@@ -117,11 +146,12 @@ class RaggedColumn:
         the one new flat array of :meth:`gather_packed`."""
         return self.gather_packed(slots).to_list()
 
-    def _pieces(self, slots: np.ndarray) -> tuple[list[memoryview], np.ndarray]:
-        """The bytes of the values of ``slots`` (int64[N]): N memoryviews of the memory-mapped
-        values files (no copy, no numpy call per row) and their lengths (int64[N], rows along
-        the ragged axis). The maps stay open between calls; a chunk is (re)mapped only when a
-        row ends past its map."""
+    def _ranges(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                   np.ndarray]:
+        """Where the values of ``slots`` (int64[N]) are: their chunks, first and end bytes in
+        the chunk's values file, and lengths (all int64[N]; lengths in rows along the ragged
+        axis). The maps stay open between calls; a chunk is (re)mapped only when a row ends
+        past its map, so ``self._views[chunk[i]]`` covers ``[starts[i], ends[i])``."""
         slots = np.asarray(slots, dtype=np.int64).ravel()
         lengths = self._length_rows[slots]
         starts = self._start_rows[slots]
@@ -132,14 +162,46 @@ class RaggedColumn:
             np.maximum.at(last, chunk, ends)  # the furthest byte read in each chunk
             for c in np.flatnonzero(last).tolist():
                 self._values(c, int(last[c]))
+        return chunk, starts, ends, lengths
+
+    def _pieces(self, slots: np.ndarray) -> tuple[list[memoryview], np.ndarray]:
+        """The bytes of the values of ``slots`` (int64[N]): N memoryviews of the memory-mapped
+        values files (no copy, no numpy call per row) and their lengths (int64[N], rows along
+        the ragged axis)."""
+        chunk, starts, ends, lengths = self._ranges(slots)
         views = self._views  # a row of 0 bytes slices to b"" whether its chunk is mapped or not
         return [views[c][a:b] for c, a, b in
                 zip(chunk.tolist(), starts.tolist(), ends.tolist(), strict=True)], lengths
 
+    def _copy(self, slots: np.ndarray, padded: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The values of ``slots`` (int64[N]) copied by :data:`ranges.copy_ranges` into one
+        new array: ``[sum_len, *row]`` end to end (``padded=False``) or ``[N, L, *row]``, each
+        row followed by zeros up to ``L``, the longest (``padded=True``); and the lengths
+        (int64[N])."""
+        chunk, starts, ends, lengths = self._ranges(slots)
+        row = self._row_bytes
+        if padded:
+            longest = int(lengths.max()) if len(lengths) else 0
+            out = np.empty((len(lengths), longest, *self.spec.row_shape), dtype=self.spec.dtype)
+            dst = np.arange(len(lengths) + 1, dtype=np.int64) * (longest * row)
+            stops = dst[1:]
+        else:
+            dst = np.zeros(len(lengths) + 1, dtype=np.int64)
+            np.cumsum(ends - starts, out=dst[1:])
+            out = np.empty((int(dst[-1]) // row if row else 0, *self.spec.row_shape),
+                           dtype=self.spec.dtype)
+            stops = dst[1:]
+        copy_rows(out, self._views, chunk, starts, ends, dst, stops)
+        return out, lengths
+
     def gather_packed(self, slots: np.ndarray) -> Packed:
         """Values of ``slots`` (int64[N]) packed: ``values [sum_len, *row]`` (a new array),
-        ``cu_seqlens`` int64[N + 1]; copied out of the memory-mapped values files by one
+        ``cu_seqlens`` int64[N + 1]; copied out of the memory-mapped values files in one C
+        call (:data:`ranges.copy_ranges`), or, without the C extension, one
         ``bytearray.join`` of the rows' byte ranges (no numpy call per row)."""
+        if ranges.copy_ranges is not None:
+            values, lengths = self._copy(slots, padded=False)
+            return Packed(values, cu_seqlens(lengths))
         pieces, lengths = self._pieces(slots)
         return packed_from_bytes(bytearray().join(pieces), lengths, self.spec.dtype,
                                  self.spec.row_shape)
@@ -147,7 +209,10 @@ class RaggedColumn:
     def gather_padded(self, slots: np.ndarray) -> Padded:
         """Values of ``slots`` (int64[N]) padded: ``values [N, L, *row]`` (a new array, zeros
         after each row, ``L`` the longest), ``lengths`` int64[N]; copied out of the
-        memory-mapped values files by one ``bytearray.join`` of the rows and their pads."""
+        memory-mapped values files in one C call (:data:`ranges.copy_ranges`), or, without
+        the C extension, one ``bytearray.join`` of the rows and their pads."""
+        if ranges.copy_ranges is not None:
+            return Padded(*self._copy(slots, padded=True))
         pieces, lengths = self._pieces(slots)
         return padded_from_pieces(pieces, lengths, self.spec.dtype, self.spec.row_shape)
 

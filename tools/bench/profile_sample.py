@@ -48,7 +48,8 @@ PATCHED = [("rlbuffers.segment_tree", "SegmentTree", "find_prefix"),
            ("rlbuffers.samplers", "PrioritizedSampler", "sample"),
            ("rlbuffers.storage.working", "FixedColumn", "gather"),
            ("rlbuffers.storage.working", "RaggedColumn", "gather"),
-           ("rlbuffers.storage.working", "RaggedColumn", "gather_packed")]
+           ("rlbuffers.storage.working", "RaggedColumn", "gather_packed"),
+           ("rlbuffers.storage.working", "RaggedColumn", "gather_padded")]
 
 
 def baseline_methods(rev: str) -> list[tuple[type, str, Callable[..., Any]]]:
@@ -56,7 +57,8 @@ def baseline_methods(rev: str) -> list[tuple[type, str, Callable[..., Any]]]:
     named there, or, where ``rev`` has the class elsewhere, in the file of the module that
     holds it today: ``RaggedColumn`` moved from ``storage/working.py`` to
     ``storage/ragged_column.py``), compiled in the module that holds the class today (so
-    their helpers resolve): ``(class, name, function)``."""
+    their helpers resolve): ``(class, name, function)``; a method ``rev`` did not have is
+    left out."""
     root = Path(__file__).resolve().parents[2]
     out = []
     for mod_name, cls_name, meth in PATCHED:
@@ -72,8 +74,10 @@ def baseline_methods(rev: str) -> list[tuple[type, str, Callable[..., Any]]]:
                 break
         else:
             raise LookupError(f"{rev}: no class {cls_name} in {mod_name} or {cls.__module__}")
-        fn_node = next(n for n in cls_node.body
-                       if isinstance(n, ast.FunctionDef) and n.name == meth)
+        fn_node = next((n for n in cls_node.body
+                        if isinstance(n, ast.FunctionDef) and n.name == meth), None)
+        if fn_node is None:  # a method newer than ``rev``: today's stays in place
+            continue
         fn_node.decorator_list = []
         code = textwrap.dedent(ast.get_source_segment(src, fn_node) or "")
         scope = dict(vars(sys.modules[cls.__module__]))

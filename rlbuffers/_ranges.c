@@ -1,0 +1,158 @@
+/* rlbuffers._ranges: copy many byte ranges of a few source buffers into one output buffer,
+ * with the GIL released, for the ragged gathers of rlbuffers/storage/ragged_column.py.
+ *
+ * Optional: rlbuffers/storage/ranges.py falls back to Python when this module is not built.
+ * Everything is checked before the first byte is written: a failed call writes nothing.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define N_INDEX 5
+static const char *INDEX_NAMES[N_INDEX] = {"source", "starts", "ends", "dst", "stops"};
+
+static int int64_vector(PyObject *obj, const char *name, Py_buffer *view)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        return -1;
+    }
+    const char *f = view->format ? view->format : "B";
+    if (*f == '@' || *f == '=' || *f == '<') {
+        f++;
+    }
+    if (view->ndim != 1 || view->itemsize != 8 || (strcmp(f, "q") != 0 && strcmp(f, "l") != 0)) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a 1-D contiguous int64 buffer, got format "
+                     "'%s', itemsize %zd, %d dimension(s)", name, view->format ? view->format : "B",
+                     view->itemsize, view->ndim);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(copy_ranges_doc,
+"copy_ranges(out, sources, source, starts, ends, dst, stops)\n--\n\n"
+"For each i: out[dst[i]:dst[i] + n] = sources[source[i]][starts[i]:ends[i]] (n = ends[i] -\n"
+"starts[i] bytes), then out[dst[i] + n:stops[i]] = 0. out: a writable C-contiguous buffer;\n"
+"sources: a sequence of C-contiguous buffers; the other five: int64[N] C-contiguous buffers.\n"
+"Every index is checked before anything is written (ValueError naming the argument, the row,\n"
+"the expected range and the value); the copies run with the GIL released.");
+
+static PyObject *copy_ranges(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *out_obj, *sources_obj, *index_obj[N_INDEX];
+    if (!PyArg_ParseTuple(args, "OOOOOOO:copy_ranges", &out_obj, &sources_obj, &index_obj[0],
+                          &index_obj[1], &index_obj[2], &index_obj[3], &index_obj[4])) {
+        return NULL;
+    }
+    PyObject *result = NULL, *seq = NULL;
+    Py_buffer out = {0}, index[N_INDEX] = {{0}};
+    Py_buffer *src = NULL;
+    char *have = NULL; /* have[s]: src[s] acquired (only the sources some row reads) */
+    Py_ssize_t n_src = 0;
+    int got_out = 0, got_index = 0;
+
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        goto done;
+    }
+    got_out = 1;
+    for (; got_index < N_INDEX; got_index++) {
+        if (int64_vector(index_obj[got_index], INDEX_NAMES[got_index], &index[got_index]) < 0) {
+            goto done;
+        }
+    }
+    Py_ssize_t n = index[0].shape[0];
+    for (int k = 1; k < N_INDEX; k++) {
+        if (index[k].shape[0] != n) {
+            PyErr_Format(PyExc_ValueError, "%s: expected %zd values (as source), got %zd",
+                         INDEX_NAMES[k], n, index[k].shape[0]);
+            goto done;
+        }
+    }
+    seq = PySequence_Fast(sources_obj, "sources: expected a sequence of buffers");
+    if (seq == NULL) {
+        goto done;
+    }
+    n_src = PySequence_Fast_GET_SIZE(seq);
+    src = PyMem_Calloc(n_src ? n_src : 1, sizeof(Py_buffer));
+    have = PyMem_Calloc(n_src ? n_src : 1, 1);
+    if (src == NULL || have == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const int64_t *source = index[0].buf, *starts = index[1].buf, *ends = index[2].buf;
+    const int64_t *dst = index[3].buf, *stops = index[4].buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (source[i] < 0 || source[i] >= n_src) {
+            PyErr_Format(PyExc_ValueError, "source[%zd]: expected a value in [0, %zd), got %lld",
+                         i, n_src, (long long)source[i]);
+            goto done;
+        }
+        if (!have[source[i]]) {
+            if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, source[i]), &src[source[i]],
+                                   PyBUF_C_CONTIGUOUS) < 0) {
+                goto done;
+            }
+            have[source[i]] = 1;
+        }
+        Py_ssize_t len = src[source[i]].len;
+        if (starts[i] < 0 || starts[i] > ends[i] || ends[i] > len) {
+            PyErr_Format(PyExc_ValueError, "starts[%zd], ends[%zd]: expected 0 <= start <= end "
+                         "<= %zd (the bytes of sources[%lld]), got %lld, %lld", i, i, len,
+                         (long long)source[i], (long long)starts[i], (long long)ends[i]);
+            goto done;
+        }
+        if (dst[i] < 0 || dst[i] > stops[i] || ends[i] - starts[i] > stops[i] - dst[i] ||
+            stops[i] > out.len) {
+            PyErr_Format(PyExc_ValueError, "dst[%zd], stops[%zd]: expected 0 <= dst <= dst + %lld "
+                         "(the range's bytes) <= stop <= %zd (the bytes of out), got %lld, %lld",
+                         i, i, (long long)(ends[i] - starts[i]), out.len, (long long)dst[i],
+                         (long long)stops[i]);
+            goto done;
+        }
+    }
+    char *o = out.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t k = ends[i] - starts[i];
+        memcpy(o + dst[i], (const char *)src[source[i]].buf + starts[i], (size_t)k);
+        memset(o + dst[i] + k, 0, (size_t)(stops[i] - dst[i] - k));
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    for (Py_ssize_t j = 0; have != NULL && j < n_src; j++) {
+        if (have[j]) {
+            PyBuffer_Release(&src[j]);
+        }
+    }
+    PyMem_Free(have);
+    PyMem_Free(src);
+    Py_XDECREF(seq);
+    for (int k = 0; k < got_index; k++) {
+        PyBuffer_Release(&index[k]);
+    }
+    if (got_out) {
+        PyBuffer_Release(&out);
+    }
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"copy_ranges", copy_ranges, METH_VARARGS, copy_ranges_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_ranges",
+    "Byte-range copies for ragged gathers (optional; rlbuffers/storage/ranges.py).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__ranges(void)
+{
+    return PyModule_Create(&module);
+}
