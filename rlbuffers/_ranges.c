@@ -1,13 +1,18 @@
 /* rlbuffers._ranges: copy many byte ranges of a few source buffers into one output buffer,
- * with the GIL released, for the ragged gathers of rlbuffers/storage/ragged_column.py.
+ * with the GIL released (the ragged gathers of rlbuffers/storage/ragged_column.py), and make
+ * the row views of packed values (rlbuffers/packed.py: Packed.to_list).
  *
- * Optional: rlbuffers/storage/ranges.py falls back to Python when this module is not built.
- * Everything is checked before the first byte is written: a failed call writes nothing.
+ * Optional: rlbuffers/ranges.py falls back to Python when this module is not built.
+ * Everything is checked before the first byte is written or the first view made: a failed
+ * call writes nothing.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
 
 #define N_INDEX 5
 static const char *INDEX_NAMES[N_INDEX] = {"source", "starts", "ends", "dst", "stops"};
@@ -141,18 +146,95 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(row_views_doc,
+"row_views(values, cu_seqlens)\n--\n\n"
+"[values[cu_seqlens[i]:cu_seqlens[i + 1]] for i in range(N)]: N views of values (an ndarray of\n"
+"at least 1 dimension), each with values as its base and its dtype, strides and writeability;\n"
+"cu_seqlens: int64[N + 1], non-decreasing, in [0, len(values)] (ValueError naming the first\n"
+"entry that is not, before any view is made).");
+
+static PyObject *row_views(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyArrayObject *values;
+    PyObject *cu_obj, *list = NULL;
+    Py_buffer cu;
+    if (!PyArg_ParseTuple(args, "O!O:row_views", &PyArray_Type, &values, &cu_obj)) {
+        return NULL;
+    }
+    int nd = PyArray_NDIM(values);
+    if (nd < 1) {
+        PyErr_SetString(PyExc_ValueError, "values: expected an array of at least 1 dimension, "
+                        "got 0");
+        return NULL;
+    }
+    if (int64_vector(cu_obj, "cu_seqlens", &cu) < 0) {
+        return NULL;
+    }
+    const int64_t *c = cu.buf;
+    Py_ssize_t n = cu.shape[0] - 1;
+    npy_intp rows = PyArray_DIM(values, 0);
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "cu_seqlens: expected at least 1 value, got 0");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i <= n; i++) {
+        if (c[i] < (i ? c[i - 1] : 0) || c[i] > rows) {
+            PyErr_Format(PyExc_ValueError, "cu_seqlens[%zd]: expected a value in [%lld, %lld] "
+                         "(non-decreasing, at most len(values)), got %lld", i,
+                         (long long)(i ? c[i - 1] : 0), (long long)rows, (long long)c[i]);
+            goto done;
+        }
+    }
+    npy_intp dims[NPY_MAXDIMS];
+    npy_intp *strides = PyArray_STRIDES(values);
+    for (int k = 0; k < nd; k++) {
+        dims[k] = PyArray_DIM(values, k);
+    }
+    PyArray_Descr *descr = PyArray_DESCR(values);
+    char *data = PyArray_BYTES(values);
+    int flags = PyArray_FLAGS(values) & NPY_ARRAY_WRITEABLE;
+    list = PyList_New(n);
+    if (list == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        dims[0] = (npy_intp)(c[i + 1] - c[i]);
+        Py_INCREF(descr); /* stolen by PyArray_NewFromDescr */
+        PyObject *view = PyArray_NewFromDescr(&PyArray_Type, descr, nd, dims, strides,
+                                              data + c[i] * strides[0], flags, NULL);
+        if (view == NULL) {
+            Py_CLEAR(list);
+            goto done;
+        }
+        Py_INCREF(values); /* stolen by PyArray_SetBaseObject, on failure too */
+        if (PyArray_SetBaseObject((PyArrayObject *)view, (PyObject *)values) < 0) {
+            Py_DECREF(view);
+            Py_CLEAR(list);
+            goto done;
+        }
+        PyList_SET_ITEM(list, i, view);
+    }
+done:
+    PyBuffer_Release(&cu);
+    return list;
+}
+
 static PyMethodDef methods[] = {
     {"copy_ranges", copy_ranges, METH_VARARGS, copy_ranges_doc},
+    {"row_views", row_views, METH_VARARGS, row_views_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_ranges",
-    "Byte-range copies for ragged gathers (optional; rlbuffers/storage/ranges.py).", -1, methods,
+    "Byte-range copies and row views for ragged fields (optional; rlbuffers/ranges.py).",
+    -1, methods,
     NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__ranges(void)
 {
+    import_array(); /* numpy's C API (row_views); returns NULL with ImportError if it fails */
     return PyModule_Create(&module);
 }

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rlbuffers import ranges
+
 #: The values ``ragged=`` takes: a list of arrays (one per row), one :class:`Packed`, or one
 #: :class:`~rlbuffers.padded.Padded`.
 RAGGED_FORMATS = ("list", "packed", "padded")
@@ -51,7 +53,11 @@ class Packed:
         return self.values[int(self.cu_seqlens[i]):int(self.cu_seqlens[i + 1])]
 
     def to_list(self) -> list[np.ndarray]:
-        """The N rows as a list of views of :attr:`values` (the ``ragged="list"`` format)."""
+        """The N rows as a list of views of :attr:`values` (the ``ragged="list"`` format), made
+        in C (:data:`rlbuffers.ranges.row_views`) where the extension is built."""
+        cu = self.cu_seqlens
+        if ranges.row_views is not None and cu.dtype == np.int64 and cu.flags.c_contiguous:
+            return ranges.row_views(self.values, cu)
         b = self.cu_seqlens.tolist()
         return [self.values[x:y] for x, y in zip(b[:-1], b[1:], strict=True)]
 

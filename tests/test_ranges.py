@@ -1,8 +1,10 @@
-"""The C range copy of the ragged gathers (``rlbuffers/_ranges.c``, built by ``pip install``):
-its bytes equal a copy a range at a time, bad arguments are refused before a byte is written,
-and the gathers that use it (packed, padded, list; one thread or several) return exactly the
-rows that were added, as the Python path (``bytearray.join``) does."""
+"""The C helpers of ragged fields (``rlbuffers/_ranges.c``, built by ``pip install``): the
+range copy's bytes equal a copy a range at a time, the row views equal numpy slices, bad
+arguments are refused before a byte is written or a view made, and the gathers that use them
+(packed, padded, list; one thread or several) return exactly the rows that were added, as the
+Python path (``bytearray.join``, slicing) does."""
 
+import sys
 from pathlib import Path
 from unittest import mock
 
@@ -15,8 +17,8 @@ from tests.heavy import require
 
 require("rlbuffers._ranges")
 
-from rlbuffers import FieldSpec, ReplayBuffer  # noqa: E402
-from rlbuffers.storage import ragged_column, ranges  # noqa: E402
+from rlbuffers import FieldSpec, ReplayBuffer, ranges  # noqa: E402
+from rlbuffers.storage import ragged_column  # noqa: E402
 
 FILL = 0xAB  # what out holds before the copy: bytes no range or pad covers keep it
 
@@ -97,6 +99,55 @@ def test_copy_ranges_refuses_read_only_out_and_non_buffers() -> None:
     ranges.copy_ranges(bytearray(8), (b"abc", b"defg"), *args)  # a tuple is a sequence too
 
 
+@settings(max_examples=200, deadline=None)
+@given(lengths=st.lists(st.integers(0, 5), max_size=12), row=st.sampled_from([(), (3,), (2, 2)]),
+       dtype=st.sampled_from(["int32", "float64", "bool", "uint8"]), writeable=st.booleans(),
+       spare=st.integers(0, 3))
+def test_row_views_equal_numpy_slices(lengths: list[int], row: tuple, dtype: str,
+                                      writeable: bool, spare: int) -> None:
+    cu = np.cumsum([0, *lengths]).astype(np.int64)
+    values = np.arange((int(cu[-1]) + spare) * int(np.prod(row))).reshape(-1, *row).astype(dtype)
+    values.flags.writeable = writeable
+    got = ranges.row_views(values, cu)
+    assert len(got) == len(lengths)
+    for i, view in enumerate(got):
+        want = values[cu[i]:cu[i + 1]]
+        np.testing.assert_array_equal(view, want)
+        assert view.dtype == want.dtype and view.shape == want.shape
+        assert view.strides == want.strides and view.base is values
+        assert view.flags.writeable == writeable and view.flags.c_contiguous
+        assert np.shares_memory(view, values) or view.size == 0
+
+
+def test_row_views_keep_values_alive_and_release_it() -> None:
+    values = np.arange(10, dtype=np.int32)
+    before = sys.getrefcount(values)
+    views = ranges.row_views(values, i64([0, 4, 10]))
+    assert sys.getrefcount(values) == before + 2  # one per view (its base)
+    views[1][0] = 99  # a view, not a copy
+    assert values[4] == 99
+    del views
+    assert sys.getrefcount(values) == before
+
+
+@pytest.mark.parametrize(("cu", "error", "message"), [
+    ([0, 3, 2], ValueError, "cu_seqlens[2]: expected a value in [3, 10]"),
+    ([0, 11], ValueError, "cu_seqlens[1]: expected a value in [0, 10]"),
+    ([-1, 2], ValueError, "cu_seqlens[0]: expected a value in [0, 10]"),
+    ([], ValueError, "cu_seqlens: expected at least 1 value, got 0"),
+    (np.array([0, 2], dtype=np.int32), TypeError, "cu_seqlens: expected a 1-D contiguous int64"),
+])
+def test_row_views_refuse_bad_offsets(cu, error: type, message: str) -> None:
+    cu = cu if isinstance(cu, np.ndarray) else i64(cu)
+    with pytest.raises(error) as e:
+        ranges.row_views(np.zeros(10, dtype=np.int32), cu)
+    assert message in str(e.value)
+    with pytest.raises(ValueError, match="values: expected an array of at least 1 dimension"):
+        ranges.row_views(np.zeros((), dtype=np.int32), i64([0]))
+    with pytest.raises(TypeError):
+        ranges.row_views([1, 2, 3], i64([0, 1]))
+
+
 SHAPES = {"tok": ((None,), "int32"), "pts": ((None, 3), "float64"), "flag": ((None,), "bool")}
 
 
@@ -107,8 +158,8 @@ def test_ragged_gathers_return_the_added_rows(tmp_path_factory: pytest.TempPathF
                                               lengths: list[int], batch: int, threads: int,
                                               seed: int) -> None:
     """Packed, padded and list gathers of random slots (repeats included), by the C copy in
-    ``threads`` parts and by the Python path, equal the rows as they were added; rows span
-    several chunks of the values files."""
+    ``threads`` parts (and the C row views) and by the Python paths, equal the rows as they
+    were added; rows span several chunks of the values files."""
     rng = np.random.default_rng(seed)
     rows = {name: [rng.integers(-99, 99, (k, *shape[1:])).astype(dtype) for k in lengths]
             for name, (shape, dtype) in SHAPES.items()}
@@ -123,7 +174,8 @@ def test_ragged_gathers_return_the_added_rows(tmp_path_factory: pytest.TempPathF
             want = [rows[name][i] for i in slots.tolist()]
             with mock.patch.object(ragged_column, "copy_parts", lambda nbytes: threads):
                 got = (col.gather_packed(slots), col.gather_padded(slots), col.gather(slots))
-            with mock.patch.object(ranges, "copy_ranges", None):
+            with mock.patch.object(ranges, "copy_ranges", None), \
+                    mock.patch.object(ranges, "row_views", None):
                 python = (col.gather_packed(slots), col.gather_padded(slots), col.gather(slots))
             for packed, padded, listed in (got, python):
                 np.testing.assert_array_equal(

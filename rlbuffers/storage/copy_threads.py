@@ -1,6 +1,6 @@
 """Copies that several threads make at once: a gather of many bytes is cut into parts, and
 the calling thread and copy threads copy them together (``np.take`` and the C range copy of
-``rlbuffers/storage/ranges.py`` release the GIL; one core's copy does not use the memory
+``rlbuffers/ranges.py`` release the GIL; one core's copy does not use the memory
 bandwidth of the machine)."""
 
 from __future__ import annotations

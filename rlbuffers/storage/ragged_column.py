@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
+from rlbuffers import ranges
 from rlbuffers.intmath import ceil_div
 from rlbuffers.packed import Packed, cu_seqlens, packed_from_bytes
 from rlbuffers.padded import Padded, padded_from_pieces
 from rlbuffers.spec import FieldSpec
-from rlbuffers.storage import ranges
 from rlbuffers.storage.copy_threads import copy_parts, copy_pool
 from rlbuffers.storage.fileio import pwrite_all
 
@@ -25,19 +25,29 @@ def copy_rows(out: np.ndarray, views: list[memoryview], chunk: np.ndarray, start
               ends: np.ndarray, dst: np.ndarray, stops: np.ndarray) -> None:
     """:data:`ranges.copy_ranges` of N rows (``dst`` int64[N + 1]: row ``i`` goes to
     ``out[dst[i]:stops[i]]``, ``dst[-1]`` the bytes written in all; the others int64[N]), by
-    :func:`~rlbuffers.storage.copy_threads.copy_parts` threads at once (the calling thread and copy
-    threads, each a run of rows of about the same bytes; the C copy releases the GIL)."""
+    :func:`~rlbuffers.storage.copy_threads.copy_parts` threads at once (the calling thread and
+    copy threads, each a run of rows of about the same bytes; the C copy releases the GIL; a
+    part whose thread has not started when the calling thread is done is copied by the
+    calling thread, never waited for).
+
+    Raises:
+        RuntimeError: the C extension is not built (callers check :data:`ranges.copy_ranges`).
+        ValueError: a range outside its source or ``out`` (nothing written).
+    """
+    copy_ranges = ranges.copy_ranges
+    if copy_ranges is None:
+        raise RuntimeError("copy_rows: needs the C extension rlbuffers._ranges, not built here")
     total = int(stops[-1]) if len(stops) else 0
     threads = min(copy_parts(total), len(stops))
     if threads <= 1:
-        ranges.copy_ranges(out, views, chunk, starts, ends, dst[:-1], stops)
+        copy_ranges(out, views, chunk, starts, ends, dst[:-1], stops)
         return
     cuts = np.searchsorted(stops, np.arange(1, threads) * (total // threads)).tolist()
     cuts = [0, *cuts, len(stops)]
 
     def copy(j: int) -> None:
         a, b = cuts[j], cuts[j + 1]
-        ranges.copy_ranges(out, views, chunk[a:b], starts[a:b], ends[a:b], dst[a:b], stops[a:b])
+        copy_ranges(out, views, chunk[a:b], starts[a:b], ends[a:b], dst[a:b], stops[a:b])
 
     helpers = [copy_pool().submit(copy, j) for j in range(1, threads)]
     copy(0)
