@@ -49,7 +49,8 @@ PATCHED = [("rlbuffers.segment_tree", "SegmentTree", "find_prefix"),
            ("rlbuffers.storage.working", "FixedColumn", "gather"),
            ("rlbuffers.storage.working", "RaggedColumn", "gather"),
            ("rlbuffers.storage.working", "RaggedColumn", "gather_packed"),
-           ("rlbuffers.storage.working", "RaggedColumn", "gather_padded")]
+           ("rlbuffers.storage.working", "RaggedColumn", "gather_padded"),
+           ("rlbuffers.packed", "Packed", "to_list")]
 
 
 def baseline_methods(rev: str) -> list[tuple[type, str, Callable[..., Any]]]:
