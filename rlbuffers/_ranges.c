@@ -1,6 +1,7 @@
 /* rlbuffers._ranges: copy many byte ranges of a few source buffers into one output buffer,
- * with the GIL released (the ragged gathers of rlbuffers/storage/ragged_column.py), and make
- * the row views of packed values (rlbuffers/packed.py: Packed.to_list).
+ * with the GIL released (the ragged gathers of rlbuffers/storage/ragged_column.py), make the
+ * row views of packed values (rlbuffers/packed.py: Packed.to_list), and search a sum tree
+ * (rlbuffers/segment_tree.py: SegmentTree.find_prefix).
  *
  * Optional: rlbuffers/ranges.py falls back to Python when this module is not built.
  * Everything is checked before the first byte is written or the first view made: a failed
@@ -8,6 +9,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -220,7 +222,144 @@ done:
     return list;
 }
 
+static int float64_vector(PyObject *obj, const char *name, Py_buffer *view, int writable)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT |
+                           (writable ? PyBUF_WRITABLE : 0)) < 0) {
+        return -1;
+    }
+    const char *f = view->format ? view->format : "B";
+    if (*f == '@' || *f == '=' || *f == '<') {
+        f++;
+    }
+    if (view->ndim != 1 || view->itemsize != 8 || strcmp(f, "d") != 0) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a 1-D contiguous float64 buffer, got format "
+                     "'%s', itemsize %zd, %d dimension(s)", name, view->format ? view->format : "B",
+                     view->itemsize, view->ndim);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(prefix_search_doc,
+"prefix_search(tree, first, mass, out)\n--\n\n"
+"For each i: out[i] = the leaf that SegmentTree.find_prefix finds for mass[i] in the sum tree\n"
+"tree (float64[2n], n a power of two, leaves at [n, 2n), root tree[1] > 0), searching first\n"
+"the running sum of the `first` nodes at [first, 2 first) (first a power of two <= n): the\n"
+"first node b whose running sum exceeds mass[i] (clamped to the largest float below the\n"
+"level's total), then below it with mass[i] - the running sum before b, going right where\n"
+"(mass >= left and right > 0) or left <= 0. mass: float64[m], each >= 0; out: int64[m].\n"
+"The same floating-point operations in the same order as the numpy path: the same leaves.");
+
+static PyObject *prefix_search(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *tree_obj, *mass_obj, *out_obj, *result = NULL;
+    Py_ssize_t first;
+    Py_buffer tree = {0}, mass = {0}, out = {0};
+    double *cs = NULL;
+    if (!PyArg_ParseTuple(args, "OnOO:prefix_search", &tree_obj, &first, &mass_obj, &out_obj)) {
+        return NULL;
+    }
+    if (float64_vector(tree_obj, "tree", &tree, 0) < 0) {
+        return NULL;
+    }
+    if (float64_vector(mass_obj, "mass", &mass, 0) < 0) {
+        goto done_tree;
+    }
+    if (int64_vector(out_obj, "out", &out) < 0) {
+        goto done_mass;
+    }
+    Py_ssize_t n = tree.shape[0] / 2, m = mass.shape[0];
+    if (n < 1 || tree.shape[0] != 2 * n || (n & (n - 1)) != 0) {
+        PyErr_Format(PyExc_ValueError, "tree: expected 2 n values, n a power of two, got %zd",
+                     tree.shape[0]);
+        goto done;
+    }
+    if (first < 1 || first > n || (first & (first - 1)) != 0) {
+        PyErr_Format(PyExc_ValueError, "first: expected a power of two in [1, %zd], got %zd", n,
+                     first);
+        goto done;
+    }
+    if (out.shape[0] != m || out.readonly) {
+        PyErr_Format(PyExc_ValueError, "out: expected %zd writable values (as mass), got %zd%s",
+                     m, out.shape[0], out.readonly ? " read-only" : "");
+        goto done;
+    }
+    const double *t = tree.buf, *q = mass.buf;
+    if (!(t[1] > 0 && t[1] < INFINITY)) {
+        PyObject *v = PyFloat_FromDouble(t[1]); /* PyErr_Format has no %g */
+        if (v != NULL) {
+            PyErr_Format(PyExc_ValueError, "tree: expected a root in (0, inf), got %R", v);
+            Py_DECREF(v);
+        }
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        if (!(q[i] >= 0)) {
+            PyObject *v = PyFloat_FromDouble(q[i]);
+            if (v != NULL) {
+                PyErr_Format(PyExc_ValueError, "mass[%zd]: expected a value >= 0, got %R", i, v);
+                Py_DECREF(v);
+            }
+            goto done;
+        }
+    }
+    cs = PyMem_Malloc((size_t)first * sizeof(double));
+    if (cs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *o = out.buf;
+    Py_BEGIN_ALLOW_THREADS
+    double run = 0.0;
+    for (Py_ssize_t j = 0; j < first; j++) {
+        run += t[first + j];
+        cs[j] = run;
+    }
+    double top = nextafter(cs[first - 1], 0.0);
+    for (Py_ssize_t i = 0; i < m; i++) {
+        double x = q[i] < top ? q[i] : top;
+        Py_ssize_t lo = 0, hi = first; /* the first b with cs[b] > x */
+        while (lo < hi) {
+            Py_ssize_t mid = lo + (hi - lo) / 2;
+            if (cs[mid] > x) {
+                hi = mid;
+            }
+            else {
+                lo = mid + 1;
+            }
+        }
+        if (lo > 0) {
+            x = x - cs[lo - 1];
+        }
+        Py_ssize_t k = first + lo;
+        while (k < n) {
+            double left = t[2 * k], right = t[2 * k + 1];
+            int go_right = (x >= left && right > 0) || left <= 0;
+            if (go_right) {
+                x = x - left;
+            }
+            k = 2 * k + go_right;
+        }
+        o[i] = (int64_t)(k - n);
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyMem_Free(cs);
+    PyBuffer_Release(&out);
+done_mass:
+    PyBuffer_Release(&mass);
+done_tree:
+    PyBuffer_Release(&tree);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"prefix_search", prefix_search, METH_VARARGS, prefix_search_doc},
     {"copy_ranges", copy_ranges, METH_VARARGS, copy_ranges_doc},
     {"row_views", row_views, METH_VARARGS, row_views_doc},
     {NULL, NULL, 0, NULL},

@@ -2,7 +2,8 @@
 its optional extension, else ``None`` and their callers do the same in Python: many byte
 ranges of a few buffers copied into one (the ragged gathers of
 ``rlbuffers/storage/ragged_column.py``) and the row views of packed values
-(:meth:`rlbuffers.packed.Packed.to_list`, the ``ragged="list"`` format).
+(:meth:`rlbuffers.packed.Packed.to_list`, the ``ragged="list"`` format), and the prefix-sum
+search of a sum tree (:meth:`rlbuffers.segment_tree.SegmentTree.find_prefix`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import numpy as np
 
 try:
     from rlbuffers._ranges import copy_ranges as _copy_ranges
+    from rlbuffers._ranges import prefix_search as _prefix_search
     from rlbuffers._ranges import row_views as _row_views
 except ImportError:  # installed without a C compiler: the Python paths
-    _copy_ranges = _row_views = None
+    _copy_ranges = _prefix_search = _row_views = None
 
 #: ``copy_ranges(out, sources, source, starts, ends, dst, stops)``, or ``None`` where the C
 #: extension is not built. For each ``i``: ``out[dst[i]:dst[i] + n] =
@@ -34,3 +36,11 @@ copy_ranges: Callable[[Any, Sequence[Any], Any, Any, Any, Any, Any], None] | Non
 #: len(values)]``: else ``ValueError`` naming the first bad entry, before any view is made),
 #: each view with ``values`` as its base, ~3x faster than slicing in Python.
 row_views: Callable[[np.ndarray, np.ndarray], list[np.ndarray]] | None = _row_views
+
+#: ``prefix_search(tree, first, mass, out)``, or ``None`` where the C extension is not built:
+#: ``out[i]`` (int64[m]) = the leaf that :meth:`~rlbuffers.segment_tree.SegmentTree.find_prefix`
+#: finds for ``mass[i]`` (float64[m], each >= 0) in the sum tree ``tree`` (float64[2n], root
+#: in (0, inf)), its running-sum step at the ``first`` nodes ``[first, 2 first)``; the same
+#: floating-point operations in the same order as the numpy path, so the same leaves.
+#: ``ValueError`` (naming the argument) outside that domain, before anything is written.
+prefix_search: Callable[[np.ndarray, int, np.ndarray, np.ndarray], None] | None = _prefix_search

@@ -148,6 +148,45 @@ def test_row_views_refuse_bad_offsets(cu, error: type, message: str) -> None:
         ranges.row_views([1, 2, 3], i64([0, 1]))
 
 
+def sum_tree(leaves: list[float]) -> np.ndarray:
+    """float64[2n]: a sum tree over ``leaves`` (n a power of two, leaves at [n, 2n))."""
+    n = 1 << max(0, (len(leaves) - 1).bit_length())
+    tree = np.zeros(2 * n)
+    tree[n:n + len(leaves)] = leaves
+    for k in range(n - 1, 0, -1):
+        tree[k] = tree[2 * k] + tree[2 * k + 1]
+    return tree
+
+
+@pytest.mark.parametrize(("args", "error", "message"), [
+    (dict(tree=np.zeros(6)), ValueError, "tree: expected 2 n values, n a power of two, got 6"),
+    (dict(tree=sum_tree([0.0, 0.0])), ValueError, "tree: expected a root in (0, inf), got 0.0"),
+    (dict(tree=sum_tree([1.0, np.inf])), ValueError, "tree: expected a root in (0, inf), got inf"),
+    (dict(first=3), ValueError, "first: expected a power of two in [1, 4], got 3"),
+    (dict(first=8), ValueError, "first: expected a power of two in [1, 4], got 8"),
+    (dict(mass=np.array([0.5, -1.0])), ValueError, "mass[1]: expected a value >= 0, got -1.0"),
+    (dict(mass=np.array([0.5, np.nan])), ValueError, "mass[1]: expected a value >= 0, got nan"),
+    (dict(out=np.full(3, -7, dtype=np.int64)), ValueError, "out: expected 2 writable values"),
+    (dict(mass=np.array([1, 2])), TypeError, "mass: expected a 1-D contiguous float64"),
+    (dict(tree=sum_tree([1.0, 2.0]).astype(np.float32)), TypeError, "tree: expected a 1-D"),
+])
+def test_prefix_search_refuses_bad_arguments_before_writing(args: dict, error: type,
+                                                            message: str) -> None:
+    call = dict(tree=sum_tree([1.0, 2.0, 0.0, 3.0]), first=2, mass=np.array([0.5, 5.5]),
+                out=np.full(2, -7, dtype=np.int64))
+    call.update(args)
+    with pytest.raises(error) as e:
+        ranges.prefix_search(call["tree"], call["first"], call["mass"], call["out"])
+    assert message in str(e.value)
+    assert (call["out"] == -7).all()
+    out = np.full(2, -7, dtype=np.int64)
+    ranges.prefix_search(sum_tree([1.0, 2.0, 0.0, 3.0]), 2, np.array([0.5, 5.5]), out)
+    assert out.tolist() == [0, 3]  # 0.5 in leaf 0; 5.5 past 1 + 2 + 0, in leaf 3
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="out: expected 2 writable values .*, got 2 read-only"):
+        ranges.prefix_search(sum_tree([1.0, 2.0, 0.0, 3.0]), 2, np.array([0.5, 5.5]), out)
+
+
 SHAPES = {"tok": ((None,), "int32"), "pts": ((None, 3), "float64"), "flag": ((None,), "bool")}
 
 

@@ -4,16 +4,28 @@ time per draw, prioritized draws against the
 formulas of Schaul et al. (2016) computed draw by draw from the same generator state, and the
 ragged gather (one join of byte ranges) against reading each row's bytes from its values file."""
 
+import contextlib
 import itertools
 from pathlib import Path
 from unittest import mock
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlbuffers import FieldSpec, PrioritizedSampler, ReplayBuffer, segment_tree
+from rlbuffers import FieldSpec, PrioritizedSampler, ReplayBuffer, ranges, segment_tree
 from rlbuffers.segment_tree import SegmentTree
+
+#: Each search test runs twice: with the C search (``rlbuffers.ranges.prefix_search``, where
+#: the extension is built; tests/test_ranges.py requires it under CI) and with the numpy path.
+PATHS = pytest.mark.parametrize("compiled", [True, False], ids=["c", "numpy"])
+
+
+def path(compiled: bool):
+    """Run with the C search (as installed) or with the numpy path."""
+    return (contextlib.nullcontext() if compiled
+            else mock.patch.object(ranges, "prefix_search", None))
 
 
 def depth(d: int):
@@ -48,82 +60,93 @@ leaves = st.lists(st.one_of(st.just(0.0), st.floats(1e-9, 1e6, allow_nan=False))
                   min_size=1, max_size=70)
 
 
+@PATHS
 @settings(max_examples=150, deadline=None)
 @given(values=leaves, fracs=st.lists(st.floats(0, 1, exclude_max=True), min_size=1, max_size=40),
        spare=st.integers(0, 9))
-def test_find_prefix_equals_the_scalar_search(values, fracs, spare):
+def test_find_prefix_equals_the_scalar_search(values, fracs, spare, compiled):
     """At every depth of the running-sum step (0: the plain descent; 2: both steps; the
     default: the leaves of these small trees), the same leaves as a search a node at a
     time, and positive ones."""
-    tree = SegmentTree(len(values) + spare, np.add, 0.0)  # spare: empty leaves past the data
-    tree.rebuild(np.array(values))
-    mass = np.array(fracs) * tree.root
-    for d in (0, 2, segment_tree.TOP_DEPTH):
-        with depth(d):
-            got = tree.find_prefix(mass)
-            assert got.dtype == np.int64 and got.shape == mass.shape
-            if tree.root > 0:
-                assert got.tolist() == [search(tree, float(m)) for m in mass]
-                assert (np.array(values + [0.0] * spare)[got] > 0).all()
-            else:
+    with path(compiled):
+        tree = SegmentTree(len(values) + spare, np.add, 0.0)  # spare: empty leaves at the end
+        tree.rebuild(np.array(values))
+        mass = np.array(fracs) * tree.root
+        for d in (0, 2, segment_tree.TOP_DEPTH):
+            with depth(d):
+                got = tree.find_prefix(mass)
+                assert got.dtype == np.int64 and got.shape == mass.shape
+                if tree.root > 0:
+                    assert got.tolist() == [search(tree, float(m)) for m in mass]
+                    assert (np.array(values + [0.0] * spare)[got] > 0).all()
+                else:
+                    assert got.tolist() == [descend(tree, float(m)) for m in mass]
+            if d == 0 and tree.root > 0:  # the running-sum step at depth 0 is the plain descent
                 assert got.tolist() == [descend(tree, float(m)) for m in mass]
-        if d == 0 and tree.root > 0:  # the running-sum step at depth 0 is the plain descent
-            assert got.tolist() == [descend(tree, float(m)) for m in mass]
 
 
+@PATHS
 @settings(max_examples=50, deadline=None)
 @given(capacity=st.integers(1, 30), d=st.integers(0, 5),
        steps=st.lists(st.tuples(st.lists(st.tuples(st.integers(0, 29), st.floats(0, 1e3)),
                                          max_size=5),
                                 st.lists(st.floats(0, 1, exclude_max=True), min_size=1,
                                          max_size=8)), min_size=1, max_size=8))
-def test_searches_follow_every_change_of_the_leaves(capacity, d, steps):
+def test_searches_follow_every_change_of_the_leaves(capacity, d, steps, compiled):
     """Updates between searches: each search sees the leaves as they are then."""
-    tree = SegmentTree(capacity, np.add, 0.0)
-    tree.rebuild(np.ones(capacity))
-    with depth(d):
-        for updates, fracs in steps:
-            for i, v in updates:
-                tree.set(np.array([i % capacity]), np.array([v]))
-            if tree.root > 0:
-                mass = np.array(fracs) * tree.root
-                assert tree.find_prefix(mass).tolist() == [search(tree, float(m)) for m in mass]
+    with path(compiled):
+        tree = SegmentTree(capacity, np.add, 0.0)
+        tree.rebuild(np.ones(capacity))
+        with depth(d):
+            for updates, fracs in steps:
+                for i, v in updates:
+                    tree.set(np.array([i % capacity]), np.array([v]))
+                if tree.root > 0:
+                    mass = np.array(fracs) * tree.root
+                    assert tree.find_prefix(mass).tolist() == [search(tree, float(m)) for m in mass]
 
 
+@PATHS
 @settings(max_examples=50, deadline=None)
 @given(values=leaves, mass=st.lists(st.floats(-5, 1e7, allow_nan=False), min_size=1,
                                     max_size=20))
-def test_find_prefix_outside_its_domain_still_follows_the_full_rule(values, mass):
+def test_find_prefix_outside_its_domain_still_follows_the_full_rule(values, mass, compiled):
     """Masses < 0 (or a zero root) take the unshortened test at every node from the root;
     masses at or past the root are searched as the largest float below the level's total."""
-    tree = SegmentTree(len(values), np.add, 0.0)
-    tree.rebuild(np.array(values))
-    got = tree.find_prefix(np.array(mass))
-    if tree.root > 0 and min(mass) >= 0:
-        assert got.tolist() == [search(tree, m) for m in mass]
-    else:
-        assert got.tolist() == [descend(tree, m) for m in mass]
+    with path(compiled):
+        tree = SegmentTree(len(values), np.add, 0.0)
+        tree.rebuild(np.array(values))
+        got = tree.find_prefix(np.array(mass))
+        if tree.root > 0 and min(mass) >= 0:
+            assert got.tolist() == [search(tree, m) for m in mass]
+        else:
+            assert got.tolist() == [descend(tree, m) for m in mass]
 
 
-def test_find_prefix_where_rounding_would_enter_a_zero_subtree():
+@PATHS
+def test_find_prefix_where_rounding_would_enter_a_zero_subtree(compiled):
     """0 + 5.37 + 8.29 rounds so that the largest mass minus 5.37 is >= 8.29: a search testing
     only ``mass >= left`` would go right into the zero leaf 3; the full rule keeps leaf 2."""
-    tree = SegmentTree(3, np.add, 0.0)
-    tree.rebuild(np.array([0.0, 5.37, 8.29]))
-    mass = np.array([np.nextafter(tree.root, 0), 0.0, 5.37])
-    with depth(0):
-        assert tree.find_prefix(mass).tolist() == [descend(tree, float(m)) for m in mass] \
+    with path(compiled):
+        tree = SegmentTree(3, np.add, 0.0)
+        tree.rebuild(np.array([0.0, 5.37, 8.29]))
+        mass = np.array([np.nextafter(tree.root, 0), 0.0, 5.37])
+        with depth(0):
+            assert tree.find_prefix(mass).tolist() == [descend(tree, float(m)) for m in mass] \
+                == [2, 1, 2]
+        assert tree.find_prefix(mass).tolist() == [search(tree, float(m)) for m in mass] \
             == [2, 1, 2]
-    assert tree.find_prefix(mass).tolist() == [search(tree, float(m)) for m in mass] == [2, 1, 2]
 
 
-def test_find_prefix_of_no_draws_and_of_one_leaf():
-    tree = SegmentTree(1, np.add, 0.0)
-    tree.rebuild(np.array([2.0]))
-    for d in (0, segment_tree.TOP_DEPTH):
-        with depth(d):
-            assert tree.find_prefix(np.array([0.0, 1.9])).tolist() == [0, 0]
-            assert tree.find_prefix(np.zeros(0)).shape == (0,)
+@PATHS
+def test_find_prefix_of_no_draws_and_of_one_leaf(compiled):
+    with path(compiled):
+        tree = SegmentTree(1, np.add, 0.0)
+        tree.rebuild(np.array([2.0]))
+        for d in (0, segment_tree.TOP_DEPTH):
+            with depth(d):
+                assert tree.find_prefix(np.array([0.0, 1.9])).tolist() == [0, 0]
+                assert tree.find_prefix(np.zeros(0)).shape == (0,)
 
 
 def reference_draw(sampler: PrioritizedSampler, raw: np.ndarray, size: int, batch: int,
@@ -143,11 +166,18 @@ def reference_draw(sampler: PrioritizedSampler, raw: np.ndarray, size: int, batc
     return slots, weights
 
 
+@PATHS
 @settings(max_examples=25, deadline=None)
 @given(n=st.integers(1, 40), seed=st.integers(0, 2**32 - 1), batch=st.integers(1, 33),
        prios=st.lists(st.floats(0, 50, allow_nan=False), min_size=40, max_size=40))
 def test_prioritized_draws_equal_the_reference_for_the_same_rng_state(tmp_path_factory, n,
-                                                                       seed, batch, prios):
+                                                                       seed, batch, prios,
+                                                                       compiled):
+    with path(compiled):
+        check_prioritized_draw(tmp_path_factory, n, seed, batch, prios)
+
+
+def check_prioritized_draw(tmp_path_factory, n, seed, batch, prios):
     sampler = PrioritizedSampler(alpha=0.7, beta=0.5)
     buf = ReplayBuffer.create(tmp_path_factory.mktemp("b") / "b", capacity=40, sampler=sampler,
                               fields={"x": FieldSpec((), "int64")}, seed=seed)
