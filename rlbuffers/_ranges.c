@@ -19,7 +19,10 @@
 #define N_INDEX 5
 static const char *INDEX_NAMES[N_INDEX] = {"source", "starts", "ends", "dst", "stops"};
 
-static int int64_vector(PyObject *obj, const char *name, Py_buffer *view)
+/* Get `obj` as a 1-D C-contiguous buffer of 8-byte items whose struct format is one of
+ * `formats` ("ql": int64; "d": float64), else TypeError naming `name` and `what` it expected. */
+static int vector8(PyObject *obj, const char *name, Py_buffer *view, const char *formats,
+                   const char *what)
 {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
         return -1;
@@ -28,14 +31,20 @@ static int int64_vector(PyObject *obj, const char *name, Py_buffer *view)
     if (*f == '@' || *f == '=' || *f == '<') {
         f++;
     }
-    if (view->ndim != 1 || view->itemsize != 8 || (strcmp(f, "q") != 0 && strcmp(f, "l") != 0)) {
-        PyErr_Format(PyExc_TypeError, "%s: expected a 1-D contiguous int64 buffer, got format "
-                     "'%s', itemsize %zd, %d dimension(s)", name, view->format ? view->format : "B",
-                     view->itemsize, view->ndim);
+    if (view->ndim != 1 || view->itemsize != 8 || f[0] == 0 || f[1] != 0 ||
+        strchr(formats, f[0]) == NULL) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a 1-D contiguous %s buffer, got format "
+                     "'%s', itemsize %zd, %d dimension(s)", name, what,
+                     view->format ? view->format : "B", view->itemsize, view->ndim);
         PyBuffer_Release(view);
         return -1;
     }
     return 0;
+}
+
+static int int64_vector(PyObject *obj, const char *name, Py_buffer *view)
+{
+    return vector8(obj, name, view, "ql", "int64");
 }
 
 PyDoc_STRVAR(copy_ranges_doc,
@@ -222,26 +231,6 @@ done:
     return list;
 }
 
-static int float64_vector(PyObject *obj, const char *name, Py_buffer *view, int writable)
-{
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT |
-                           (writable ? PyBUF_WRITABLE : 0)) < 0) {
-        return -1;
-    }
-    const char *f = view->format ? view->format : "B";
-    if (*f == '@' || *f == '=' || *f == '<') {
-        f++;
-    }
-    if (view->ndim != 1 || view->itemsize != 8 || strcmp(f, "d") != 0) {
-        PyErr_Format(PyExc_TypeError, "%s: expected a 1-D contiguous float64 buffer, got format "
-                     "'%s', itemsize %zd, %d dimension(s)", name, view->format ? view->format : "B",
-                     view->itemsize, view->ndim);
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
-}
-
 PyDoc_STRVAR(prefix_search_doc,
 "prefix_search(tree, first, mass, out)\n--\n\n"
 "For each i: out[i] = the leaf that SegmentTree.find_prefix finds for mass[i] in the sum tree\n"
@@ -262,10 +251,10 @@ static PyObject *prefix_search(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OnOO:prefix_search", &tree_obj, &first, &mass_obj, &out_obj)) {
         return NULL;
     }
-    if (float64_vector(tree_obj, "tree", &tree, 0) < 0) {
+    if (vector8(tree_obj, "tree", &tree, "d", "float64") < 0) {
         return NULL;
     }
-    if (float64_vector(mass_obj, "mass", &mass, 0) < 0) {
+    if (vector8(mass_obj, "mass", &mass, "d", "float64") < 0) {
         goto done_tree;
     }
     if (int64_vector(out_obj, "out", &out) < 0) {
