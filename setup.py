@@ -1,5 +1,6 @@
 """The optional C extension ``rlbuffers._ranges`` (``rlbuffers/_ranges.c``: the ragged gathers'
-byte-range copy and the list format's row views; ``rlbuffers/ranges.py``). Everything else of
+byte-range copy, the list format's row views and the prioritized sum-tree search;
+``rlbuffers/ranges.py``). Everything else of
 the package is in ``pyproject.toml``; this file exists because the extension's include path
 comes from numpy. ``optional=True``: without a C compiler (or numpy's headers) the install
 still succeeds and ``rlbuffers.ranges`` falls back to Python."""

@@ -1,9 +1,9 @@
-"""The C helpers of ragged fields (``rlbuffers/_ranges.c``), where the package was built with
-its optional extension, else ``None`` and their callers do the same in Python: many byte
-ranges of a few buffers copied into one (the ragged gathers of
-``rlbuffers/storage/ragged_column.py``) and the row views of packed values
-(:meth:`rlbuffers.packed.Packed.to_list`, the ``ragged="list"`` format), and the prefix-sum
-search of a sum tree (:meth:`rlbuffers.segment_tree.SegmentTree.find_prefix`).
+"""The C helpers of sampling (``rlbuffers/_ranges.c``), where the package was built with its
+optional extension, else ``None`` and their callers do the same in Python: many byte ranges of
+a few buffers copied into one (the ragged gathers of ``rlbuffers/storage/ragged_column.py``),
+the row views of packed values (:meth:`rlbuffers.packed.Packed.to_list`, the
+``ragged="list"`` format), and the prefix-sum search of a sum tree
+(:meth:`rlbuffers.segment_tree.SegmentTree.find_prefix`, prioritized draws).
 """
 
 from __future__ import annotations

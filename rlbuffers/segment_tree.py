@@ -96,9 +96,8 @@ class SegmentTree:
             return self._descend(mass, np.ones(len(mass), dtype=np.int64), right_test=True,
                                  left_test=True)
         if ranges.prefix_search is not None:  # the same two steps in C, one call
-            first = 1 << min(TOP_DEPTH, self.n.bit_length() - 1)
             out = np.empty(len(mass), dtype=np.int64)
-            ranges.prefix_search(self.tree, first, mass, out)
+            ranges.prefix_search(self.tree, self._top_first(), mass, out)
             return out
         nodes = self._top(mass)
         leaves = self._descend(mass.copy(), nodes.copy(), right_test=False, left_test=False)
@@ -106,10 +105,14 @@ class SegmentTree:
             return leaves
         return self._descend(mass, nodes, right_test=True, left_test=False)
 
+    def _top_first(self) -> int:
+        """The first node at depth ``min(TOP_DEPTH, log2(n))`` (also that level's node count)."""
+        return 1 << min(TOP_DEPTH, self.n.bit_length() - 1)
+
     def _top(self, mass: np.ndarray) -> np.ndarray:
         """The nodes at depth ``min(TOP_DEPTH, log2(n))`` that ``mass`` (float64[m] >= 0,
         root positive; updated in place to the mass left below each node) falls in."""
-        first = 1 << min(TOP_DEPTH, self.n.bit_length() - 1)
+        first = self._top_first()
         cs = np.cumsum(self.tree[first : 2 * first])
         np.minimum(mass, np.nextafter(cs[-1], 0.0), out=mass)
         b = np.searchsorted(cs, mass, side="right")

@@ -22,9 +22,10 @@ from rlbuffers.storage.fileio import pwrite_all
 
 
 def copy_rows(out: np.ndarray, views: list[memoryview], chunk: np.ndarray, starts: np.ndarray,
-              ends: np.ndarray, dst: np.ndarray, stops: np.ndarray) -> None:
-    """:data:`ranges.copy_ranges` of N rows (``dst`` int64[N + 1]: row ``i`` goes to
-    ``out[dst[i]:stops[i]]``, ``dst[-1]`` the bytes written in all; the others int64[N]), by
+              ends: np.ndarray, bounds: np.ndarray) -> None:
+    """Row ``i`` (bytes ``[starts[i], ends[i])`` of ``views[chunk[i]]``; int64[N] each) into
+    bytes ``[bounds[i], bounds[i + 1])`` of ``out`` (``bounds`` int64[N + 1], non-decreasing),
+    zeros after its bytes: :data:`ranges.copy_ranges`, by
     :func:`~rlbuffers.storage.copy_threads.copy_parts` threads at once (the calling thread and
     copy threads, each a run of rows of about the same bytes; the C copy releases the GIL; a
     part whose thread has not started when the calling thread is done is copied by the
@@ -37,17 +38,18 @@ def copy_rows(out: np.ndarray, views: list[memoryview], chunk: np.ndarray, start
     copy_ranges = ranges.copy_ranges
     if copy_ranges is None:
         raise RuntimeError("copy_rows: needs the C extension rlbuffers._ranges, not built here")
-    total = int(stops[-1]) if len(stops) else 0
-    threads = min(copy_parts(total), len(stops))
+    total = int(bounds[-1])
+    threads = min(copy_parts(total), len(starts))
     if threads <= 1:
-        copy_ranges(out, views, chunk, starts, ends, dst[:-1], stops)
+        copy_ranges(out, views, chunk, starts, ends, bounds[:-1], bounds[1:])
         return
-    cuts = np.searchsorted(stops, np.arange(1, threads) * (total // threads)).tolist()
-    cuts = [0, *cuts, len(stops)]
+    cuts = np.searchsorted(bounds[1:], np.arange(1, threads) * (total // threads)).tolist()
+    cuts = [0, *cuts, len(starts)]
 
     def copy(j: int) -> None:
         a, b = cuts[j], cuts[j + 1]
-        copy_ranges(out, views, chunk[a:b], starts[a:b], ends[a:b], dst[a:b], stops[a:b])
+        copy_ranges(out, views, chunk[a:b], starts[a:b], ends[a:b], bounds[a:b],
+                    bounds[a + 1:b + 1])
 
     helpers = [copy_pool().submit(copy, j) for j in range(1, threads)]
     copy(0)
@@ -183,35 +185,17 @@ class RaggedColumn:
         return [views[c][a:b] for c, a, b in
                 zip(chunk.tolist(), starts.tolist(), ends.tolist(), strict=True)], lengths
 
-    def _copy(self, slots: np.ndarray, padded: bool) -> tuple[np.ndarray, np.ndarray]:
-        """The values of ``slots`` (int64[N]) copied by :data:`ranges.copy_ranges` into one
-        new array: ``[sum_len, *row]`` end to end (``padded=False``) or ``[N, L, *row]``, each
-        row followed by zeros up to ``L``, the longest (``padded=True``); and the lengths
-        (int64[N])."""
-        chunk, starts, ends, lengths = self._ranges(slots)
-        row = self._row_bytes
-        if padded:
-            longest = int(lengths.max()) if len(lengths) else 0
-            out = np.empty((len(lengths), longest, *self.spec.row_shape), dtype=self.spec.dtype)
-            dst = np.arange(len(lengths) + 1, dtype=np.int64) * (longest * row)
-            stops = dst[1:]
-        else:
-            dst = np.zeros(len(lengths) + 1, dtype=np.int64)
-            np.cumsum(ends - starts, out=dst[1:])
-            out = np.empty((int(dst[-1]) // row if row else 0, *self.spec.row_shape),
-                           dtype=self.spec.dtype)
-            stops = dst[1:]
-        copy_rows(out, self._views, chunk, starts, ends, dst, stops)
-        return out, lengths
-
     def gather_packed(self, slots: np.ndarray) -> Packed:
         """Values of ``slots`` (int64[N]) packed: ``values [sum_len, *row]`` (a new array),
         ``cu_seqlens`` int64[N + 1]; copied out of the memory-mapped values files in one C
         call (:data:`ranges.copy_ranges`), or, without the C extension, one
         ``bytearray.join`` of the rows' byte ranges (no numpy call per row)."""
         if ranges.copy_ranges is not None:
-            values, lengths = self._copy(slots, padded=False)
-            return Packed(values, cu_seqlens(lengths))
+            chunk, starts, ends, lengths = self._ranges(slots)
+            cu = cu_seqlens(lengths)
+            values = np.empty((int(cu[-1]), *self.spec.row_shape), dtype=self.spec.dtype)
+            copy_rows(values, self._views, chunk, starts, ends, cu * self._row_bytes)
+            return Packed(values, cu)
         pieces, lengths = self._pieces(slots)
         return packed_from_bytes(bytearray().join(pieces), lengths, self.spec.dtype,
                                  self.spec.row_shape)
@@ -222,7 +206,13 @@ class RaggedColumn:
         memory-mapped values files in one C call (:data:`ranges.copy_ranges`), or, without
         the C extension, one ``bytearray.join`` of the rows and their pads."""
         if ranges.copy_ranges is not None:
-            return Padded(*self._copy(slots, padded=True))
+            chunk, starts, ends, lengths = self._ranges(slots)
+            longest = int(lengths.max(initial=0))
+            values = np.empty((len(lengths), longest, *self.spec.row_shape),
+                              dtype=self.spec.dtype)
+            bounds = np.arange(len(lengths) + 1, dtype=np.int64) * (longest * self._row_bytes)
+            copy_rows(values, self._views, chunk, starts, ends, bounds)
+            return Padded(values, lengths)
         pieces, lengths = self._pieces(slots)
         return padded_from_pieces(pieces, lengths, self.spec.dtype, self.spec.row_shape)
 
