@@ -5,7 +5,9 @@
  *
  * Optional: rlbuffers/ranges.py falls back to Python when this module is not built.
  * Everything is checked before the first byte is written or the first view made: a failed
- * call writes nothing.
+ * call writes nothing. What the work with the GIL released relies on (indices, the running
+ * sum) is copied to private memory with the GIL held and checked there: another thread that
+ * changes the caller's arrays meanwhile cannot make it read or write out of bounds.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -50,10 +52,14 @@ static int int64_vector(PyObject *obj, const char *name, Py_buffer *view)
 PyDoc_STRVAR(copy_ranges_doc,
 "copy_ranges(out, sources, source, starts, ends, dst, stops)\n--\n\n"
 "For each i: out[dst[i]:dst[i] + n] = sources[source[i]][starts[i]:ends[i]] (n = ends[i] -\n"
-"starts[i] bytes), then out[dst[i] + n:stops[i]] = 0. out: a writable C-contiguous buffer;\n"
-"sources: a sequence of C-contiguous buffers; the other five: int64[N] C-contiguous buffers.\n"
-"Every index is checked before anything is written (ValueError naming the argument, the row,\n"
-"the expected range and the value); the copies run with the GIL released.");
+"starts[i] bytes), then out[dst[i] + n:stops[i]] = 0. out: a writable C-contiguous buffer\n"
+"that may not overlap a source that some row reads; sources: a sequence of C-contiguous\n"
+"buffers; the other five: int64[N] C-contiguous buffers. Every index is checked before\n"
+"anything is written (ValueError naming the argument, the row, the expected range and the\n"
+"value; ValueError naming out where it shares memory with such a source; TypeError for a\n"
+"buffer of the wrong kind). The five vectors are copied once, with the GIL held, and only\n"
+"that copy is checked and used: the copies run with the GIL released, and a thread that\n"
+"changes the vectors meanwhile changes nothing.");
 
 static PyObject *copy_ranges(PyObject *self, PyObject *args)
 {
@@ -67,6 +73,7 @@ static PyObject *copy_ranges(PyObject *self, PyObject *args)
     Py_buffer out = {0}, index[N_INDEX] = {{0}};
     Py_buffer *src = NULL;
     char *have = NULL; /* have[s]: src[s] acquired (only the sources some row reads) */
+    int64_t *own = NULL; /* the five vectors, copied: the only values checked and used */
     Py_ssize_t n_src = 0;
     int got_out = 0, got_index = 0;
 
@@ -87,7 +94,26 @@ static PyObject *copy_ranges(PyObject *self, PyObject *args)
             goto done;
         }
     }
-    seq = PySequence_Fast(sources_obj, "sources: expected a sequence of buffers");
+    if (n > PY_SSIZE_T_MAX / (Py_ssize_t)(N_INDEX * sizeof(int64_t))) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    own = PyMem_Malloc(n ? (size_t)n * N_INDEX * sizeof(int64_t) : 1);
+    if (own == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (int k = 0; k < N_INDEX && n > 0; k++) {
+        memcpy(own + k * n, index[k].buf, (size_t)n * sizeof(int64_t));
+    }
+    /* A tuple: the items stay referenced while their buffers are acquired, whatever another
+     * thread does to a list passed as sources. */
+    PyObject *items = PySequence_Fast(sources_obj, "sources: expected a sequence of buffers");
+    if (items == NULL) {
+        goto done;
+    }
+    seq = PySequence_Tuple(items);
+    Py_DECREF(items);
     if (seq == NULL) {
         goto done;
     }
@@ -98,8 +124,9 @@ static PyObject *copy_ranges(PyObject *self, PyObject *args)
         PyErr_NoMemory();
         goto done;
     }
-    const int64_t *source = index[0].buf, *starts = index[1].buf, *ends = index[2].buf;
-    const int64_t *dst = index[3].buf, *stops = index[4].buf;
+    const int64_t *source = own, *starts = own + n, *ends = own + 2 * n;
+    const int64_t *dst = own + 3 * n, *stops = own + 4 * n;
+    const char *o = out.buf;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (source[i] < 0 || source[i] >= n_src) {
             PyErr_Format(PyExc_ValueError, "source[%zd]: expected a value in [0, %zd), got %lld",
@@ -112,6 +139,14 @@ static PyObject *copy_ranges(PyObject *self, PyObject *args)
                 goto done;
             }
             have[source[i]] = 1;
+            const char *b = src[source[i]].buf;
+            Py_ssize_t blen = src[source[i]].len;
+            if (blen > 0 && out.len > 0 && b < o + out.len && o < b + blen) {
+                PyErr_Format(PyExc_ValueError, "out: expected a buffer that shares no memory "
+                             "with sources[%lld] (which row %zd reads), got one that overlaps "
+                             "its %zd bytes", (long long)source[i], i, blen);
+                goto done;
+            }
         }
         Py_ssize_t len = src[source[i]].len;
         if (starts[i] < 0 || starts[i] > ends[i] || ends[i] > len) {
@@ -129,12 +164,12 @@ static PyObject *copy_ranges(PyObject *self, PyObject *args)
             goto done;
         }
     }
-    char *o = out.buf;
+    char *w = out.buf;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t k = ends[i] - starts[i];
-        memcpy(o + dst[i], (const char *)src[source[i]].buf + starts[i], (size_t)k);
-        memset(o + dst[i] + k, 0, (size_t)(stops[i] - dst[i] - k));
+        memcpy(w + dst[i], (const char *)src[source[i]].buf + starts[i], (size_t)k);
+        memset(w + dst[i] + k, 0, (size_t)(stops[i] - dst[i] - k));
     }
     Py_END_ALLOW_THREADS
     result = Py_None;
@@ -147,6 +182,7 @@ done:
     }
     PyMem_Free(have);
     PyMem_Free(src);
+    PyMem_Free(own);
     Py_XDECREF(seq);
     for (int k = 0; k < got_index; k++) {
         PyBuffer_Release(&index[k]);
@@ -238,8 +274,11 @@ PyDoc_STRVAR(prefix_search_doc,
 "the running sum of the `first` nodes at [first, 2 first) (first a power of two <= n): the\n"
 "first node b whose running sum exceeds mass[i] (clamped to the largest float below the\n"
 "level's total), then below it with mass[i] - the running sum before b, going right where\n"
-"(mass >= left and right > 0) or left <= 0. mass: float64[m], each >= 0; out: int64[m].\n"
-"The same floating-point operations in the same order as the numpy path: the same leaves.");
+"(mass >= left and right > 0) or left <= 0. mass: float64[m], each >= 0; out: int64[m],\n"
+"each in [0, n). The same floating-point operations in the same order as the numpy path: the\n"
+"same leaves. ValueError (naming the argument, before anything is written) for any other\n"
+"shape or value, and for a level [first, 2 first) whose running sum is NaN or <= 0 (its\n"
+"nodes are not those of a sum tree of finite leaves >= 0: no node to search below).");
 
 static PyObject *prefix_search(PyObject *self, PyObject *args)
 {
@@ -300,13 +339,28 @@ static PyObject *prefix_search(PyObject *self, PyObject *args)
         PyErr_NoMemory();
         goto done;
     }
-    int64_t *o = out.buf;
-    Py_BEGIN_ALLOW_THREADS
+    /* The running sum, in private memory with the GIL held: with its total > 0, every x below
+     * is < cs[first - 1], so the search below finds a node in [first, 2 first) whatever the
+     * values (or a thread that changes tree or mass meanwhile), and the descent from there
+     * ends on a leaf in [n, 2n). NaN or <= 0 (not a sum tree of finite leaves >= 0): no node
+     * would be found (leaf n, out of range), so refused. */
     double run = 0.0;
     for (Py_ssize_t j = 0; j < first; j++) {
         run += t[first + j];
         cs[j] = run;
     }
+    if (!(run > 0)) {
+        PyObject *v = PyFloat_FromDouble(run);
+        if (v != NULL) {
+            PyErr_Format(PyExc_ValueError, "tree: expected the nodes [%zd, %zd) to sum to a "
+                         "value > 0 (the nodes of a sum tree of finite leaves >= 0), got %R",
+                         first, 2 * first, v);
+            Py_DECREF(v);
+        }
+        goto done;
+    }
+    int64_t *o = out.buf;
+    Py_BEGIN_ALLOW_THREADS
     double top = nextafter(cs[first - 1], 0.0);
     for (Py_ssize_t i = 0; i < m; i++) {
         double x = q[i] < top ? q[i] : top;

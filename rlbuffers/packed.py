@@ -53,13 +53,45 @@ class Packed:
         return self.values[int(self.cu_seqlens[i]):int(self.cu_seqlens[i + 1])]
 
     def to_list(self) -> list[np.ndarray]:
-        """The N rows as a list of views of :attr:`values` (the ``ragged="list"`` format), made
-        in C (:data:`rlbuffers.ranges.row_views`) where the extension is built."""
-        cu = self.cu_seqlens
-        if ranges.row_views is not None and cu.dtype == np.int64 and cu.flags.c_contiguous:
-            return ranges.row_views(self.values, cu)
-        b = self.cu_seqlens.tolist()
-        return [self.values[x:y] for x, y in zip(b[:-1], b[1:], strict=True)]
+        """The N rows (the ``ragged="list"`` format): ``values[cu_seqlens[i]:cu_seqlens[i +
+        1]]`` for each ``i``, views of :attr:`values` of its type. Made in C
+        (:data:`rlbuffers.ranges.row_views`) where the extension is built and ``values`` is a
+        plain ``np.ndarray`` (``cu_seqlens`` int64), by slicing otherwise (any other
+        ``values`` that slices, e.g. a list or an ndarray subclass): the same rows, and the
+        same errors, either way.
+
+        Raises:
+            ValueError: ``values`` a 0-d array; ``cu_seqlens`` empty, or an entry below 0,
+                below the one before it or above ``len(values)`` (naming the first such entry,
+                the expected range and its value).
+        """
+        values, cu = self.values, np.asarray(self.cu_seqlens)
+        if (ranges.row_views is not None and type(values) is np.ndarray
+                and cu.dtype == np.int64 and cu.flags.c_contiguous):
+            return ranges.row_views(values, cu)
+        if isinstance(values, np.ndarray) and values.ndim == 0:
+            raise ValueError("values: expected an array of at least 1 dimension, got 0")
+        check_offsets(cu, len(values))
+        b = cu.tolist()
+        return [values[x:y] for x, y in zip(b[:-1], b[1:], strict=True)]
+
+
+def check_offsets(cu: np.ndarray, rows: int) -> None:
+    """Check ``cu`` (N + 1 row offsets into ``rows`` rows, integers) as
+    :data:`rlbuffers.ranges.row_views` does: at least one value, each in ``[the one before (0
+    for the first), rows]``.
+
+    Raises:
+        ValueError: naming the first entry that is not, the expected range and its value.
+    """
+    if len(cu) == 0:
+        raise ValueError("cu_seqlens: expected at least 1 value, got 0")
+    bad = np.flatnonzero((cu[1:] < cu[:-1]) | (cu[1:] > rows))
+    i = 0 if not 0 <= cu[0] <= rows else (int(bad[0]) + 1 if len(bad) else None)
+    if i is not None:
+        before = cu[i - 1].item() if i else 0
+        raise ValueError(f"cu_seqlens[{i}]: expected a value in [{before}, {rows}] "
+                         f"(non-decreasing, at most len(values)), got {cu[i].item()}")
 
 
 def row_index(i: int, n: int) -> int:

@@ -23,11 +23,14 @@ except ImportError:  # installed without a C compiler: the Python paths
 #: ``copy_ranges(out, sources, source, starts, ends, dst, stops)``, or ``None`` where the C
 #: extension is not built. For each ``i``: ``out[dst[i]:dst[i] + n] =
 #: sources[source[i]][starts[i]:ends[i]]`` (``n = ends[i] - starts[i]`` bytes), then
-#: ``out[dst[i] + n:stops[i]] = 0``. ``out``: a writable C-contiguous buffer (bytes);
-#: ``sources``: a sequence of C-contiguous buffers; the other five: int64[N]. Every index is
-#: checked before a byte is written (``ValueError`` naming the argument, the row, the expected
-#: range and the value; ``TypeError`` for a buffer of the wrong kind), and the copies run with
-#: the GIL released.
+#: ``out[dst[i] + n:stops[i]] = 0``. ``out``: a writable C-contiguous buffer (bytes) that may
+#: not overlap a source that some row reads; ``sources``: a sequence of C-contiguous buffers;
+#: the other five: int64[N]. Every index is checked before a byte is written (``ValueError``
+#: naming the argument, the row, the expected range and the value; ``ValueError`` naming
+#: ``out`` where it shares memory with such a source; ``TypeError`` for a buffer of the wrong
+#: kind), and the copies run with the GIL released. The five vectors are copied once, with
+#: the GIL held, and only that copy is checked and used: another thread that changes them
+#: during the call cannot make it write outside ``out`` (it copies the values as they were).
 copy_ranges: Callable[[Any, Sequence[Any], Any, Any, Any, Any, Any], None] | None = _copy_ranges
 
 #: ``row_views(values, cu_seqlens)``, or ``None`` where the C extension is not built:
@@ -41,6 +44,8 @@ row_views: Callable[[np.ndarray, np.ndarray], list[np.ndarray]] | None = _row_vi
 #: ``out[i]`` (int64[m]) = the leaf that :meth:`~rlbuffers.segment_tree.SegmentTree.find_prefix`
 #: finds for ``mass[i]`` (float64[m], each >= 0) in the sum tree ``tree`` (float64[2n], root
 #: in (0, inf)), its running-sum step at the ``first`` nodes ``[first, 2 first)``; the same
-#: floating-point operations in the same order as the numpy path, so the same leaves.
-#: ``ValueError`` (naming the argument) outside that domain, before anything is written.
+#: floating-point operations in the same order as the numpy path, so the same leaves, each in
+#: ``[0, n)``. ``ValueError`` (naming the argument) outside that domain, before anything is
+#: written, and for a level ``[first, 2 first)`` whose running sum is NaN or <= 0 (not the
+#: nodes of a sum tree of finite leaves >= 0; ``find_prefix`` then searches from the root).
 prefix_search: Callable[[np.ndarray, int, np.ndarray, np.ndarray], None] | None = _prefix_search

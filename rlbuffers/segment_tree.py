@@ -85,35 +85,68 @@ class SegmentTree:
         (:data:`rlbuffers.ranges.prefix_search`: a search at a time with the full rule, the
         same floating-point operations in the same order, so the same leaves).
 
+        The running-sum step needs that level to sum to a value > 0 (it does in a tree of
+        finite leaves >= 0 with a positive root): where it sums to NaN or <= 0 (the tree's
+        nodes were set to something else than such sums), no node of the level would be
+        found, so both paths search from the root instead, as they do where the root or a mass
+        is out of range.
+
         Args:
             mass: float64[m] in ``[0, root)``.
 
         Returns:
-            int64[m] leaf indices, never a zero-valued leaf while the root is positive.
+            int64[m] leaf indices, each in ``[0, n)`` whatever the tree and the masses; never a
+            zero-valued leaf while the root is positive and the tree holds the sums of finite
+            leaves >= 0.
         """
         mass = np.array(mass, dtype=np.float64).ravel()  # a copy: updated in place below
         if not (0 < self.tree[1] < np.inf and (len(mass) == 0 or mass.min() >= 0)):
-            return self._descend(mass, np.ones(len(mass), dtype=np.int64), right_test=True,
-                                 left_test=True)
+            return self._from_root(mass)
+        first = self._top_first()
         if ranges.prefix_search is not None:  # the same two steps in C, one call
             out = np.empty(len(mass), dtype=np.int64)
-            ranges.prefix_search(self.tree, self._top_first(), mass, out)
+            try:
+                ranges.prefix_search(self.tree, first, mass, out)
+            except ValueError:  # the one it can raise here: the level does not sum > 0
+                if self._level_sums_above_zero(first):
+                    raise
+                return self._from_root(mass)
             return out
-        nodes = self._top(mass)
-        leaves = self._descend(mass.copy(), nodes.copy(), right_test=False, left_test=False)
-        if len(leaves) == 0 or self.tree.take(leaves + self.n).min() > 0:
-            return leaves
-        return self._descend(mass, nodes, right_test=True, left_test=False)
+        with np.errstate(invalid="ignore", over="ignore"):  # quiet as C: inf - inf, 1e308 * 2
+            nodes = self._top(mass, first)
+            if nodes is None:
+                return self._from_root(mass)
+            leaves = self._descend(mass.copy(), nodes.copy(), right_test=False, left_test=False)
+            if len(leaves) == 0 or self.tree.take(leaves + self.n).min() > 0:
+                return leaves
+            return self._descend(mass, nodes, right_test=True, left_test=False)
 
     def _top_first(self) -> int:
         """The first node at depth ``min(TOP_DEPTH, log2(n))`` (also that level's node count)."""
         return 1 << min(TOP_DEPTH, self.n.bit_length() - 1)
 
-    def _top(self, mass: np.ndarray) -> np.ndarray:
-        """The nodes at depth ``min(TOP_DEPTH, log2(n))`` that ``mass`` (float64[m] >= 0,
-        root positive; updated in place to the mass left below each node) falls in."""
-        first = self._top_first()
+    def _level_sums_above_zero(self, first: int) -> bool:
+        """Whether the running sum of the nodes ``[first, 2 first)`` ends above 0 (not NaN),
+        computed as the running-sum step computes it (``np.cumsum``, a sum at a time)."""
+        with np.errstate(invalid="ignore", over="ignore"):
+            return bool(np.cumsum(self.tree[first : 2 * first])[-1] > 0)
+
+    def _from_root(self, mass: np.ndarray) -> np.ndarray:
+        """The leaves that ``mass`` (float64[m], updated in place) reaches from the root with
+        the full rule: the search for any tree and masses (in ``[0, n)`` whatever they are;
+        NaN and infinite values give no warning, as in C)."""
+        with np.errstate(invalid="ignore", over="ignore"):
+            return self._descend(mass, np.ones(len(mass), dtype=np.int64), right_test=True,
+                                 left_test=True)
+
+    def _top(self, mass: np.ndarray, first: int) -> np.ndarray | None:
+        """The nodes at depth ``min(TOP_DEPTH, log2(n))`` (``first`` of them, from node
+        ``first``) that ``mass`` (float64[m] >= 0, root positive; updated in place to the mass
+        left below each node) falls in; ``None`` (``mass`` untouched) where that level's
+        running sum ends at NaN or <= 0: no node to find."""
         cs = np.cumsum(self.tree[first : 2 * first])
+        if not cs[-1] > 0:
+            return None
         np.minimum(mass, np.nextafter(cs[-1], 0.0), out=mass)
         b = np.searchsorted(cs, mass, side="right")
         np.subtract(mass, cs.take(b - 1), out=mass, where=b > 0)
