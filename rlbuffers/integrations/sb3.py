@@ -24,7 +24,8 @@ from rlbuffers.integrations.sb3_buffer import (  # noqa: E402
     ZarrReplayBuffer,
 )
 from rlbuffers.integrations.sb3_checkpoint import CommitCallback, resume  # noqa: E402
+from rlbuffers.integrations.sb3_her import ZarrHerReplayBuffer  # noqa: E402
 from rlbuffers.integrations.sb3_rng import restore_rng, rng_state  # noqa: E402
 
-__all__ = ["META_KEY", "CommitCallback", "ZarrDictReplayBuffer", "ZarrReplayBuffer",
-           "restore_rng", "resume", "rng_state"]
+__all__ = ["META_KEY", "CommitCallback", "ZarrDictReplayBuffer", "ZarrHerReplayBuffer",
+           "ZarrReplayBuffer", "restore_rng", "resume", "rng_state"]
