@@ -31,6 +31,12 @@ every file against the crc32c recorded in ``checksums.json`` when it was written
 zip CRC32 is not computed: at ~0.5 GB/s it cost 2 s per GB of optimizer state; crc32c runs at
 several GB/s). :func:`create_run` makes a new run directory atomically, so a run is either
 absent or resumable.
+
+A run directory may come from somebody else, so nothing here follows a symlink or waits on a
+FIFO below the checkpoint root: every file is written as a new regular file (or over a
+regular file of the spare with one link), a symlink or other non-directory at a checkpoint's
+name is removed, never followed, and everything is read back with :mod:`rlbuffers.safe_load`
+(JSON; torch files only with ``weights_only=True``).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,7 +54,9 @@ from typing import Any
 
 from rlbuffers.direct_io import DirectWriter
 from rlbuffers.errors import CorruptCheckpointError
+from rlbuffers.safe_load import load_json, open_regular
 from rlbuffers.storage.location import fsync_path
+from rlbuffers.storage.safe_files import open_inside, write_atomic_inside
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +67,47 @@ CHECKSUMS_JSON = "checksums.json"
 _BLOCK = 16 << 20
 
 
+class MissingCheckpointError(CorruptCheckpointError, FileNotFoundError):
+    """The buffer's commit names a step whose checkpoint directory is missing (or is not a
+    directory of its own: a symlink, a file)."""
+
+
 def file_crc32c(path: Path) -> int:
-    """crc32c (Castagnoli) of the file at ``path``, read in 16 MiB blocks."""
+    """crc32c (Castagnoli) of the regular file at ``path``, read in 16 MiB blocks.
+
+    Raises:
+        CorruptCheckpointError: ``path`` is missing, a symlink, a FIFO or not a regular file.
+    """
     import crc32c
 
     value = 0
-    with open(path, "rb") as f:
+    with os.fdopen(open_regular(path, CorruptCheckpointError), "rb") as f:
         while block := f.read(_BLOCK):
             value = crc32c.crc32c(block, value)
     return value
+
+
+def _remove(path: Path) -> None:
+    """Remove ``path`` whatever it is, never following a symlink (a symlink is unlinked, a
+    directory removed with what it holds); nothing when it is missing."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def _is_real_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 def verify_checkpoint(path: Path) -> None:
@@ -74,15 +115,19 @@ def verify_checkpoint(path: Path) -> None:
     (checkpoints written before checksums existed have none: nothing to check).
 
     Raises:
-        CorruptCheckpointError: a file is missing or its crc32c differs (file, expected and
-            actual value named).
+        CorruptCheckpointError: ``checksums.json`` is not a JSON object of file names to
+            integers, a file is missing or not a regular file, or its crc32c differs (file,
+            expected and actual value named).
     """
     sums_path = Path(path) / CHECKSUMS_JSON
-    if not sums_path.exists():
+    if not os.path.lexists(sums_path):
         return
-    for name, want in json.loads(sums_path.read_text()).items():
+    for name, want in load_json(sums_path, dict, error=CorruptCheckpointError).items():
+        if "/" in name or name in ("", ".", "..") or type(want) is not int:
+            raise CorruptCheckpointError(f"{sums_path}: {name!r}: expected a file name of the "
+                                         f"checkpoint and its crc32c, got {want!r}")
         f = Path(path) / name
-        if not f.is_file():
+        if not os.path.lexists(f):
             raise CorruptCheckpointError(f"{f}: missing from the checkpoint")
         got = file_crc32c(f)
         if got != want:
@@ -105,7 +150,10 @@ def _torch_save_without_zip_crc(obj: Any, f: Any) -> None:
 
 
 def _write_file(path: Path, write: Callable[[Any], None]) -> None:
-    with open(path, "wb") as f:
+    """Write the regular file ``path`` (created or truncated; a symlink, a FIFO or a file
+    with other hard links there is refused: ``UnsafePathError``) and fsync it."""
+    fd = open_inside(path.parent, path.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    with os.fdopen(fd, "wb") as f:
         write(f)
         f.flush()
         os.fsync(f.fileno())
@@ -119,12 +167,11 @@ def _write_direct(path: Path, obj: Any) -> int:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Replace the file ``path`` with ``data`` as JSON: temporary file, fsync, rename, fsync of
-    the directory."""
-    tmp = path.with_name(path.name + ".tmp")
-    _write_file(tmp, lambda f: f.write(json.dumps(data, indent=1).encode()))
-    os.replace(tmp, path)
-    fsync_path(path.parent)
+    """Replace the file ``path`` with ``data`` as JSON: a temporary file of an unpredictable
+    name, fsync, rename (over a symlink or FIFO at ``path``, never through it), fsync of the
+    directory (``rlbuffers.storage.safe_files.write_atomic_inside``)."""
+    write_atomic_inside(Path(path).parent, Path(path).name,
+                        json.dumps(data, indent=1).encode())
 
 
 @dataclass(frozen=True)
@@ -179,16 +226,20 @@ class Checkpoints:
             raise ValueError(f"step: expected an integer >= 0, got {step!r}")
         final = self.path(step)
         tmp = final.with_name(final.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        if self.recycle and self.spare.is_dir():
+        self.root.mkdir(parents=True, exist_ok=True)
+        _remove(tmp)
+        if self.recycle and _is_real_dir(self.spare):
             os.rename(self.spare, tmp)
             names = {*(torch_files or {}), *(writers or {}),
                      *([STATE_JSON] if state is not None else [])}
-            for p in tmp.iterdir():
-                if p.name not in names:
-                    shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+            for p in tmp.iterdir():  # only regular files of one link are written over
+                st = os.lstat(p)
+                if p.name not in names or not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+                    _remove(p)
         else:
-            tmp.mkdir(parents=True)
+            if self.recycle:  # a symlink or a file at the spare's name
+                _remove(self.spare)
+            tmp.mkdir()
         sums = {name: _write_direct(tmp / name, obj) for name, obj in (torch_files or {}).items()}
         for name, write in (writers or {}).items():
             write(tmp / name)
@@ -196,11 +247,12 @@ class Checkpoints:
         if state is not None:
             _write_file(tmp / STATE_JSON, lambda f: f.write(json.dumps(state).encode()))
         sums.update({p.name: file_crc32c(p) for p in sorted(tmp.iterdir())
-                     if p.is_file() and p.name not in sums and p.name != CHECKSUMS_JSON})
+                     if p.is_file() and not p.is_symlink() and p.name not in sums
+                     and p.name != CHECKSUMS_JSON})
         sums = dict(sorted(sums.items()))
         _write_file(tmp / CHECKSUMS_JSON, lambda f: f.write(json.dumps(sums).encode()))
         fsync_path(tmp)
-        shutil.rmtree(final, ignore_errors=True)
+        _remove(final)
         os.rename(tmp, final)
         fsync_path(self.root)
         return final
@@ -220,36 +272,46 @@ class Checkpoints:
         ``keep`` newest committed ones; with ``recycle``, the newest of those becomes the
         spare (replacing any older spare)."""
         for tmp in self.root.glob(f"{self.prefix}-*.tmp"):
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove(tmp)
         steps = self.steps()
         old = [s for s in steps if s <= committed][:-self.keep]
         if self.recycle and old:
-            shutil.rmtree(self.spare, ignore_errors=True)
+            _remove(self.spare)
             os.rename(self.path(old.pop()), self.spare)
         for s in old + [s for s in steps if s > committed]:
-            shutil.rmtree(self.path(s), ignore_errors=True)
+            _remove(self.path(s))
 
     def latest(self, committed: int) -> Path | None:
         """The checkpoint of the buffer's last commit ``committed`` (the step its metadata
         names): the last complete pair; None when ``committed`` is 0 (nothing done yet).
 
         Raises:
-            FileNotFoundError: the commit names a step whose checkpoint is missing.
-            CorruptCheckpointError: a file of it fails its recorded crc32c.
+            MissingCheckpointError: (a CorruptCheckpointError and a FileNotFoundError) the
+                commit names a step whose checkpoint is missing, or is not a directory of
+                its own (a symlink, a file).
+            CorruptCheckpointError: a file of it fails its recorded crc32c, or is not a
+                regular file.
         """
         if committed == 0:
             return None
         path = self.path(committed)
-        if not path.is_dir():
-            raise FileNotFoundError(f"{path}: the buffer's commit names step {committed}, "
-                                    "but its checkpoint is missing")
+        if not _is_real_dir(path):
+            what = "is a symlink" if path.is_symlink() else "is missing" if not \
+                os.path.lexists(path) else "is not a directory"
+            raise MissingCheckpointError(f"{path}: the buffer's commit names step {committed}, "
+                                         f"but its checkpoint {what}")
         verify_checkpoint(path)
         return path
 
 
 def load_state(path: Path) -> dict[str, Any]:
-    """The JSON trainer state of the checkpoint directory ``path``."""
-    return dict(json.loads((path / STATE_JSON).read_text()))
+    """The JSON trainer state of the checkpoint directory ``path``.
+
+    Raises:
+        CorruptCheckpointError: ``state.json`` is missing, not a regular file, or not a JSON
+            object (one line naming it).
+    """
+    return dict(load_json(Path(path) / STATE_JSON, dict, error=CorruptCheckpointError))
 
 
 def create_run(run_dir: str | os.PathLike[str], config: dict[str, Any],

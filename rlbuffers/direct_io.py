@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,8 @@ class DirectWriter:
     """Write the file ``path`` from scratch, sequentially, bypassing the page cache.
 
     Args:
-        path: the file (created or truncated).
+        path: the file (created, or a regular file of one link truncated; a symlink at
+            ``path`` is never followed).
         block_bytes: size of the aligned block the bytes are gathered in (a multiple of
             :data:`ALIGN`, default 8 MiB).
 
@@ -46,6 +48,8 @@ class DirectWriter:
 
     Raises:
         ValueError: ``block_bytes`` not a positive multiple of :data:`ALIGN`.
+        rlbuffers.UnsafePathError: ``path`` is a symlink, a FIFO or another non-regular file,
+            or a file with other hard links (writing it would change them too).
         OSError: the file cannot be created or written.
     """
 
@@ -121,20 +125,43 @@ class DirectWriter:
             pass
 
 
+def _open_regular(path: Path, flags: int) -> int:
+    """``os.open(path, flags | O_NOFOLLOW | O_NONBLOCK)`` of a regular file with one link
+    (O_NONBLOCK: a FIFO fails at once instead of waiting for a reader), made blocking."""
+    from rlbuffers.errors import UnsafePathError
+
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise UnsafePathError(f"{path}: is a symlink or not a regular file; refusing to "
+                                  "write through it") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+        os.close(fd)
+        raise UnsafePathError(f"{path}: expected a regular file of one link, got mode "
+                              f"{stat.filemode(st.st_mode)} with {st.st_nlink} links; "
+                              "refusing to write through it")
+    os.set_blocking(fd, True)
+    return fd
+
+
 def _open(path: Path, block: mmap.mmap) -> tuple[int, bool]:
-    """The file descriptor of ``path`` (truncated) and whether it is ``O_DIRECT``: probed
-    with one aligned write of zeros at offset 0, since some filesystems accept the flag at
-    ``open`` and refuse the write."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    """The file descriptor of ``path`` (truncated; see :func:`_open_regular`) and whether it
+    is ``O_DIRECT``: probed with one aligned write of zeros at offset 0, since some
+    filesystems accept the flag at ``open`` and refuse the write."""
+    flags = os.O_WRONLY | os.O_CREAT
     direct = getattr(os, "O_DIRECT", 0)
     if direct:
         try:
-            fd = os.open(path, flags | direct, 0o644)
+            fd = _open_regular(path, flags | direct)
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise
         else:
             try:
+                os.ftruncate(fd, 0)
                 os.write(fd, memoryview(block)[:ALIGN])
                 os.lseek(fd, 0, os.SEEK_SET)
                 return fd, True
@@ -142,7 +169,9 @@ def _open(path: Path, block: mmap.mmap) -> tuple[int, bool]:
                 os.close(fd)
                 if e.errno != errno.EINVAL:
                     raise
-    return os.open(path, flags, 0o644), False
+    fd = _open_regular(path, flags)
+    os.ftruncate(fd, 0)
+    return fd, False
 
 
 def _write_all(fd: int, view: memoryview) -> None:

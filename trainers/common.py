@@ -38,6 +38,9 @@ import numpy as np
 from rlbuffers import ReplayBuffer
 from rlbuffers.checkpoint import Checkpoints, create_run, load_state
 from rlbuffers.memory.process import process_peak_rss_bytes
+from rlbuffers.safe_load import RunFileError, load_torch, read_bytes, restoring
+from rlbuffers.storage.safe_files import append_inside, write_atomic_inside
+from trainers.run_files import real_dir
 
 log = logging.getLogger("trainers.common")
 
@@ -46,8 +49,10 @@ CurveFn = Callable[[Path, list[dict[str, Any]]], None]
 
 
 def rng_states(rng: np.random.Generator) -> dict[str, Any]:
-    """torch (CPU and, where present, every CUDA device), numpy (``rng``) and Python RNG
-    states, for ``torch.save``."""
+    """torch (CPU and, where present, every CUDA device: uint8 tensors), numpy (``rng``: the
+    bit generator's state, a dict of strings and ints) and Python (``random.getstate()``: a
+    tuple of ints) RNG states, for ``torch.save``: plain data that
+    ``torch.load(weights_only=True)`` reads back (:func:`load_rng`)."""
     import torch
 
     out = {"torch": torch.get_rng_state(), "numpy": rng.bit_generator.state,
@@ -57,31 +62,66 @@ def rng_states(rng: np.random.Generator) -> dict[str, Any]:
     return out
 
 
-def set_rng_states(states: dict[str, Any], rng: np.random.Generator) -> None:
-    """Restore what :func:`rng_states` returned."""
+def set_rng_states(states: dict[str, Any], rng: np.random.Generator,
+                   path: str | os.PathLike[str] = "rng.pt") -> None:
+    """Restore what :func:`rng_states` returned (``path``: the file it was read from, for
+    the error message).
+
+    Raises:
+        rlbuffers.CorruptCheckpointError: ``states`` is not what :func:`rng_states` returns
+            (one line naming ``path``).
+    """
     import torch
 
-    torch.set_rng_state(states["torch"])
-    rng.bit_generator.state = states["numpy"]
-    random.setstate(states["python"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+    with restoring(path, "the RNG states of rng_states() (torch, numpy, python[, cuda])"):
+        if not isinstance(states, dict):
+            raise TypeError(f"a {type(states).__name__}")
+        if not isinstance(states["torch"], torch.Tensor):
+            raise TypeError(f"'torch' of type {type(states['torch']).__name__}")
+        torch.set_rng_state(states["torch"])
+        rng.bit_generator.state = states["numpy"]
+        python = states["python"]
+        random.setstate(tuple(python) if isinstance(python, list) else python)
+        if "cuda" in states and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def load_rng(path: Path, rng: np.random.Generator) -> None:
+    """Restore the RNG states saved in ``path`` (a :func:`rng_states` ``torch.save``, read
+    with ``weights_only=True``: a file asking for any Python object is refused).
+
+    Raises:
+        rlbuffers.CorruptCheckpointError: the file is missing, damaged, refused or not RNG
+            states (one line naming it).
+    """
+    set_rng_states(load_torch(path), rng, path)
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` by ``data`` (temporary file + rename; no fsync: files written with it
-    are rebuilt from a checkpoint)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    """Replace ``path`` by ``data`` (a temporary file of an unpredictable name + rename, never
+    through a symlink or into a FIFO: ``rlbuffers.storage.safe_files.write_atomic_inside``
+    in ``path``'s directory; no fsync: files written with it are rebuilt from a
+    checkpoint).
+
+    Raises:
+        rlbuffers.UnsafePathError: ``path`` is a directory's name reached through a symlink.
+    """
+    write_atomic_inside(path.parent, path.name, data, durable=False)
 
 
 def restore_metrics(path: Path, history: list[dict[str, Any]], key: str) -> None:
     """Make ``metrics.jsonl`` hold exactly the checkpoint's rows (``history``, keyed by
     ``key``): drop lines of units that never committed (and a line cut by a crash); a
-    committed unit whose line was lost is restored from ``history``."""
+    committed unit whose line was lost is restored from ``history``. A ``metrics.jsonl``
+    that is not a regular file (a symlink, a FIFO) is not read, and is replaced."""
     logged: dict[int, str] = {}
-    for line in (path.read_text().splitlines() if path.exists() else []):
+    try:
+        text = read_bytes(path).decode("utf-8", "replace")
+    except RunFileError as e:
+        if os.path.lexists(path):
+            log.warning("%s; it is rebuilt from the checkpoint", e)
+        text = ""
+    for line in text.splitlines():
         try:
             logged[json.loads(line)[key]] = line
         except (json.JSONDecodeError, KeyError, TypeError):
@@ -138,12 +178,20 @@ class Run:
 
         Raises:
             RuntimeError: there is no checkpoint to load.
-            rlbuffers.CorruptCheckpointError: a file of the checkpoint fails its checksum.
+            rlbuffers.CorruptCheckpointError: a file of the checkpoint fails its checksum, or
+                its ``history`` is not a list of rows keyed by the unit.
+            rlbuffers.safe_load.RunFileError: ``state.json`` is not a JSON object.
         """
         if self.checkpoint is None:
             raise RuntimeError(f"{self.dir}: no complete {self.unit} to resume from")
         state = load_state(self.checkpoint)
-        self.history = list(state.get("history", []))
+        history = state.get("history", [])
+        with restoring(self.checkpoint / "state.json",
+                       f"'history': a list of rows with an integer {self.unit!r}"):
+            if not isinstance(history, list) or not all(
+                    isinstance(h, dict) and type(h[self.unit]) is int for h in history):
+                raise TypeError(f"{type(history).__name__} {str(history)[:60]}")
+        self.history = list(history)
         if self.buf is not None:
             restore_metrics(self.dir / "metrics.jsonl", self.history, self.unit)
         return state
@@ -169,8 +217,7 @@ class Run:
         row["commit_bytes"] = report.bytes_written
         row["process_peak_rss_bytes"] = process_peak_rss_bytes()
         self.history.append(row)
-        with open(self.dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_inside(self.dir, "metrics.jsonl", (json.dumps(row) + "\n").encode())
         self.tensorboard(n, row)
         if self.curve is not None:
             self.curve(self.dir / "curve.png", self.history)
@@ -189,7 +236,7 @@ class Run:
                 log.warning("no TensorBoard events (%s): pip install tensorboard", e)
                 self._tb = False
                 return
-            self._tb = SummaryWriter(str(self.dir / "tb"), purge_step=n)
+            self._tb = SummaryWriter(str(real_dir(self.dir, "tb")), purge_step=n)
         for key, value in row.items():
             if isinstance(value, int | float) and not isinstance(value, bool):
                 self._tb.add_scalar(key, value, n)
@@ -262,9 +309,14 @@ def open_run(cfg: Any, *, unit: str, create: Callable[[Path], None],
     Raises:
         FileExistsError: a new run's directory is not empty.
         rlbuffers.ManifestError and other buffer errors: the buffer cannot be opened.
+        rlbuffers.UnsafePathError: ``ckpt`` is a symlink or not a directory.
+        rlbuffers.CorruptCheckpointError: the last complete unit's checkpoint is missing or
+            fails its checksums.
     """
     run_dir = Path(cfg.run_dir)
     ckpts = Checkpoints(run_dir / "ckpt", prefix=unit, keep=cfg.keep_checkpoints)
+    if cfg.resume:  # checkpoints are written and pruned only inside the run directory
+        real_dir(run_dir, "ckpt", make=False)
     if not cfg.resume and owner:
         def make(d: Path) -> None:
             (d / "ckpt").mkdir()

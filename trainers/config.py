@@ -11,8 +11,8 @@ import argparse
 import ast
 import dataclasses
 import inspect
-import json
 import logging
+import os
 import sys
 import textwrap
 from collections.abc import Callable, Mapping
@@ -42,7 +42,9 @@ class ArgumentParser(argparse.ArgumentParser):
 def run_main(module: str) -> None:
     """A trainer's ``__main__``: say what loads (torch and transformers take seconds to import;
     not with ``--quiet``), import ``module`` and run its ``main()``; a :class:`ConfigError`
-    is printed as one line (exit code 2) instead of a traceback."""
+    or an rlbuffers error (a run directory's file missing, damaged or refused:
+    ``rlbuffers.safe_load.RunFileError``, ``CorruptCheckpointError``, ``UnsafePathError``,
+    a buffer error) is printed as one line (exit code 2) instead of a traceback."""
     import importlib
 
     from trainers.phases import heartbeat
@@ -50,10 +52,16 @@ def run_main(module: str) -> None:
     set_log_level("--quiet" in sys.argv, "--verbose" in sys.argv)
     with heartbeat(f"loading {module.rsplit('.', 1)[0]} (torch, transformers)"):
         main = importlib.import_module(module).main
+    from rlbuffers.errors import RLBuffersError
+    from rlbuffers.safe_load import one_line
+
     try:
         main()
     except ConfigError as e:
-        print(f"error: {e} (see --help)", file=sys.stderr)
+        print(f"error: {one_line(str(e), 1000)} (see --help)", file=sys.stderr)
+        sys.exit(2)
+    except RLBuffersError as e:  # a run directory's file refused or damaged: one line
+        print(f"error: {one_line(str(e), 1000)}", file=sys.stderr)
         sys.exit(2)
 
 
@@ -127,6 +135,8 @@ def parse_config(cls: type[C], argv: list[str] | None, *, prog: str, description
         SystemExit: argparse's error (exit code 2) for an unknown flag, a bad value, a run
             directory that already holds a run without ``--resume``, or a changed setting
             that ``resumable`` does not allow.
+        rlbuffers.safe_load.RunFileError: the run's ``config.json`` is not a regular file,
+            not a JSON object, or a field's value is not of the field's type.
     """
     parser = ArgumentParser(prog=prog, description=description)
     docs = field_docs(cls)
@@ -145,17 +155,43 @@ def parse_config(cls: type[C], argv: list[str] | None, *, prog: str, description
         if run_dir.exists() and any(run_dir.iterdir()):
             parser.error(f"{run_dir} already holds a run: pass --resume or another --run-dir")
         return cls(**given)
-    if not (run_dir / "config.json").exists():
+    path = run_dir / "config.json"
+    if not os.path.lexists(path):
         parser.error(f"--resume: {run_dir} holds no run (no config.json)")
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    saved = {k: v for k, v in json.loads((run_dir / "config.json").read_text()).items()
-             if k in names}
+    saved = saved_config(cls, path)
     clash = {k: (saved[k], v) for k, v in given.items()
              if k not in resumable and k in saved and saved[k] != v}
     if clash:
         parser.error(f"--resume keeps the run's settings; these differ from {run_dir}/config.json "
                      f"(saved, given): {clash}")
     return cls(**{**saved, **given})
+
+
+def saved_config(cls: type, path: Path) -> dict[str, Any]:
+    """The fields of the dataclass ``cls`` saved in the run's ``config.json`` at ``path``
+    (unknown keys dropped), each checked to have its field's type (a float field takes an
+    integer).
+
+    Raises:
+        rlbuffers.safe_load.RunFileError: ``path`` is missing, not a regular file (a symlink,
+            a FIFO ...), not a JSON object, or a field's value has another type
+            (``<path>: <field>: expected int, got 'abc'``).
+    """
+    from rlbuffers.safe_load import RunFileError, load_json
+
+    raw = load_json(path, dict)
+    saved = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name not in raw:
+            continue
+        value, kind = raw[f.name], type(f.default)
+        ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            ok, value = True, float(value)
+        if not ok:
+            raise RunFileError(path, f.name, kind.__name__, repr(value)[:80])
+        saved[f.name] = value
+    return saved
 
 
 class TqdmHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -197,7 +233,12 @@ def start(cls: type[C], argv: list[str] | None, *, module: str, doc: str,
     ``--evaluate-again``. Returns the config."""
     cfg = parse_config(cls, argv, prog=f"python -m {module}", description=doc.split("\n\n")[0],
                        resumable=resumable)
-    check(cfg)
+    try:
+        check(cfg)
+    except ConfigError as e:  # on --resume the value may come from the run's config.json
+        if not getattr(cfg, "resume", False):
+            raise
+        raise ConfigError(f"{Path(cfg.run_dir) / 'config.json'} or the flags: {e}") from None
     set_log_level(getattr(cfg, "quiet", False), getattr(cfg, "verbose", False))
     if not getattr(cfg, "resume", False):
         return cfg
@@ -221,9 +262,10 @@ def keep_target(run_dir: Path, name: str, value: int) -> None:
     """Write ``name = value`` into ``run_dir/config.json`` (temporary file, fsync, rename) when
     it differs."""
     from rlbuffers.checkpoint import write_json_atomic
+    from rlbuffers.safe_load import load_json
 
     path = run_dir / "config.json"
-    saved = json.loads(path.read_text())
+    saved = load_json(path, dict)
     if saved.get(name) == value:
         return
     log.info("%s: --%s %s -> %s (config.json)", run_dir, name, saved.get(name), value)
@@ -245,11 +287,10 @@ def last_complete(run_dir: Path, unit: str) -> int:
 def evaluated(run_dir: Path, unit: str, n: int) -> bool:
     """Whether ``run_dir/eval.json`` holds the final evaluation of unit ``n`` (``"after":
     {..., "<unit>": n}``, written by ``trainers.summary.write_eval``)."""
-    path = run_dir / "eval.json"
-    if not path.exists():
-        return False
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError:
+    from rlbuffers.safe_load import RunFileError, load_json
+
+    try:  # a missing, damaged or planted eval.json: not evaluated (it is written again)
+        data = load_json(run_dir / "eval.json", dict)
+    except RunFileError:
         return False
     return isinstance(data.get("after"), dict) and data["after"].get(unit) == n

@@ -4,11 +4,12 @@ second y axis for series of another scale, the legend outside the data."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from rlbuffers.storage.safe_files import write_atomic_inside
 
 
 @dataclass(frozen=True)
@@ -40,10 +41,13 @@ def plot_curve(path: Path, history: Sequence[dict[str, Any]], *, x: str, xlabel:
                series: Sequence[Series], ylabel: str, title: str, right_label: str = "",
                smooth_over: int = 50) -> dict[str, Any]:
     """Draw ``series`` of the rows in ``history`` against ``x`` to ``path`` (PNG, written to a
-    temporary file and renamed). A series missing from a row is skipped at that row; with more
-    than ``smooth_over`` points, the raw points are faint and a moving mean (window ~1/20 of
-    the points) is drawn over them. Each series has its own line style and marker; an axis
-    whose values are all >= 0 starts at 0; a single x value is centred in a range of 2.
+    temporary file of an unpredictable name and renamed over ``path``: a symlink or FIFO
+    planted there is replaced, never written through; ``rlbuffers.UnsafePathError`` if
+    ``path``'s directory is reached through a symlink below it). A series missing from a row
+    is skipped at that row; with more than ``smooth_over`` points, the raw points are faint
+    and a moving mean (window ~1/20 of the points) is drawn over them. Each series has its
+    own line style and marker; an axis whose values are all >= 0 starts at 0; a single x
+    value is centred in a range of 2.
 
     Returns ``{"labels": legend labels, "ylim": left axis (low, high), "right_ylim": right
     axis (or None), "xlim": (low, high)}``."""
@@ -95,8 +99,9 @@ def plot_curve(path: Path, history: Sequence[dict[str, Any]], *, x: str, xlabel:
     fig.tight_layout()
     info = {"labels": labels, "ylim": ax.get_ylim(), "xlim": ax.get_xlim(),
             "right_ylim": ax2.get_ylim() if ax2 is not None else None}
-    tmp = path.with_name("tmp-" + path.name)
-    fig.savefig(tmp)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:  # a temporary file of an unpredictable name, renamed over (never through) path
+        write_atomic_inside(path.parent, path.name, lambda f: fig.savefig(f, format="png"),
+                            durable=False)
+    finally:
+        plt.close(fig)
     return info

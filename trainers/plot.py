@@ -67,10 +67,13 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     if not metrics.exists():
         hint = " (a buffer: give its run directory)" if (d / "manifest.json").exists() else ""
         raise FileNotFoundError(f"{d}: no metrics.jsonl, not a trainer's run directory{hint}")
-    history = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    from rlbuffers.safe_load import load_json, read_bytes
+
+    text = read_bytes(metrics).decode("utf-8", "replace")  # a regular file, never a FIFO
+    history = [json.loads(line) for line in text.splitlines() if line.strip()]
     if not history:
         raise ValueError(f"{metrics}: no rows yet (the first unit has not completed)")
-    config = json.loads((d / "config.json").read_text()) if (d / "config.json").exists() else {}
+    config = load_json(d / "config.json", dict) if (d / "config.json").exists() else {}
     path = Path(out) if out is not None else d / "curve.png"
     draw(which_trainer(config, history[0]), path, history, config)
     return path

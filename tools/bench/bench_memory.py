@@ -252,8 +252,8 @@ def part_amb() -> str:
     res = interleaved({m: {"kind": "amb", "mode": m, "budget_mib": budget}
                        for m in ("full", "clean2", "soft")})
     full, clean2, soft = res["full"], res["clean2"], res["soft"]
-    g_full = torch.load("/tmp/rlbuffers-bench-amb-full.pt")
-    g_soft = torch.load("/tmp/rlbuffers-bench-amb-soft.pt")
+    g_full = torch.load("/tmp/rlbuffers-bench-amb-full.pt", weights_only=True)
+    g_soft = torch.load("/tmp/rlbuffers-bench-amb-soft.pt", weights_only=True)
     diff = float((g_soft - g_full).abs().max() / g_full.abs().max())
     rows = [["unconstrained (micro-batch 8)", full["micro_batch"], int(full["retries"]), 0,
              f"{full['seconds']:.1f}", "-", "-"],

@@ -30,12 +30,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from trainers.common import write_atomic
+from trainers.config import saved_config
 from trainers.crsp.config import Config
 from trainers.crsp.formats import proposal_parts
 from trainers.crsp.rewards import balanced_accuracy
@@ -52,6 +55,30 @@ def proportion(k: float, n: int) -> dict[str, Any]:
     return {"k": k, "n": n, "rate": k / n if n else 0.0, "wilson95": [lo, hi]}
 
 
+def metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """The rows of ``run_dir/metrics.jsonl`` (none when it is missing), read as a regular
+    file (never through a symlink, never waiting on a FIFO).
+
+    Raises:
+        rlbuffers.safe_load.RunFileError: it is not a regular file or a line is not a JSON
+            object.
+    """
+    from rlbuffers.safe_load import RunFileError, read_bytes
+
+    path = run_dir / "metrics.jsonl"
+    if not os.path.lexists(path):
+        return []
+    rows = []
+    for i, line in enumerate(read_bytes(path).decode("utf-8", "replace").splitlines(), 1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise RunFileError(path, f"line {i}", "a JSON object", e.msg) from None
+        if not isinstance(rows[-1], dict):
+            raise RunFileError(path, f"line {i}", "a JSON object", repr(rows[-1])[:60])
+    return rows
+
+
 def proposals(run_dir: Path, tok: Any) -> list[dict[str, Any]]:
     """The problems the run's proposer wrote (``{"question"}`` dicts, every parsed question):
     those of every step in ``DIR/metrics.jsonl`` (``proposed_questions``) and those still in
@@ -60,10 +87,8 @@ def proposals(run_dir: Path, tok: Any) -> list[dict[str, Any]]:
     from rlbuffers import ReplayBuffer
 
     questions: list[str] = []
-    path = run_dir / "metrics.jsonl"
-    if path.exists():
-        for line in path.read_text().splitlines():
-            questions += json.loads(line).get("proposed_questions", [])
+    for row in metrics_rows(run_dir):
+        questions += row.get("proposed_questions", [])
     if (run_dir / "buffer").exists():
         with ReplayBuffer.open(run_dir / "buffer", mode="r") as buf:
             rows = buf[np.arange(len(buf))] if len(buf) else {"role": np.zeros(0)}
@@ -174,12 +199,12 @@ def balanced_set(labels: np.ndarray) -> np.ndarray:
 
 def load_checkpoint(cfg: Config, run_dir: Path, step: int) -> tuple[Any, Any]:
     """``(model, tokenizer)`` with the adapters of checkpoint ``step`` (0: initial)."""
-    from safetensors.torch import load_file
+    from trainers.crsp.resume import restore_adapters
 
     model, tok, _ = make_model(cfg)
     if step:
-        model.load_state_dict(load_file(str(run_dir / "ckpt" / f"step-{step}" /
-                                            "adapters.safetensors")), strict=False)
+        restore_adapters(model, run_dir / "ckpt" / f"step-{step}" / "adapters.safetensors",
+                         "cpu")
     return model, tok
 
 
@@ -259,8 +284,7 @@ def _cache() -> Any:
 def proposer_windows(run_dir: Path, cfg: Config, window: int) -> dict[str, Any]:
     """Well-formed proposals over the first and the last ``window`` steps of metrics.jsonl
     (empty before the first step is committed)."""
-    path = run_dir / "metrics.jsonl"
-    rows = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    rows = metrics_rows(run_dir)
     if not rows:
         return {"steps": 0}
     per_step = cfg.seeds_per_step * cfg.proposer_samples
@@ -293,8 +317,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=None, help="JSON file (DIR/eval.json)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
-    raw = json.loads((a.run_dir / "config.json").read_text())
-    cfg = Config(**{k: v for k, v in raw.items() if k in Config.__dataclass_fields__})
+    cfg = Config(**saved_config(Config, a.run_dir / "config.json"))
     seed = cfg.seed + HELD_OUT_SEED if a.eval_seed is None else a.eval_seed
     steps = [int(x) for x in a.steps.split(",")]
     source = steps[-1] if a.attempts_from is None else a.attempts_from
@@ -324,7 +347,7 @@ def main(argv: list[str] | None = None) -> None:
             "training_seeds": len(calibration[0]),
             "correct": proportion(int(calibration[1][1].sum()), calibration[1][1].size)},
         "checkpoints": checkpoints}
-    (a.out or a.run_dir / "eval.json").write_text(json.dumps(out, indent=1))
+    write_atomic(a.out or a.run_dir / "eval.json", json.dumps(out, indent=1).encode())
     print(json.dumps(out, indent=1))
 
 

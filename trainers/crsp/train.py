@@ -56,12 +56,13 @@ from rlbuffers.stream.sources import IndexSource
 from rlbuffers.stream.stages import BlockShuffle, Stage
 from rlbuffers.stream.token_store import TokenStore, build_token_store
 from rlbuffers.stream.tokenize import TextTokenizer
-from trainers.common import Run, open_run, rng_states, set_rng_states
+from trainers.common import Run, open_run, rng_states
 from trainers.config import start
 from trainers.crsp.buffer import buffer_fields, utterances
 from trainers.crsp.config import RESUMABLE, Config, check_config, longest_completion
 from trainers.crsp.formats import render
 from trainers.crsp.naive import naive_grads
+from trainers.crsp.resume import load_checkpoint
 from trainers.crsp.rewards import (
     TRUTH,
     WINDOW,
@@ -300,24 +301,6 @@ def setup(cfg: Config, device: torch.device, rank: int, world: int
     if run.resumed:
         load_checkpoint(t, run, monitor)
     return t, run, monitor
-
-
-def load_checkpoint(t: Trainer, run: Run, monitor: MemoryMonitor) -> None:
-    """Adapters, optimizers, RNG, trainer and reward state from the run's last complete
-    checkpoint (its history becomes ``run.history``)."""
-    from safetensors.torch import load_file
-
-    ckpt = run.checkpoint
-    assert ckpt is not None
-    t.model.load_state_dict(load_file(str(ckpt / "adapters.safetensors"),
-                                      device=str(t.device)), strict=False)
-    for r, s in torch.load(ckpt / "optimizers.pt", weights_only=True,
-                           map_location=t.device).items():
-        t.opts[r].load_state_dict(s)
-    set_rng_states(torch.load(ckpt / "rng.pt", weights_only=False), t.rng)
-    state = run.load_state()
-    t.load_state_dict(state)
-    monitor.load_state_dict(state["monitor"])
 
 
 def commit(t: Trainer, run: Run, monitor: MemoryMonitor, row: dict[str, Any]) -> None:

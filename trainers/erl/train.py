@@ -47,7 +47,8 @@ import torch
 from rlbuffers import FieldSpec, ReplayBuffer, rollouts
 from rlbuffers.memory import MemoryMonitor
 from rlbuffers.rollouts.pool import RolloutPool
-from trainers.common import open_run, rng_states, set_rng_states
+from rlbuffers.safe_load import load_torch, restoring
+from trainers.common import Run, load_rng, open_run, rng_states
 from trainers.config import start
 from trainers.curves import Series, plot_curve
 from trainers.erl.config import RESUMABLE, Config, check_config
@@ -55,6 +56,7 @@ from trainers.erl.evolution import evolve
 from trainers.erl.rollout import Actor, actor_weights, episode_job, make_env
 from trainers.erl.td3 import Learner, td3_update
 from trainers.phases import Phases
+from trainers.run_files import check_optimizer, check_state, check_unit
 from trainers.summary import finish
 
 log = logging.getLogger("trainers.erl")
@@ -186,6 +188,34 @@ def draw_curve(path: Path, history: list[dict[str, Any]], *, env: str) -> None:
                        Series("learner_return", "TD3 learner (noisy)")])
 
 
+def restore(run: Run, fresh: dict[str, Any], population: list[Actor], learner: Learner,
+            rng: np.random.Generator) -> dict[str, Any]:
+    """Load the run's last complete generation into the population, the learner and the
+    RNGs (``run.history`` and ``metrics.jsonl`` too); returns the trainer state (shaped like
+    ``fresh``).
+
+    Raises:
+        rlbuffers.CorruptCheckpointError: a file is missing, damaged, refused (torch files
+            are read with ``weights_only=True``) or does not fit these networks (one line).
+    """
+    ckpt = run.checkpoint
+    assert ckpt is not None
+    state = run.load_state()
+    check_state(state, {"trainer": fresh}, ckpt / "state.json")
+    check_unit(state["trainer"], run, ckpt / "state.json")
+    with restoring(ckpt / "population.pt", f"{len(population)} actors' state dicts"):
+        for actor, sd in zip(population, load_torch(ckpt / "population.pt"), strict=True):
+            actor.load_state_dict(sd)
+    with restoring(ckpt / "learner.pt", "the TD3 learner's full state"):
+        learner.load_full_state(load_torch(ckpt / "learner.pt"))
+        check_optimizer(learner.actor_opt)
+        check_optimizer(learner.critic_opt)
+        if type(learner.updates) is not int:
+            raise TypeError(f"'updates' = {learner.updates!r}")
+    load_rng(ckpt / "rng.pt", rng)
+    return dict(state["trainer"])
+
+
 def main(argv: list[str] | None = None) -> None:
     cfg = start(Config, argv, module="trainers.erl", doc=__doc__, resumable=RESUMABLE,
                 check=check_config)
@@ -220,15 +250,7 @@ def main(argv: list[str] | None = None) -> None:
         assert buf is not None
         if run.resumed:
             assert run.checkpoint is not None
-            trainer = run.load_state()["trainer"]
-
-            def load(name: str) -> Any:
-                return torch.load(run.checkpoint / name, weights_only=True)
-
-            for actor, sd in zip(population, load("population.pt"), strict=True):
-                actor.load_state_dict(sd)
-            learner.load_full_state(load("learner.pt"))
-            set_rng_states(load("rng.pt"), rng)
+            trainer = restore(run, trainer, population, learner, rng)
             print(f"resumed {cfg.run_dir} at generation {trainer['generation']}: "
                   f"{trainer['env_steps']:,} env steps, buffer {len(buf):,} transitions",
                   flush=True)

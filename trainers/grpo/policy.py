@@ -96,12 +96,16 @@ def load_weights(model: Any, lora: bool, path: Path) -> None:
     """Load what :func:`save_weights` wrote into ``model`` (on its device).
 
     Raises:
-        RuntimeError: the file holds keys the model does not have."""
-    from safetensors.torch import load_file, load_model
+        rlbuffers.CorruptCheckpointError: the file is missing, damaged, not a regular file,
+            or holds keys or shapes the model does not have (one line naming it)."""
+    from rlbuffers.safe_load import load_safetensors, restoring
 
+    device = str(next(model.parameters()).device)
     if lora:
-        missing = model.load_state_dict(load_file(str(path)), strict=False).unexpected_keys
-        if missing:
-            raise RuntimeError(f"{path}: unexpected adapter keys {missing[:3]}")
+        with restoring(path, "the adapters of this model"):
+            missing = model.load_state_dict(load_safetensors(path), strict=False
+                                            ).unexpected_keys
+            if missing:
+                raise ValueError(f"unexpected adapter keys {missing[:3]}")
     else:
-        load_model(model, str(path), device=str(next(model.parameters()).device))
+        load_safetensors(path, device=device, into=model)

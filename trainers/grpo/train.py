@@ -59,8 +59,9 @@ from rlbuffers.memory import AdaptiveMicroBatch, MemoryMonitor
 from rlbuffers.memory.placement import PlacementPlan
 from rlbuffers.memory.process import reuse_heap
 from rlbuffers.memory.reference import reference_bytes_saved
+from rlbuffers.safe_load import load_torch, restoring
 from rlbuffers.stream.token_store import TokenStore
-from trainers.common import Run, open_run, rng_states, set_rng_states, write_atomic
+from trainers.common import Run, load_rng, open_run, rng_states, write_atomic
 from trainers.config import evaluated, start
 from trainers.curves import Series, plot_curve
 from trainers.grpo.config import RESUMABLE, Config, check_config
@@ -84,6 +85,7 @@ from trainers.llm.prompts import next_prompts, prompt_store
 from trainers.llm.settings import Sampling, parse_budget
 from trainers.llm.tasks import task_problems
 from trainers.phases import Phases
+from trainers.run_files import check_optimizer, check_regular_files, check_state, check_unit
 from trainers.summary import finish, write_eval
 
 MIB = 2**20
@@ -133,6 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     evals["held_out"] = sets.report
     if lora:
         monitor.record_saving("shared_reference", reference_bytes_saved(model))
+    check_regular_files(run.dir / "prompts", ["meta.json", "offsets.bin", "tokens.bin"])
     store = TokenStore(run.dir / "prompts")
     g = cfg.group_size
 
@@ -268,12 +271,21 @@ def restore(run: Run, model: Any, lora: bool, opt: torch.optim.Optimizer,
     micro-batch controller and the monitor (``run.history`` and ``metrics.jsonl`` too);
     returns the trainer state (step, groups, prompt order, evaluations)."""
     assert run.checkpoint is not None
-    load_weights(model, lora, run.checkpoint / "weights.safetensors")
-    opt.load_state_dict(torch.load(run.checkpoint / "optimizer.pt", weights_only=True))
-    set_rng_states(torch.load(run.checkpoint / "rng.pt", weights_only=False), rng)
+    ckpt = run.checkpoint
+    load_weights(model, lora, ckpt / "weights.safetensors")
+    with restoring(ckpt / "optimizer.pt", "the AdamW state of this model"):
+        opt.load_state_dict(load_torch(ckpt / "optimizer.pt"))
+        check_optimizer(opt)
+    load_rng(ckpt / "rng.pt", rng)
     state = run.load_state()
-    amb.load_state_dict(state["micro_batch"])
-    monitor.load_state_dict(state["monitor"])
+    fresh = {"trainer": {"step": 0, "groups": 0, "data": {"epoch": 0, "position": 0},
+                         "eval": {"points": []}},
+             "micro_batch": amb.state_dict(), "monitor": monitor.state_dict()}
+    check_state(state, fresh, ckpt / "state.json")
+    check_unit(state["trainer"], run, ckpt / "state.json")
+    with restoring(ckpt / "state.json", "the state a GRPO step saves"):
+        amb.load_state_dict(state["micro_batch"])
+        monitor.load_state_dict(state["monitor"])
     return dict(state["trainer"])
 
 

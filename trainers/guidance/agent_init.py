@@ -11,7 +11,6 @@ every name and shape before it changes anything.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import re
 from pathlib import Path
@@ -64,7 +63,9 @@ def check_run_config(file: Path, cfg: Any) -> dict[str, Any]:
     path = file.parent.parent.parent / "config.json"
     if not path.is_file():
         return {}
-    saved = json.loads(path.read_text())
+    from rlbuffers.safe_load import load_json
+
+    saved = load_json(path, dict)
     seen = {}
     for name in ("model", "lora_rank", "lora_alpha"):
         if name in saved:
@@ -92,11 +93,11 @@ def load_agent_init(policies: Any, path: str | Path, cfg: Any) -> dict[str, Any]
             (no LoRA tensors), names that do not match the agent adapter's, a shape (rank)
             that differs, or a GRPO setting that differs.
     """
-    from safetensors.torch import load_file
+    from rlbuffers.safe_load import load_safetensors
 
     file = checkpoint_file(path)
     grpo = check_run_config(file, cfg)
-    state = load_file(str(file))
+    state = load_safetensors(file)
     names = adapter_names(state)
     if not names:
         raise ValueError(f"{FLAG}: expected a LoRA checkpoint (lora_A/lora_B tensors), got "

@@ -51,6 +51,7 @@ from trainers.guidance.policy import (
     utterance_reference_logprobs,
     utterance_step_cost,
 )
+from trainers.guidance.resume import checkpoint_files, load_checkpoint
 from trainers.guidance.rollout import (
     POLICIES,
     ROLES,
@@ -269,51 +270,6 @@ def critic_steps(L: Learner, fresh: dict[str, Any], crit: dict[str, Any],
         for key, name in (("q", "q"), ("v", "v"), ("advantage", "advantage")):
             row[f"{name}_{role}_mean"] = float(adv[key].mean()) if adv is not None else 0.0
     return row
-
-
-def checkpoint_files(learner: Learner) -> dict[str, Any]:
-    """``Run.commit``'s ``torch_files`` (the three AdamW states, RNG states), ``writers``
-    (both adapters, critic and target critic as safetensors) and ``state`` (trainer state,
-    micro-batch and monitor state)."""
-    from safetensors.torch import save_file
-
-    L = learner
-
-    def tensors(sd: dict[str, Any]) -> dict[str, torch.Tensor]:
-        return {k: torch.as_tensor(v).detach().cpu().contiguous() for k, v in sd.items()}
-
-    writers = {f"{r}.safetensors": (lambda p, r=r: save_file(
-        tensors(L.policies.adapter_state(r)), str(p))) for r in ROLES}
-    for name, m in (("critic", L.critic), ("target_critic", L.target)):
-        writers[f"{name}.safetensors"] = lambda p, m=m: save_file(tensors(m.state_dict()), str(p))
-    return {"torch_files": {"optimizers.pt": {k: o.state_dict() for k, o in L.opts.items()},
-                            "rng.pt": common.rng_states(L.rng)},
-            "writers": writers,
-            "state": {"trainer": L.trainer,
-                      "micro_batch": {k: a.state_dict() for k, a in L.ambs.items()},
-                      "monitor": L.monitor.state_dict()}}
-
-
-def load_checkpoint(learner: Learner) -> None:
-    """Restore the run's last complete checkpoint (weights onto the devices they live on)."""
-    from safetensors.torch import load_file
-
-    L, ckpt = learner, learner.run.checkpoint
-    assert ckpt is not None
-    for role in ROLES:
-        state = load_file(str(ckpt / f"{role}.safetensors"))
-        L.policies.load_adapter_state(role, {k: v.numpy() for k, v in state.items()})
-    L.critic.load_state_dict(load_file(str(ckpt / "critic.safetensors")))
-    L.target.load_state_dict(load_file(str(ckpt / "target_critic.safetensors")))
-    for k, sd in torch.load(ckpt / "optimizers.pt", weights_only=True,
-                            map_location="cpu").items():
-        L.opts[k].load_state_dict(sd)
-    common.set_rng_states(torch.load(ckpt / "rng.pt", weights_only=False), L.rng)
-    state = L.run.load_state()
-    L.trainer = state["trainer"]
-    for k, a in L.ambs.items():
-        a.load_state_dict(state["micro_batch"][k])
-    L.monitor.load_state_dict(state["monitor"])
 
 
 def build(cfg: Config) -> Learner:

@@ -106,9 +106,12 @@ def packed_reference_logprobs(model: Any, batch: dict[str, torch.Tensor], packin
 
         with torch.device("meta"):
             ref = AutoModelForCausalLM.from_config(model.config)
-        state = torch.load(reference, mmap=True, weights_only=True,
+        from rlbuffers.safe_load import load_torch, restoring
+
+        state = load_torch(reference, mmap=True,
                            map_location=next(model.parameters()).device)  # the policy's
-        ref.load_state_dict(state, assign=True)
+        with restoring(reference, "the initial weights of this model"):
+            ref.load_state_dict(state, assign=True)
         ref.tie_weights()
         own = dict(model.named_buffers())  # non-persistent buffers (rotary inv_freq): shared
         for name, buffer in list(ref.named_buffers()):
