@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rlbuffers.storage.engine import open_tier
+from rlbuffers.storage.lease import remove_foreign
 from rlbuffers.storage.location import Location, make_location
 from rlbuffers.storage.lock import WriterLock
 from rlbuffers.storage.persistent import PersistentTier
@@ -38,9 +39,13 @@ def repair(
     Args:
         working_dir: the writer's working tier (default as ``ReplayBuffer.open``).
 
+    It also removes what ``readers/`` holds that is not a lease (FIFOs, directories,
+    symlinks, lease files without a commit: :func:`rlbuffers.storage.lease.foreign_entries`).
+
     Returns:
         ``{"commit": the commit now on disk, "repaired": [{field, chunk, reason}],
-        "unrepairable": [{field, chunk, reason, why}]}``.
+        "unrepairable": [{field, chunk, reason, why}], "removed": [{path, what}]}``
+        (``path`` relative to the buffer).
 
     Raises:
         NotABufferError, FormatVersionError, ManifestError: as ``ReplayBuffer.open``.
@@ -52,7 +57,8 @@ def repair(
     wdir = working_dir_of(loc, working_dir)
     lock = WriterLock.acquire(writer_lock_path(loc, wdir))
     try:
-        return _repair(loc, wdir)
+        removed = [{"path": p, "what": w} for p, w in remove_foreign(loc)]
+        return {**_repair(loc, wdir), "removed": removed}
     finally:
         lock.release()
 

@@ -2,7 +2,12 @@
 last commit (checksum, presence, size); with ``--repair``, rewrite damaged chunks from the
 writer's working tier where it still holds their rows (see :mod:`rlbuffers.repair`).
 
-Exit codes: 0 nothing damaged (or everything repaired), 1 damaged chunks remain.
+It also lists, one line each, what ``readers/`` holds that is not a reader's lease (a FIFO, a
+directory, a symlink, a socket, a lease file whose JSON names no commit): the writer ignores
+those; ``--repair`` removes them.
+
+Exit codes: 0 nothing damaged (or everything repaired), 1 damaged chunks remain (entries in
+``readers/`` that are not leases do not change the exit code).
 """
 
 from __future__ import annotations
@@ -41,17 +46,25 @@ def _verify(args: argparse.Namespace) -> int:
         report = repair(args.path, working_dir=args.working_dir, storage_options=options)
     else:
         from rlbuffers.storage.engine import open_tier
+        from rlbuffers.storage.lease import foreign_entries
         from rlbuffers.storage.location import make_location
 
-        tier = open_tier(make_location(args.path, options))
+        loc = make_location(args.path, options)
+        tier = open_tier(loc)
         report = {"commit": tier.manifest.commit, "repaired": [],
                   "unrepairable": [{"field": f, "chunk": c, "reason": r, "why": "not asked"}
-                                   for f, c, r in tier.verify()]}
+                                   for f, c, r in tier.verify()],
+                  "foreign": [{"path": p, "what": w} for p, w in foreign_entries(loc)]}
     if args.json:
         print(json.dumps(report, indent=1))
     else:
         for r in report["repaired"]:
             print(f"repaired  field {r['field']!r} chunk {r['chunk']} ({r['reason']})")
+        for r in report.get("foreign", []):
+            print(f"not a lease {args.path}/{r['path']}: {r['what']} (ignored by the "
+                  "writer; verify --repair removes it)")
+        for r in report.get("removed", []):
+            print(f"removed   {args.path}/{r['path']}: {r['what']}")
         for r in report["unrepairable"]:
             print(f"damaged   field {r['field']!r} chunk {r['chunk']}: {r['reason']}"
                   + (f"; not repaired: {r['why']}" if args.repair else ""))

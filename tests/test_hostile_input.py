@@ -172,7 +172,8 @@ def test_read_only_filesystem_is_named(tmp_path, monkeypatch):
     real_open, root = os.open, str(path)
 
     def read_only_open(p, flags, *args, **kw):  # what a read-only mount does
-        if str(p).startswith(root) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+        inside = str(p).startswith(root) or kw.get("dir_fd") is not None  # safe_files
+        if inside and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
             raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(p))
         return real_open(p, flags, *args, **kw)
 

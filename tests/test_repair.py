@@ -41,7 +41,7 @@ def test_repair_rewrites_damaged_chunks_from_the_working_tier(tmp_path, fields):
     with ReplayBuffer.open(path, mode="r") as ro:
         assert ro.metadata == {"step": 1}
         assert_rows_are(ro[:], np.arange(10))
-    assert repair(path) == {"commit": 2, "repaired": [], "unrepairable": []}
+    assert repair(path) == {"commit": 2, "repaired": [], "unrepairable": [], "removed": []}
 
 
 def test_what_cannot_be_repaired_is_reported(tmp_path, fields):

@@ -4,8 +4,10 @@ get single-object PUTs, which replace an object atomically."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import stat
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -15,14 +17,30 @@ from typing import Any
 import fsspec
 
 from rlbuffers.errors import NotABufferError, UnsafePathError
+from rlbuffers.storage.safe_files import (
+    open_inside,
+    remove_inside,
+    stat_inside,
+    write_atomic_inside,
+)
+
+log = logging.getLogger(__name__)
 
 #: Threads that fsync the files of a save at once (see :meth:`LocalLocation.sync_tree`).
 SYNC_THREADS = 8
 
 
-def fsync_path(path: str | os.PathLike[str]) -> None:
-    """fsync a file, or a directory so that a rename inside it survives power loss."""
-    fd = os.open(path, os.O_RDONLY)
+def fsync_path(path: str | os.PathLike[str], *, follow: bool = True) -> None:
+    """fsync a file, or a directory so that a rename inside it survives power loss. The open
+    never blocks (a FIFO is fsync'd as is: nothing); with ``follow=False`` a symlink is
+    skipped instead of followed."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if not follow and os.path.islink(path):
+            return
+        raise e
     try:
         os.fsync(fd)
     finally:
@@ -168,26 +186,65 @@ class LocalLocation(Location):
     def check_inside(self, rel: str) -> None:
         check_inside(self.root, self.root / rel)
 
+    def read_bytes(self, rel: str) -> bytes:
+        """Contents of the regular file ``rel``, reached without following a symlink below
+        the root and opened without blocking (``safe_files.open_inside``).
+
+        Raises:
+            NotABufferError: the root does not exist. FileNotFoundError: ``rel`` does not.
+            NotADirectoryError: the root is a file.
+            UnsafePathError: ``rel`` or a directory on its way is a symlink, a FIFO, a
+                socket, a device, or (``rel``) a directory.
+        """
+        try:
+            fd = open_inside(self.root, rel, os.O_RDONLY)
+        except FileNotFoundError:
+            if not self.root.is_dir():
+                msg = f"{self.url}: not an rlbuffers buffer (no such directory)"
+                raise NotABufferError(msg) from None
+            raise
+        with os.fdopen(fd, "rb") as f:
+            return f.read()
+
+    def size(self, rel: str) -> int:
+        """Bytes of the regular file ``rel`` (reached without following a symlink).
+
+        Raises:
+            FileNotFoundError: it does not exist. UnsafePathError: it, or a directory on its
+                way, is a symlink or not a regular file (directory).
+        """
+        return int(stat_inside(self.root, rel).st_size)
+
     def write_atomic(self, rel: str, data: bytes) -> None:
-        """Replace ``rel`` with ``data`` atomically: temp file, fsync, rename and fsync of the
-        directory."""
+        """Replace ``rel`` with ``data`` atomically: a temporary file of an unpredictable name
+        created with ``O_EXCL``, fsync, rename (over a symlink at ``rel``, never through it)
+        and fsync of the directory; directories below the root are walked without following
+        symlinks (``safe_files.write_atomic_inside``).
+
+        Raises:
+            UnsafePathError: ``rel`` resolves outside the root, or a directory on the way is
+                a symlink or not a directory.
+        """
         self.check_inside(rel)
-        path = self.root / rel
-        if not path.parent.is_dir():
-            path.parent.mkdir(parents=True)
-            fsync_path(path.parent.parent)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_path(path.parent)
+        parent = (self.root / rel).parent
+        new_dir = not parent.is_dir()
+        self.root.mkdir(parents=True, exist_ok=True)
+        write_atomic_inside(self.root, rel, data, make_dirs=True)
+        if new_dir:
+            fsync_path(parent.parent)
 
     def copy(self, src: str, dst: str) -> None:
+        """Copy the regular file ``src`` to ``dst`` (replaced atomically, never written
+        through a symlink).
+
+        Raises:
+            UnsafePathError: as :meth:`write_atomic`; ``src`` is not a regular file."""
         self.check_inside(dst)
-        (self.root / dst).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(self.root / src, self.root / dst)
+        fd = open_inside(self.root, src, os.O_RDONLY)
+        with os.fdopen(fd, "rb") as f:
+            data = f.read()
+        self.root.mkdir(parents=True, exist_ok=True)
+        write_atomic_inside(self.root, dst, data, make_dirs=True, durable=False)
 
     def move(self, src: str, dst: str) -> None:
         """Rename ``src`` over ``dst``."""
@@ -196,26 +253,48 @@ class LocalLocation(Location):
         (self.root / dst).parent.mkdir(parents=True, exist_ok=True)
         os.replace(self.root / src, self.root / dst)
 
+    def _check_parent(self, rel: str) -> Path:
+        """``root/rel`` after checking that its directory lies inside the root (the entry
+        itself is not resolved: a symlink there is removed, never followed)."""
+        path = self.root / rel
+        check_inside(self.root, path if path == self.root else path.parent)
+        return path
+
     def remove_file(self, rel: str) -> None:
-        self.check_inside(rel)
+        """Delete ``rel`` (a symlink there: the link itself); a ``rel`` whose directory is
+        reached through a symlink is not this buffer's file and is left alone (logged)."""
+        self._check_parent(rel)
         try:
-            os.remove(self.root / rel)
-        except FileNotFoundError:
-            pass
+            remove_inside(self.root, rel)
+        except UnsafePathError as e:
+            log.info("not deleting through a symlink: %s", e)
 
     def remove_tree(self, rel: str) -> None:
-        self.check_inside(rel)
-        shutil.rmtree(self.root / rel, ignore_errors=True)
+        """Delete ``rel`` and everything below it; a symlink (or any other non-directory) at
+        ``rel`` is unlinked itself, never followed (``shutil.rmtree`` does not follow
+        symlinks below it either)."""
+        path = self._check_parent(rel)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return
+        if path == self.root or stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
 
     def sync_tree(self, rel: str) -> None:
         """fsync every file and directory below ``rel``."""
         if not (self.root / rel).exists():
             return
         paths = []
-        for dirpath, _, names in os.walk(self.root / rel):
+        for dirpath, _, names in os.walk(self.root / rel):  # never into a symlinked directory
             paths += [os.path.join(dirpath, name) for name in names]
             paths.append(dirpath)
-        _fsync_all(paths)
+        _fsync_all(paths, follow=False)
 
     def sync_dirs(self, rels: Iterable[str]) -> None:
         """fsync the directories ``rels``, so renames into them and their creation survive
@@ -291,9 +370,10 @@ def make_location(url: str | os.PathLike[str],
     return FsspecLocation(text, protocol, options)
 
 
-def _fsync_all(paths: list[Any]) -> None:
+def _fsync_all(paths: list[Any], *, follow: bool = True) -> None:
     """fsync ``paths`` in parallel threads, so the filesystem can commit them in few journal
-    transactions instead of one per path (a sequential loop waits for one commit each)."""
+    transactions instead of one per path (a sequential loop waits for one commit each);
+    ``follow=False`` skips symlinks instead of following them."""
     with ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="rlbuffers-fsync") as pool:
-        for _ in pool.map(fsync_path, paths):
+        for _ in pool.map(lambda p: fsync_path(p, follow=follow), paths):
             pass

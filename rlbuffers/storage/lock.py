@@ -19,6 +19,7 @@ import weakref
 from pathlib import Path
 
 from rlbuffers.errors import BufferLockedError, ReadOnlyError
+from rlbuffers.storage.safe_files import open_inside
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +51,15 @@ class WriterLock:
         Raises:
             BufferLockedError: another writer holds it (in this or another process); the
                 message names the holder. ReadOnlyError: the file cannot be created or opened
-                for writing (read-only filesystem, no permission).
+                for writing (read-only filesystem, no permission). UnsafePathError: the lock
+                file is a symlink, a FIFO, a directory or another non-regular file, or has
+                more than one hard link (it is never written through: remove it).
         """
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+            # O_NOFOLLOW, O_NONBLOCK + fstat: a planted FIFO or symlink never hangs or
+            # redirects the writer (safe_files.py)
+            fd = open_inside(path.parent, path.name, os.O_RDWR | os.O_CREAT)
         except OSError as e:
             if e.errno in READ_ONLY_ERRNOS:
                 raise read_only_error(path.parent, e) from None

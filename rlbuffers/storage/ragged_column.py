@@ -13,12 +13,20 @@ from pathlib import Path
 import numpy as np
 
 from rlbuffers import ranges
+from rlbuffers.errors import UnsafePathError
 from rlbuffers.intmath import ceil_div
 from rlbuffers.packed import Packed, cu_seqlens, packed_from_bytes
 from rlbuffers.padded import Padded, padded_from_pieces
 from rlbuffers.spec import FieldSpec
 from rlbuffers.storage.copy_threads import copy_parts, copy_pool
 from rlbuffers.storage.fileio import pwrite_all
+from rlbuffers.storage.safe_files import (
+    check_regular,
+    create_npy_inside,
+    open_inside,
+    open_npy_inside,
+    remove_inside,
+)
 
 
 def copy_rows(out: np.ndarray, views: list[memoryview], chunk: np.ndarray, starts: np.ndarray,
@@ -61,27 +69,41 @@ def copy_rows(out: np.ndarray, views: list[memoryview], chunk: np.ndarray, start
 
 
 class RaggedColumn:
-    """One ragged field: per-slot (byte offset, row count) and one append-only values file per
-    chunk, compacted whenever a chunk has been completely rewritten."""
+    """One ragged field in the directory ``root/rel``: per-slot (byte offset, row count) and
+    one append-only values file per chunk, compacted whenever a chunk has been completely
+    rewritten. Every file is opened through :mod:`rlbuffers.storage.safe_files` (never a
+    symlink, a FIFO or a hard-linked file).
 
-    def __init__(
-        self, path: Path, spec: FieldSpec, capacity: int, base_chunk_rows: int, *, create: bool
-    ) -> None:
-        self.path, self.spec, self.capacity = path, spec, capacity
+    Raises (on construction):
+        UnsafePathError: a file or the directory is a symlink, FIFO or other non-regular entry.
+        OSError, ValueError: the index files are not ``.npy`` files of ``int64[capacity]``.
+    """
+
+    def __init__(self, root: Path, rel: str, spec: FieldSpec, capacity: int,
+                 base_chunk_rows: int, *, create: bool) -> None:
+        self.root, self.rel = root, rel
+        self.path, self.spec, self.capacity = root / rel, spec, capacity
         self.base_chunk_rows = base_chunk_rows
         self._row_bytes = spec.item_bytes  # computed once: gather needs it on every call
+        self._fds: dict[int, int] = {}
         if create:
-            path.mkdir(parents=True, exist_ok=True)
+            try:
+                os.mkdir(self.path)
+            except FileExistsError:  # a symlink there is refused by the walk below
+                pass
             for name in ("start", "length"):
-                np.lib.format.open_memmap(
-                    path / f"{name}.npy", mode="w+", dtype=np.int64, shape=(capacity,)
-                ).flush()
-        self.start = np.lib.format.open_memmap(path / "start.npy", mode="r+")
-        self.length = np.lib.format.open_memmap(path / "length.npy", mode="r+")
+                create_npy_inside(root, f"{rel}/{name}.npy", np.int64, (capacity,))
+        else:
+            self._check_entries()
+        self.start = open_npy_inside(root, f"{rel}/start.npy", "r+")
+        self.length = open_npy_inside(root, f"{rel}/length.npy", "r+")
+        for name, index in (("start", self.start), ("length", self.length)):
+            if index.shape != (capacity,) or index.dtype != np.int64:
+                raise OSError(f"{self.path / name}.npy: expected ({capacity},) int64, found "
+                              f"{index.shape} {index.dtype}")
         # the same maps as plain arrays: indexed without memmap's per-call overhead
         self._start_rows = self.start.view(np.ndarray)
         self._length_rows = self.length.view(np.ndarray)
-        self._fds: dict[int, int] = {}
         self._maps: dict[int, mmap.mmap] = {}  # read-only maps of the values files (gather)
         n_chunks = ceil_div(capacity, base_chunk_rows)
         #: ``_views[c]``: a memoryview of ``_maps[c]``, or an empty one where chunk ``c`` is
@@ -93,10 +115,26 @@ class RaggedColumn:
         #: same chunk at once, and ``_views[c]`` must never be shorter than ``_mapped[c]``
         self._map_lock = threading.Lock()
 
+    def _check_entries(self) -> None:
+        """Refuse a directory holding anything but regular files of one link (a symlink or
+        FIFO planted at a values file would otherwise be met only when its chunk is written).
+
+        Raises:
+            UnsafePathError: as :func:`~rlbuffers.storage.safe_files.check_regular`, also
+                for a file with more than one hard link.
+        """
+        for name in os.listdir(self.path):
+            if check_regular(self.path / name).st_nlink > 1:
+                raise UnsafePathError(f"{self.path / name}: has more than one hard link; "
+                                      "the working tier writes its files in place")
+
     def _fd(self, c: int) -> int:
+        """The values file of chunk ``c``, opened (created if missing) as
+        :func:`~rlbuffers.storage.safe_files.open_inside`: a symlink, FIFO or hard link
+        planted there raises UnsafePathError, never written through."""
         fd = self._fds.get(c)
         if fd is None:
-            fd = os.open(self.path / f"c{c}.bin", os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_inside(self.root, f"{self.rel}/c{c}.bin", os.O_RDWR | os.O_CREAT)
             self._fds[c] = fd
         return fd
 
@@ -221,9 +259,17 @@ class RaggedColumn:
         return self.gather(np.arange(start, stop))
 
     def reset_chunk(self, c: int) -> None:
-        """Empty the values file of base chunk ``c`` (before it is rebuilt)."""
+        """Empty the values file of base chunk ``c`` (before it is rebuilt). A file this
+        column has not opened yet is replaced by a new empty one (whatever was planted at
+        its name, a symlink or a FIFO, is removed, never followed)."""
         self._unmap(c)
-        os.ftruncate(self._fd(c), 0)
+        fd = self._fds.get(c)
+        if fd is None:
+            rel = f"{self.rel}/c{c}.bin"
+            remove_inside(self.root, rel)
+            fd = self._fds[c] = open_inside(self.root, rel,
+                                            os.O_RDWR | os.O_CREAT | os.O_EXCL)
+        os.ftruncate(fd, 0)
         a, b = self._live_range(c)
         self.start[a:b] = 0
         self.length[a:b] = 0

@@ -21,16 +21,20 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import shutil
 import stat
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
+
 from rlbuffers.errors import UnsafePathError
 
-__all__ = ["append_inside", "check_regular", "open_file_inside", "open_inside",
-           "parts_of", "write_atomic_inside"]
+__all__ = ["append_inside", "check_regular", "create_npy_inside", "open_file_inside",
+           "open_inside", "open_npy_inside", "parts_of", "remove_inside", "stat_inside",
+           "write_atomic_inside"]
 
 _WRITE = os.O_WRONLY | os.O_RDWR
 
@@ -251,3 +255,110 @@ def check_regular(path: str | os.PathLike[str]) -> os.stat_result:
             f"is not a regular file (mode {stat.filemode(st.st_mode)})")
         raise _refusal(Path(path), what)
     return st
+
+
+def stat_inside(root: str | os.PathLike[str], rel: str | os.PathLike[str]) -> os.stat_result:
+    """``lstat`` of the regular file ``root/rel``, reached without following a symlink.
+
+    Raises:
+        UnsafePathError: a component of ``rel`` is a symlink or not a directory, or the file
+            is a symlink, FIFO, socket, device or directory.
+        FileNotFoundError: it does not exist.
+    """
+    parts = parts_of(rel)
+    dfd = _open_dir(root, parts[:-1], False)
+    try:
+        st = os.lstat(parts[-1], dir_fd=dfd)
+    finally:
+        os.close(dfd)
+    if not stat.S_ISREG(st.st_mode):
+        what = "is a symlink" if stat.S_ISLNK(st.st_mode) else (
+            f"is not a regular file (mode {stat.filemode(st.st_mode)})")
+        raise _refusal(Path(root, *parts), what)
+    return st
+
+
+def remove_inside(root: str | os.PathLike[str], rel: str | os.PathLike[str]) -> None:
+    """Remove whatever is at ``root/rel`` (a file, a symlink itself, a FIFO, a directory with
+    everything below it), reached without following a symlink; nothing if it is missing.
+
+    Raises:
+        UnsafePathError: a directory component of ``rel`` is a symlink or not a directory.
+    """
+    parts = parts_of(rel)
+    try:
+        dfd = _open_dir(root, parts[:-1], False)
+    except FileNotFoundError:
+        return
+    try:
+        try:
+            st = os.lstat(parts[-1], dir_fd=dfd)
+        except FileNotFoundError:
+            return
+        if stat.S_ISDIR(st.st_mode):  # rmtree with dir_fd never follows a symlink below it
+            shutil.rmtree(parts[-1], dir_fd=dfd)
+        else:
+            try:
+                os.unlink(parts[-1], dir_fd=dfd)
+            except FileNotFoundError:
+                pass
+    finally:
+        os.close(dfd)
+
+
+def create_npy_inside(root: str | os.PathLike[str], rel: str | os.PathLike[str],
+                      dtype: Any, shape: tuple[int, ...]) -> None:
+    """Replace ``root/rel`` atomically (as :func:`write_atomic_inside`, not fsync'd) with a
+    ``.npy`` file of ``shape`` and ``dtype`` filled with zeros (sparse: no data is written).
+
+    Raises:
+        UnsafePathError: a directory component of ``rel`` is a symlink or not a directory.
+    """
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+              "fortran_order": False, "shape": tuple(int(n) for n in shape)}
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+    def write(f: IO[bytes]) -> None:
+        try:
+            np.lib.format.write_array_header_1_0(f, header)
+        except ValueError:  # a header over 64 KiB
+            np.lib.format.write_array_header_2_0(f, header)
+        f.truncate(f.tell() + nbytes)
+
+    write_atomic_inside(root, rel, write, durable=False)
+
+
+def open_npy_inside(root: str | os.PathLike[str], rel: str | os.PathLike[str],
+                    mode: str = "r") -> np.memmap:
+    """A memory map of the ``.npy`` file ``root/rel`` opened as :func:`open_inside` (no
+    symlink, no FIFO; for ``mode="r+"``, one hard link), with mode ``"r"`` or ``"r+"``
+    (``np.lib.format.open_memmap`` follows symlinks; this maps the descriptor it checked).
+
+    Raises:
+        UnsafePathError: as :func:`open_inside`.
+        ValueError: not a ``.npy`` file of format 1.0 or 2.0, a Fortran-ordered or object
+            array, or shorter than its header says.
+    """
+    if mode not in ("r", "r+"):
+        raise ValueError(f"mode: expected 'r' or 'r+', got {mode!r}")
+    fd = open_inside(root, rel, os.O_RDONLY if mode == "r" else os.O_RDWR)
+    with os.fdopen(fd, "rb" if mode == "r" else "r+b") as f:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        else:
+            raise ValueError(f"{Path(root, rel)}: expected a .npy file of format 1.0 or 2.0, "
+                             f"got {version}")
+        if fortran or dtype.hasobject:
+            raise ValueError(f"{Path(root, rel)}: expected a C-ordered array of plain values, "
+                             f"got fortran_order={fortran}, dtype {dtype}")
+        offset = f.tell()
+        need = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        size = os.fstat(f.fileno()).st_size
+        if size < need:
+            raise ValueError(f"{Path(root, rel)}: expected at least {need} bytes for "
+                             f"{shape} {dtype}, got {size}")
+        return np.memmap(f, dtype=dtype, mode="r" if mode == "r" else "r+", offset=offset,
+                         shape=shape)  # type: ignore[call-overload, no-any-return]

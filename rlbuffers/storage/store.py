@@ -170,7 +170,10 @@ class WritableStorage:
             same = working.trusted(m.buffer_id) and state.get("commit") in (
                 m.commit, m.commit - 1)
             rebuild = set(state.get("dirty_chunks", [])) if same else everything
-        except (OSError, ValueError):
+        except (OSError, ValueError) as e:  # missing, foreign, or a planted entry in it
+            if wdir.exists():
+                log.warning("%s: unusable working tier (%s: %s); rebuilding it from commit %d",
+                            wdir, type(e).__name__, str(e)[:300], m.commit)
             working = WorkingTier(*args, create=True, buffer_id=m.buffer_id)
             rebuild = everything
         if rebuild:

@@ -14,6 +14,11 @@ Layout of the working directory:
 - ``state.json``: the commit this tier mirrors, the chunks changed since, its layout
   (capacity, base chunk rows) and the boot it was written in (a tier from an earlier boot is
   rebuilt, so saves need not fsync it).
+
+Every file here is opened through :mod:`rlbuffers.storage.safe_files` (no symlink followed, no
+FIFO waited on, no hard-linked file written in place); a tier with anything else where a file
+should be, or a ``state.json`` that does not check (:func:`check_state`), is rebuilt whole
+from the persistent tier.
 """
 
 from __future__ import annotations
@@ -35,9 +40,16 @@ from rlbuffers.spec import FieldSpec
 from rlbuffers.storage.copy_threads import take_rows
 from rlbuffers.storage.fileio import pread_into, pwrite_all
 from rlbuffers.storage.location import check_inside
-from rlbuffers.storage.manifest import write_json_atomic
 from rlbuffers.storage.out_pool import OutputPool
 from rlbuffers.storage.ragged_column import RaggedColumn
+from rlbuffers.storage.safe_files import (
+    create_npy_inside,
+    open_file_inside,
+    open_inside,
+    open_npy_inside,
+    write_atomic_inside,
+)
+from rlbuffers.storage.working_state import check_state
 
 log = logging.getLogger(__name__)
 
@@ -77,20 +89,28 @@ def _read_pool() -> ThreadPoolExecutor:
 
 
 class FixedColumn:
-    """One fixed-shape field: a ``.npy`` file ``[capacity, *shape]``."""
+    """One fixed-shape field: a ``.npy`` file ``[capacity, *shape]`` at ``root/rel``.
 
-    def __init__(self, path: Path, spec: FieldSpec, capacity: int, *, create: bool) -> None:
-        self.path, self.spec, self.capacity = path, spec, capacity
+    Raises (on construction):
+        UnsafePathError: the file is a symlink, FIFO, directory or hard link (safe_files).
+        OSError, ValueError: it is not a ``.npy`` of the expected shape and dtype.
+    """
+
+    def __init__(self, root: Path, rel: str, spec: FieldSpec, capacity: int, *,
+                 create: bool) -> None:
+        self.root, self.rel = root, rel
+        self.path, self.spec, self.capacity = root / rel, spec, capacity
+        path = self.path
         shape = (capacity, *spec.row_shape)
         if create:
-            np.lib.format.open_memmap(path, mode="w+", dtype=spec.dtype, shape=shape).flush()
-        view = np.lib.format.open_memmap(path, mode="r")
+            create_npy_inside(root, rel, spec.dtype, shape)
+        view = open_npy_inside(root, rel, "r")
         if view.shape != shape or view.dtype != spec.dtype:
             raise OSError(f"{path}: expected {shape} {spec.dtype}, found {view.shape} {view.dtype}")
         self.view = view
         self._rows = view.view(np.ndarray)  # the same map, indexed without memmap's overhead
         self.offset = int(view.offset)
-        self.fd = os.open(path, os.O_RDWR)
+        self.fd = open_inside(root, rel, os.O_RDWR)
         self._random_reads = False
         self._writable: np.memmap | None = None  # opened by the first scatter
         self._out = OutputPool()  # large gathers reuse outputs the caller has dropped
@@ -159,7 +179,7 @@ class FixedColumn:
         """Write ``rows[N, *shape]`` into ``slots`` (int64[N], no duplicates) through a
         writable map: one numpy assignment instead of a syscall per row (priority updates)."""
         if self._writable is None:
-            self._writable = np.lib.format.open_memmap(self.path, mode="r+")
+            self._writable = open_npy_inside(self.root, self.rel, "r+")
         self._writable[slots] = rows
 
     def read_range(self, start: int, stop: int) -> np.ndarray:
@@ -207,18 +227,20 @@ class WorkingTier:
         #: the layout the files are cut by: a tier of another layout is not this one's
         self.layout = [capacity, base_chunk_rows]
         if create:
-            shutil.rmtree(path, ignore_errors=True)
-            path.mkdir(parents=True)
+            _fresh_dir(path)
         self.columns: dict[str, Column] = {}
-        for name, spec in specs.items():
-            check_inside(path, path / f"{name}.x")  # names are checked; this is the backstop
-            if spec.ragged:
-                col: Column = RaggedColumn(
-                    path / f"{name}.ragged", spec, capacity, base_chunk_rows, create=create
-                )
-            else:
-                col = FixedColumn(path / f"{name}.npy", spec, capacity, create=create)
-            self.columns[name] = col
+        try:
+            for name, spec in specs.items():
+                check_inside(path, path / f"{name}.x")  # names are checked; the backstop
+                if spec.ragged:
+                    col: Column = RaggedColumn(path, f"{name}.ragged", spec, capacity,
+                                               base_chunk_rows, create=create)
+                else:
+                    col = FixedColumn(path, f"{name}.npy", spec, capacity, create=create)
+                self.columns[name] = col
+        except BaseException:
+            self.close()
+            raise
         self.state: dict[str, Any] = self.read_state() if not create else {}
         self.nbytes = sum(spec.item_bytes for spec in specs.values()
                           if not spec.ragged) * capacity
@@ -232,17 +254,27 @@ class WorkingTier:
                     col.random_reads = True
 
     def read_state(self) -> dict[str, Any]:
-        """``{"buffer_id", "commit", "dirty_chunks"}``, or ``{}`` if missing or unreadable."""
+        """``{"buffer_id", "boot_id", "layout", "commit", "dirty_chunks"}``, or ``{}`` if
+        missing, unreadable (a symlink, a FIFO: never followed or waited on) or invalid
+        (:func:`check_state`: wrong types or ranges; logged at WARNING with the reason, and
+        the tier is then rebuilt whole)."""
         try:
-            with open(self.path / STATE) as f:
-                state = json.load(f)
-        except (OSError, json.JSONDecodeError):
+            with open_file_inside(self.path, STATE, "rb") as f:
+                state = json.loads(f.read(1 << 20))
+        except FileNotFoundError:
             return {}
-        if not isinstance(state, dict):
+        except (OSError, ValueError, RecursionError) as e:
+            log.warning("%s: unreadable (%s: %s); the working tier is rebuilt from the last "
+                        "commit", self.path / STATE, type(e).__name__, str(e)[:200])
             return {}
-        if "generation" in state and "commit" not in state:  # written before the rename
-            state["commit"] = state.pop("generation")
-        return state
+        if isinstance(state, dict) and "generation" in state and "commit" not in state:
+            state["commit"] = state.pop("generation")  # written before the rename
+        why = check_state(state, ceil_div(self.layout[0], self.layout[1]))
+        if why:
+            log.warning("%s: invalid (%s); the working tier is rebuilt from the last commit",
+                        self.path / STATE, why)
+            return {}
+        return state  # type: ignore[no-any-return]
 
     def write_state(self, commit: int, dirty_chunks: Iterable[int]) -> None:
         """Record (durably, before any data write) which chunks may differ from ``commit``."""
@@ -253,7 +285,7 @@ class WorkingTier:
             "commit": commit,
             "dirty_chunks": sorted(set(dirty_chunks)),
         }
-        write_json_atomic(self.path / STATE, self.state)
+        write_atomic_inside(self.path, STATE, json.dumps(self.state, indent=1).encode())
 
     def mark_dirty(self, commit: int, chunks: Iterable[int]) -> None:
         """Add ``chunks`` to the dirty set in ``state.json`` if they are not there yet."""
@@ -280,3 +312,26 @@ class WorkingTier:
     def close(self) -> None:
         for col in self.columns.values():
             col.close()
+
+
+def _fresh_dir(path: Path) -> None:
+    """Make ``path`` an empty directory: whatever is there (a directory and its contents, a
+    file, a FIFO; never a symlink's target) is removed first."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif not os.path.islink(path) or not os.path.isdir(path):
+            os.unlink(path)
+        else:  # an explicit working_dir= that is a symlink to a directory: empty it
+            for name in os.listdir(path):
+                child = path / name
+                if os.path.isdir(child) and not os.path.islink(child):
+                    shutil.rmtree(child)
+                else:
+                    os.unlink(child)
+            return
+    path.mkdir(parents=True)

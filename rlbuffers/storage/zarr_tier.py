@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,6 +35,7 @@ from rlbuffers.errors import (
     ManifestError,
     NotABufferError,
     SnapshotReclaimedError,
+    UnsafePathError,
 )
 from rlbuffers.intmath import ceil_div
 from rlbuffers.storage.lease import leased_commits
@@ -55,6 +53,10 @@ from rlbuffers.storage.manifest import (
     write_manifest,
 )
 from rlbuffers.storage.manifest_schema import check_arrays
+from rlbuffers.storage.zarr_helpers import DECODE_ERRORS, check_array_meta
+from rlbuffers.storage.zarr_helpers import naming as _naming
+from rlbuffers.storage.zarr_helpers import numbers as _numbers
+from rlbuffers.storage.zarr_helpers import quiet as _quiet
 
 if TYPE_CHECKING:
     from zarr.core.array_spec import ArrayConfigParams
@@ -64,46 +66,10 @@ log = logging.getLogger(__name__)
 VERSIONS = "versions"
 #: Staging of format-2 saves (moved into ``<field>/`` after their commit); finished on open.
 LEGACY_STAGING = ".staging"
-#: What zarr and its codecs raise for a chunk that does not decode: a checksum mismatch
-#: (crc32c: ValueError), a bad Blosc or zstd frame (RuntimeError / ValueError), a vlen-bytes
-#: frame of the wrong length (IndexError / ValueError). I/O errors (OSError) are not among them.
-DECODE_ERRORS = (ValueError, RuntimeError, IndexError, TypeError)
-
-
-@contextmanager
-def _naming(path: str) -> Iterator[None]:
-    """Add ``path`` to an OSError that names no file (``write()`` and ``fsync()`` failing
-    with ENOSPC or EIO do not), so that the message says where the save was writing."""
-    try:
-        yield
-    except OSError as e:
-        if e.filename is not None or e.errno is None or isinstance(e, CorruptChunkError):
-            raise
-        raise OSError(e.errno, e.strerror, path) from e
 #: A chunk of zeros must still be written (the manifest lists it).
 _CONFIG: ArrayConfigParams = {"write_empty_chunks": True}
-
-
-@contextmanager
-def _quiet() -> Iterator[None]:
-    """Silence zarr's note that vlen-bytes (our ragged encoding) is not in the v3 spec yet."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"The data type \(VariableLengthBytes")
-        yield
-
-
 #: Reads of the manifest while a writer keeps committing, before giving up on consistency.
 READ_ATTEMPTS = 20
-
-
-def _numbers(names: list[str], suffix: str) -> list[int]:
-    """The commit numbers of ``g<N><suffix>`` entries of a directory listing."""
-    out = []
-    for n in names:
-        core = n[1 : len(n) - len(suffix)] if n.endswith(suffix) else ""
-        if n.startswith("g") and core.isdigit():
-            out.append(int(core))
-    return out
 
 
 def _check_against_arrays(loc: Location, m: Manifest, rel: str) -> None:
@@ -119,6 +85,8 @@ def _array_meta(loc: Location, name: str) -> Any:
     """The ``zarr.json`` object of column ``name``'s array, or None if missing or unreadable."""
     try:
         return json.loads(loc.read_bytes(f"{name}/zarr.json"))
+    except UnsafePathError:  # a symlink or FIFO there: say so, not "missing"
+        raise
     except (OSError, ValueError, RecursionError):
         return None
 
@@ -240,6 +208,7 @@ class ZarrTier:
         return cls(loc, manifest)
 
     def _open(self, rel: str, mode: str = "r") -> zarr.Array:
+        check_array_meta(self.loc, rel)  # never a FIFO for zarr's blocking open
         with _quiet():
             arr = zarr.open_array(**self.loc.zarr_args(rel), mode=mode)
         return arr.with_config(_CONFIG) if mode != "r" else arr
@@ -287,9 +256,8 @@ class ZarrTier:
         dst = array_path(name, commit)
         stage = self._stage_arrays.get(dst)
         if stage is None:
-            self.loc.check_inside(dst)
-            if not self.loc.exists(f"{dst}/zarr.json"):
-                self.loc.copy(f"{name}/zarr.json", f"{dst}/zarr.json")
+            self.loc.check_inside(dst)  # then a copy that never follows a symlink:
+            self.loc.copy(f"{name}/zarr.json", f"{dst}/zarr.json")
             stage = self._stage_arrays[dst] = self._open(dst, mode="r+")
         a = c * self.layout.stored_chunk_rows[name]
         if self.specs[name].ragged:

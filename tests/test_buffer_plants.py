@@ -1,0 +1,189 @@
+"""Planted entries in a buffer's directory (issue 44, W1 and L1/L2): a symlink to a file or
+directory outside, or a FIFO, at every path rlbuffers writes in a buffer (found by listing a
+small buffer with a fixed field, a ragged field and a prioritized sampler after two saves and
+an open reader, plus the temporary and next-commit names). For each, a writer's open, add,
+save and close and a reader's open and read either refuse with ``UnsafePathError`` (one line)
+or replace the planted entry; never write through it, never hang (each case runs under an
+alarm), never corrupt the last commit (the plant removed, the buffer reads back exactly the
+commit it says it is at)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlbuffers import FieldSpec, PrioritizedSampler, ReplayBuffer
+from rlbuffers.errors import UnsafePathError
+
+FIELDS = {"obs": FieldSpec((3,), "float32"), "tok": FieldSpec((None,), "int16")}
+CAPACITY, CHUNK = 16, 4
+#: rows in the buffer after the template's two saves, and after the case's save
+BEFORE, AFTER = 11, 15
+#: seconds a case may take before it counts as hung
+ALARM = 30
+
+
+def _rows(first: int, n: int) -> dict:
+    ids = np.arange(first, first + n)
+    return {"obs": np.repeat(ids[:, None], 3, 1).astype(np.float32),
+            "tok": [np.full(i % 4, i, np.int16) for i in ids.tolist()]}
+
+
+def _expect(buf: ReplayBuffer, total: int) -> None:
+    rows = buf[:]
+    ids = np.arange(max(0, total - CAPACITY), total)
+    np.testing.assert_array_equal(rows["obs"][:, 0], ids)
+    for got, i in zip(rows["tok"], ids.tolist(), strict=True):
+        np.testing.assert_array_equal(got, np.full(i % 4, i, np.int16))
+
+
+@contextmanager
+def _alarm(seconds: int, what: str):
+    def hung(signum, frame):
+        raise TimeoutError(f"{what}: still running after {seconds} s (hung)")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("plants") / "buf"
+    with ReplayBuffer.create(path, capacity=CAPACITY, chunk_transitions=CHUNK, fields=FIELDS,
+                             sampler=PrioritizedSampler(), seed=0) as buf:
+        buf.extend(_rows(0, 6))
+        buf.save()
+        buf.extend(_rows(6, BEFORE - 6))
+        buf.update_priorities(np.arange(3), np.ones(3))
+        buf.save()
+    return path
+
+
+def _paths(template: Path) -> list[str]:
+    """Every file and directory under the template (a reader open, so its lease is there),
+    plus the names a save or a reader creates next."""
+    with ReplayBuffer.open(template, mode="r"):
+        found = sorted(str(p.relative_to(template)) for p in template.rglob("*"))
+    assert any(p.startswith("readers/") and p.endswith(".lease") for p in found), found
+    nxt = ["manifest.json.tmp", "history/g3.json", "history/g3.json.tmp", "versions/g3",
+           "versions/g3/obs", "versions/g3/obs/zarr.json", "versions/g3/obs/c/2/0",
+           "versions/g3/tok/c/3", "versions/g3/_priority/zarr.json", ".working/state.json.tmp",
+           ".working/tok.ragged/c3.bin", "readers/x.lease", "readers/.tmp-stale"]
+    return sorted(set(found) | set(nxt))
+
+
+def test_template_lists_what_matters(template):
+    paths = _paths(template)
+    for p in ("manifest.json", "history/g2.json", "writer.lock", ".working/state.json",
+              ".working/obs.npy", ".working/_priority.npy", ".working/tok.ragged/start.npy",
+              ".working/tok.ragged/length.npy", ".working/tok.ragged/c0.bin",
+              "versions/g2/obs/zarr.json", "obs/zarr.json", "readers"):
+        assert p in paths, p
+    assert len(paths) > 40
+
+
+def _snapshot(path: Path) -> dict[str, bytes]:
+    if path.is_file():
+        return {"": path.read_bytes()}
+    return {str(p.relative_to(path)): p.read_bytes() if p.is_file() else b"<dir>"
+            for p in sorted(path.rglob("*"))}
+
+
+def _plant(case: Path, rel: str, kind: str, outside: Path) -> Path | None:
+    """Replace ``case/rel`` (whatever it is) with a plant; returns the outside target."""
+    path = case / rel
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+        return None
+    target = outside / "target"
+    if "." in Path(rel).name and not Path(rel).name.startswith("g"):
+        target.write_bytes(b"outside file: must stay unchanged")
+    else:  # a directory name: point it at a directory outside
+        target.mkdir()
+        (target / "keep").write_bytes(b"outside directory: must stay unchanged")
+    os.symlink(target, path)
+    return target
+
+
+def _session(case: Path) -> list[str]:
+    """What a writer and a reader do; the errors they raised (only UnsafePathError may be)."""
+    errors = []
+    try:
+        with ReplayBuffer.open(case) as w:
+            w.extend(_rows(BEFORE, AFTER - BEFORE))
+            w.update_priorities(np.arange(2), np.full(2, 2.0))
+            w.save()
+    except UnsafePathError as e:
+        assert "\n" not in str(e) and str(case) in str(e), str(e)
+        errors.append(f"writer: {e}")
+    try:
+        with ReplayBuffer.open(case, mode="r") as ro:
+            ro[:]
+    except UnsafePathError as e:
+        assert "\n" not in str(e), str(e)
+        errors.append(f"reader: {e}")
+    return errors
+
+
+def _restore(case: Path, rel: str, template: Path) -> None:
+    """Remove the plant if it is still there and put the template's entry back."""
+    path = case / rel
+    if not (path.is_symlink() or (path.exists() and not (path.is_dir() or path.is_file()))):
+        return
+    path.unlink()
+    src = template / rel
+    if src.is_dir():
+        shutil.copytree(src, path, symlinks=True)
+    elif src.is_file():
+        shutil.copy2(src, path)
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_plants_everywhere_are_refused_or_replaced(template, tmp_path, kind, caplog):
+    caplog.set_level(logging.WARNING)
+    outcomes = {}
+    for i, rel in enumerate(_paths(template)):
+        if kind == "fifo" and (template / rel).is_dir() and rel != "readers":
+            continue  # a FIFO instead of a directory of chunks: covered by the symlink case
+        case = tmp_path / f"c{i}" / "buf"
+        shutil.copytree(template, case, symlinks=True)
+        for lease in (case / "readers").glob("*.lease"):
+            lease.unlink()  # the listing reader's: closed
+        outside = tmp_path / f"c{i}" / "outside"
+        outside.mkdir()
+        target = _plant(case, rel, kind, outside)
+        before = _snapshot(target) if target is not None else None
+        with _alarm(ALARM, f"{kind} at {rel}"):
+            errors = _session(case)
+        if target is not None:
+            assert _snapshot(target) == before, f"{rel}: written through"
+            assert sorted(os.listdir(outside)) == ["target"], f"{rel}: wrote outside"
+        _restore(case, rel, template)
+        with _alarm(ALARM, f"{kind} at {rel}: reopen"):
+            with ReplayBuffer.open(case, mode="r") as ro:
+                assert ro.commit in (2, 3), rel
+                _expect(ro, BEFORE if ro.commit == 2 else AFTER)
+            if not errors:
+                assert ro.commit == 3, rel
+        outcomes[rel] = errors
+    refused = {rel: e for rel, e in outcomes.items() if e}
+    # the plants a session meets and cannot replace are refused; every other one is replaced
+    assert refused, outcomes
+    assert len(refused) < len(outcomes), outcomes
