@@ -323,9 +323,9 @@ class ReplayBuffer:
             ``weights``: float32[B] importance weights (ones unless prioritized).
 
         Raises:
-            BufferEmptyError: too few transitions. ValueError: batch_size < 1, or ``ragged``
-            not ``"list"``, ``"packed"`` or ``"padded"`` (nothing is drawn: the generator
-            does not move).
+            BufferEmptyError: too few transitions.
+            ValueError: batch_size < 1, or ``ragged`` not ``"list"``, ``"packed"`` or
+                ``"padded"`` (nothing is drawn: the generator does not move).
         """
         batch_size = positive_int("batch_size", batch_size)
         ragged = check_ragged_format(ragged)
@@ -351,8 +351,9 @@ class ReplayBuffer:
         (ids overwritten since they were sampled are skipped).
 
         Raises:
-            NotPrioritizedError: the buffer's sampler keeps no priorities. FieldError: unequal
-            lengths, negative or non-finite priorities, or ids never added.
+            NotPrioritizedError: the buffer's sampler keeps no priorities.
+            FieldError: unequal lengths, negative or non-finite priorities, or ids never
+                added.
         """
         storage = self._writer()
         slots, raw, n = samplers.priority_update(self.sampler, self._context(), self._ring,

@@ -140,8 +140,8 @@ class FieldSpec:
 
         Raises:
             FieldError: not a dict of ``shape`` (a list), ``dtype`` (a string), an
-            optional ``finite`` (a bool) and ``stack_axis`` (an int), or a spec
-            :class:`FieldSpec` refuses.
+                optional ``finite`` (a bool) and ``stack_axis`` (an int), or a spec
+                :class:`FieldSpec` refuses.
         """
         axis = d.get("stack_axis") if isinstance(d, dict) else None
         if not isinstance(d, dict) or not isinstance(d.get("shape"), list) \

@@ -71,8 +71,8 @@ class RayPool:
         max_attempts: runs of one job before giving up on it (a job that kills every worker).
 
     Raises:
-        ValueError: ``workers`` or ``cpus_per_worker`` < 1. ImportError: Ray is not installed
-        (``pip install -c constraints.txt -e ".[ray]"``).
+        ValueError: ``workers`` or ``cpus_per_worker`` < 1.
+        ImportError: Ray is not installed (``pip install -c constraints.txt -e ".[ray]"``).
     """
 
     def __init__(self, workers: int, *, address: str | None = None, cpus_per_worker: float = 1,
