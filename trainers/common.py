@@ -309,14 +309,15 @@ def open_run(cfg: Any, *, unit: str, create: Callable[[Path], None],
     Raises:
         FileExistsError: a new run's directory is not empty.
         rlbuffers.ManifestError and other buffer errors: the buffer cannot be opened.
-        rlbuffers.UnsafePathError: ``ckpt`` is a symlink or not a directory.
+        rlbuffers.UnsafePathError: ``ckpt`` or ``buffer`` is a symlink or not a directory.
         rlbuffers.CorruptCheckpointError: the last complete unit's checkpoint is missing or
             fails its checksums.
     """
     run_dir = Path(cfg.run_dir)
     ckpts = Checkpoints(run_dir / "ckpt", prefix=unit, keep=cfg.keep_checkpoints)
-    if cfg.resume:  # checkpoints are written and pruned only inside the run directory
+    if cfg.resume:  # checkpoints and the buffer are written only inside the run directory
         real_dir(run_dir, "ckpt", make=False)
+        real_dir(run_dir, "buffer", make=False)
     if not cfg.resume and owner:
         def make(d: Path) -> None:
             (d / "ckpt").mkdir()

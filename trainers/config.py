@@ -58,11 +58,22 @@ def run_main(module: str) -> None:
     try:
         main()
     except ConfigError as e:
+        _close_bars()
         print(f"error: {one_line(str(e), 1000)} (see --help)", file=sys.stderr)
         sys.exit(2)
     except RLBuffersError as e:  # a run directory's file refused or damaged: one line
+        _close_bars()
         print(f"error: {one_line(str(e), 1000)}", file=sys.stderr)
         sys.exit(2)
+
+
+def _close_bars() -> None:
+    """Close the progress bars still open, so that an error starts a line of its own."""
+    if "tqdm" in sys.modules:
+        from tqdm import tqdm
+
+        for bar in list(getattr(tqdm, "_instances", ())):
+            bar.close()
 
 
 #: Loggers of libraries the trainers use, kept at WARNING whatever the trainer's level.
@@ -274,9 +285,17 @@ def keep_target(run_dir: Path, name: str, value: int) -> None:
 
 
 def last_complete(run_dir: Path, unit: str) -> int:
-    """The last complete unit of the run in ``run_dir`` (its buffer's ``trainer_<unit>``)."""
-    from rlbuffers import ReplayBuffer
+    """The last complete unit of the run in ``run_dir`` (its buffer's ``trainer_<unit>``).
 
+    Raises:
+        rlbuffers.UnsafePathError: ``buffer`` is a symlink or not a directory (a reader
+            would register itself there). rlbuffers.NotABufferError: it is missing.
+    """
+    from rlbuffers import ReplayBuffer
+    from trainers.run_files import real_dir
+
+    if os.path.lexists(run_dir / "buffer"):
+        real_dir(run_dir, "buffer", make=False)
     buf = ReplayBuffer.open(run_dir / "buffer", mode="r")
     try:
         return int(buf.metadata.get(f"trainer_{unit}", 0))
