@@ -91,8 +91,12 @@ def render(r: dict[str, Any]) -> str:
         lines.append("priorities  " + _stats(r["sampler"]["priorities"]))
     if "reward" in r:
         lines.append("reward      " + _stats(r["reward"]) + _nonfinite(r["reward"]))
-    if r["metadata"]:
-        lines.append("metadata    " + json.dumps(_strict(r["metadata"]), sort_keys=True))
+    if r["metadata"]:  # one line per key, long values summarised (--json shows them whole)
+        from rlbuffers.inspection import brief
+
+        meta = _strict(r["metadata"])
+        lines += [("metadata    " if i == 0 else " " * 12) + f"{json.dumps(str(k))}: {brief(v)}"
+                  for i, (k, v) in enumerate(sorted(meta.items()))]
     if "corrupt" in r:
         if r["corrupt"]:
             lines.append(f"verify      {len(r['corrupt'])} corrupt chunk(s):")
@@ -156,7 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage-options", metavar="JSON", default=None,
                    help='fsspec options for a URL, e.g. \'{"endpoint_url": "http://..."}\' '
                         "(credentials may also come from the usual environment variables)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--json", action="store_true",
+                   help="print the report as JSON, every metadata value whole (the text "
+                        "report summarises long ones)")
     p.add_argument("--commit", type=int, default=None, metavar="N",
                    help="report the kept older commit number N instead of the last")
     p.add_argument("--generation", type=int, default=None, help=argparse.SUPPRESS)

@@ -7,6 +7,7 @@ it is safe and bounded in memory while a writer is running.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -134,6 +135,30 @@ def inspect_path(
             attempts += 1
             if commit is not None or attempts >= READ_ATTEMPTS:
                 raise
+
+
+#: ``brief`` shows a metadata value whole up to this many characters of JSON.
+BRIEF_CHARS = 100
+
+
+def brief(value: Any, limit: int = BRIEF_CHARS, depth: int = 1) -> str:
+    """A metadata value as JSON text of about ``limit`` characters at most: shown whole when
+    its JSON fits, else a dict's items each shown the same way (``depth`` levels down), else a
+    summary such as ``<dict of 3 keys, 21,802 bytes>`` (``rlbuffers inspect --json`` shows
+    every value whole)."""
+    text = json.dumps(value, sort_keys=True, allow_nan=True)
+    if len(text) <= limit:
+        return text
+    if isinstance(value, dict) and depth > 0:
+        inner = ", ".join(f"{json.dumps(str(k))}: {brief(v, limit // 2, depth - 1)}"
+                          for k, v in sorted(value.items()))
+        if len(inner) <= 5 * limit // 2:
+            return "{" + inner + "}"
+    if isinstance(value, str):
+        return f"<string of {len(value):,} characters>"
+    kind = (f"dict of {len(value)} keys" if isinstance(value, dict) else
+            f"list of {len(value)} items" if isinstance(value, list) else type(value).__name__)
+    return f"<{kind}, {len(text):,} bytes>"
 
 
 def _not_a_run_dir(path: str | os.PathLike[str]) -> None:

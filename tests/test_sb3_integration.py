@@ -253,13 +253,32 @@ def test_commit_open_continues_like_uninterrupted(tmp_path, optimize):
         ZarrReplayBuffer.open(tmp_path / "buf", OBS["box"], act_space)
 
 
-def test_no_in_ram_arrays(tmp_path):
-    """SB3 writes ``dones`` in place only in one case; the error says how to avoid it."""
-    buf = ZarrReplayBuffer(8, OBS["box"], ACTIONS["discrete"], "cpu", path=tmp_path / "buf")
-    with pytest.raises(NotImplementedError, match="reset_num_timesteps=False"):
-        buf.dones[0] = True
-    assert not hasattr(buf, "observations") and not hasattr(buf, "next_observations")
+def test_arrays_are_read_only_views(tmp_path):
+    """SB3's arrays read the working tier in SB3's layout without copying (issue 44, B4)."""
+    buf = ZarrReplayBuffer(8, OBS["box"], ACTIONS["discrete"], "cpu", path=tmp_path / "buf",
+                           n_envs=2)
+    buf.add(*random_step(OBS["box"], ACTIONS["discrete"], 2, np.random.default_rng(0)))
+    obs = buf.observations
+    assert obs.shape == (4, 2, 3) and obs.dtype == np.float32 and not obs.flags.writeable
+    assert np.shares_memory(obs, buf.observations)   # views of one memory map
+    with pytest.raises(ValueError, match="read-only"):
+        obs[0] = 1.0
     buf.close()
+
+
+def assert_same_arrays(ours, theirs, timeouts: bool) -> None:
+    """SB3's arrays of ``ours`` equal ``theirs``'s over the steps SB3 samples."""
+    upper = theirs.buffer_size if theirs.full else theirs.pos
+    names = ["observations", "actions", "rewards", "dones"]
+    names += [] if theirs.optimize_memory_usage else ["next_observations"]
+    names += ["timeouts"] if timeouts else []
+    rows = np.arange(upper)
+    if theirs.optimize_memory_usage:  # SB3's row pos holds the newest next obs: ours RAM only
+        rows = rows[rows != theirs.pos]
+    for name in names:
+        np.testing.assert_array_equal(getattr(ours, name)[rows],
+                                      getattr(theirs, name)[rows], err_msg=name)
+        assert getattr(ours, name).dtype == getattr(theirs, name).dtype, name
 
 
 @settings(max_examples=40, deadline=None)
@@ -299,6 +318,8 @@ def test_samples_equal_sb3_property(buffer_size, n_envs, mode, steps, reset_at, 
                 continue
             np.random.seed(step)
             assert_same_samples(ours.sample(batch_size), expected)
+            if reset_at is None or step == steps - 1:
+                assert_same_arrays(ours, theirs, timeouts)
         ours.close()
 
 

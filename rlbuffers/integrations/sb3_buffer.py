@@ -34,22 +34,23 @@ import torch as th  # noqa: E402
 from gymnasium import spaces  # noqa: E402
 from stable_baselines3.common.buffers import BaseBuffer, DictReplayBuffer  # noqa: E402
 from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer  # noqa: E402
-from stable_baselines3.common.type_aliases import (  # noqa: E402
-    DictReplayBufferSamples,
-    ReplayBufferSamples,
-)
-from stable_baselines3.common.vec_env import VecNormalize  # noqa: E402
 
 from rlbuffers.buffer import ReplayBuffer, SaveReport  # noqa: E402
 from rlbuffers.compression import DEFAULT_CODEC  # noqa: E402
 from rlbuffers.errors import FieldError  # noqa: E402
+from rlbuffers.integrations.sb3_arrays import ArrayViews  # noqa: E402
 from rlbuffers.integrations.sb3_layout import (  # noqa: E402
     Layout,
-    field_name,
     rows_from_json,
     rows_to_json,
 )
+from rlbuffers.integrations.sb3_pointer import (  # noqa: E402
+    PointerPickling,
+    hold,
+    sb3_context,
+)
 from rlbuffers.integrations.sb3_rng import rng_state  # noqa: E402
+from rlbuffers.integrations.sb3_sample import Sampling  # noqa: E402
 from rlbuffers.storage.saver import SaveFuture  # noqa: E402
 
 __all__ = ["META_KEY", "ZarrDictReplayBuffer", "ZarrReplayBuffer"]
@@ -65,7 +66,7 @@ WRITE_BATCH_STEPS, WRITE_BATCH_BYTES = 64, 4 << 20
 META_KEY = "sb3"
 
 
-class _ZarrBuffer(SB3ReplayBuffer):
+class _ZarrBuffer(Sampling, ArrayViews, PointerPickling, SB3ReplayBuffer):
     """What ZarrReplayBuffer and ZarrDictReplayBuffer share (before DictReplayBuffer in the
     latter's MRO, so its methods replace SB3's)."""
 
@@ -88,10 +89,22 @@ class _ZarrBuffer(SB3ReplayBuffer):
         working_dir: str | os.PathLike[str] | None = None,
         write_batch: int | None = None,
         frame_stack_axis: int | None = None,
+        **unknown: Any,
     ) -> None:
+        from rlbuffers.integrations.sb3_her import refuse_arguments  # HER's: names ZarrHer*
+        refuse_arguments(type(self).__name__, unknown)
         self._setup(buffer_size, observation_space, action_space, device, n_envs,
                     optimize_memory_usage, handle_timeout_termination, write_batch,
                     frame_stack_axis)
+        self._working_dir = None if working_dir is None else os.fspath(working_dir)
+        model, loading = sb3_context()
+        if model is not None:  # no model zip may carry overwrite=True (see sb3_pointer)
+            model.replay_buffer_kwargs = {k: v for k, v in model.replay_buffer_kwargs.items()
+                                          if k != "overwrite"}
+        if loading and overwrite:
+            log.info("%s: overwrite=True ignored: SB3's Model.load is rebuilding the buffer "
+                     "from saved kwargs, and loading never wipes a buffer", path)
+            overwrite = False
         try:
             self._rb: ReplayBuffer | None = ReplayBuffer.create(
                 path, capacity=self.buffer_size * self._layout.rows_per_step,
@@ -105,6 +118,8 @@ class _ZarrBuffer(SB3ReplayBuffer):
             self._path = path
             log.info("%s already holds data: this buffer stays unused (use "
                      "ZarrReplayBuffer.open or rlbuffers.integrations.sb3.resume)", path)
+        else:
+            hold(path, self)
 
     def _setup(self, buffer_size: int, observation_space: spaces.Space,
                action_space: spaces.Space, device: th.device | str, n_envs: int,
@@ -132,6 +147,9 @@ class _ZarrBuffer(SB3ReplayBuffer):
         self._pending: dict[str, np.ndarray] | None = None
         # steps added but not yet appended to the rlbuffers buffer (one extend per batch)
         self._staged: list[dict[str, np.ndarray]] = []
+        self._forced: set[tuple[int, int]] = set()  # (step id, env) marked done in place
+        self._gone: str | None = None  # why another instance took the buffer over
+        self._rb: ReplayBuffer | None = None
         step_bytes = self.n_envs // self._layout.rows_per_step * sum(
             math.prod(cast(tuple[int, ...], s.shape)) * np.dtype(s.dtype).itemsize
             for s in self._layout.user_fields().values())
@@ -163,6 +181,9 @@ class _ZarrBuffer(SB3ReplayBuffer):
 
     def _buffer(self) -> ReplayBuffer:
         """The rlbuffers buffer, without appending the staged steps."""
+        if self._rb is None and self._gone is not None:
+            raise ValueError(f"{type(self).__name__}: closed: {self._gone}; use the buffer "
+                             "that did it (e.g. model.replay_buffer)")
         if self._rb is None:
             raise FileExistsError(
                 f"{self._path}: already holds a buffer, so this one was not created (SB3's "
@@ -170,20 +191,6 @@ class _ZarrBuffer(SB3ReplayBuffer):
                 "ZarrReplayBuffer.open(path, observation_space, action_space) or "
                 "rlbuffers.integrations.sb3.resume(...); start over with overwrite=True")
         return self._rb
-
-    @property
-    def dones(self) -> np.ndarray:  # type: ignore[override]
-        """Not kept in RAM. SB3 reads it only to mark the last step done in place, when
-        ``learn(reset_num_timesteps=True)`` runs again on a filled buffer with
-        ``optimize_memory_usage``.
-
-        Raises:
-            NotImplementedError: always, saying what to do instead.
-        """
-        raise NotImplementedError(
-            f"{type(self).__name__} keeps no in-RAM dones array, so SB3 cannot mark the last "
-            "step done in place (it does so when learn(reset_num_timesteps=True) runs again "
-            "with optimize_memory_usage): call learn(..., reset_num_timesteps=False)")
 
     # -- add --------------------------------------------------------------------------------
     def add(self, obs: Any, next_obs: Any, action: np.ndarray, reward: np.ndarray,
@@ -203,8 +210,8 @@ class _ZarrBuffer(SB3ReplayBuffer):
             raise FieldError(f"done: expected 0/1 (or bool) values, got {done.tolist()}")
         timeout = np.zeros(n, dtype=bool)
         if self.handle_timeout_termination:
-            timeout = np.array([info.get("TimeLimit.truncated", False) for info in infos],
-                               dtype=bool)
+            # numpy assignment semantics, as SB3's ``self.timeouts[self.pos] = ...``
+            timeout[...] = np.array([info.get("TimeLimit.truncated", False) for info in infos])
         row = layout.obs_rows(obs, "obs")
         next_row = layout.obs_rows(next_obs, "next_obs")
         if self.optimize_memory_usage:
@@ -222,106 +229,6 @@ class _ZarrBuffer(SB3ReplayBuffer):
             self.full = True
             self.pos = 0
 
-    # -- sample ---------------------------------------------------------------------------------
-    def sample(self, batch_size: int, env: VecNormalize | None = None) -> Any:
-        """Draw ``batch_size`` (B) transitions uniformly with ``np.random.randint`` (as SB3).
-
-        Returns:
-            ``ReplayBufferSamples`` (``DictReplayBufferSamples``) of tensors on ``device``:
-            observations ``[B, *obs_shape]``, actions ``[B, action_dim]``, next_observations,
-            dones float32 ``[B, 1]`` (0 for handled timeouts), rewards float32 ``[B, 1]``.
-
-        Raises:
-            ValueError: the buffer is empty (numpy's ``high <= 0``). FileExistsError: see
-            :attr:`storage`.
-        """
-        self._buffer()
-        if not self.optimize_memory_usage:
-            upper_bound = self.buffer_size if self.full else self.pos
-            batch_inds = np.random.randint(0, upper_bound, size=batch_size)
-        elif self.full:
-            # the oldest step's observation was overwritten (SB3's single obs array)
-            batch_inds = (np.random.randint(1, self.buffer_size, size=batch_size)
-                          + self.pos) % self.buffer_size
-        else:
-            batch_inds = np.random.randint(0, self.pos, size=batch_size)
-        return self._get_samples(batch_inds, env=env)
-
-    def _positions(self, batch_inds: np.ndarray, env_indices: np.ndarray) -> np.ndarray:
-        """rlbuffers positions of SB3 steps ``batch_inds`` of environments ``env_indices``
-        (frame-stacked: of the steps' rows, which hold every environment)."""
-        age = (self.pos - 1 - np.asarray(batch_inds, dtype=np.int64)) % self.buffer_size
-        rb, per_step = self._buffer(), self._layout.rows_per_step
-        size = min(len(rb) + len(self._staged) * per_step, rb.capacity)
-        return size - (age + 1) * per_step + (env_indices if per_step > 1 else 0)
-
-    def _gather(self, where: np.ndarray) -> dict[str, np.ndarray]:
-        """Rows at positions ``where`` of the buffer followed by the staged steps (the last
-        ``capacity`` rows of the two, as they will be once the staged steps are appended)."""
-        rb = self._buffer()
-        stored = len(rb)
-        staged_rows = len(self._staged) * self._layout.rows_per_step
-        index = where + max(0, stored + staged_rows - rb.capacity)
-        in_rb = index < stored
-        if in_rb.all():
-            return rb[index]
-        staged = {k: np.concatenate([row[k] for row in self._staged]) for k in self._staged[0]}
-        rows = rb[index[in_rb]] if in_rb.any() else None
-        out = {}
-        for name, values in staged.items():
-            column = np.empty((len(index), *values.shape[1:]), dtype=values.dtype)
-            column[~in_rb] = values[index[~in_rb] - stored]
-            if rows is not None:
-                column[in_rb] = rows[name]
-            out[name] = column
-        return out
-
-    def _rows(self, batch_inds: np.ndarray, env_indices: np.ndarray) -> dict[str, np.ndarray]:
-        """The stored fields of the sampled transitions, ``next_obs`` included."""
-        layout = self._layout
-        where = self._positions(batch_inds, env_indices)
-        if not self.optimize_memory_usage:
-            return layout.select(self._gather(where), env_indices)
-        # next_obs of step t is obs of step t + 1, or the pending one for the newest step
-        following = (batch_inds + 1) % self.buffer_size
-        pending = following == self.pos
-        if self._pending is None:
-            raise ValueError("optimize_memory_usage: no next observation of the newest step "
-                             "is known (sample before any add)")
-        envs = np.concatenate([env_indices, env_indices[~pending]])
-        rows = layout.select(self._gather(np.concatenate(
-            [where, self._positions(following[~pending], env_indices[~pending])])), envs)
-        size = len(batch_inds)
-        for key in layout.obs:
-            name = field_name("obs", key)
-            following_obs = rows[name][size:]
-            nxt = np.empty((size, *following_obs.shape[1:]), dtype=following_obs.dtype)
-            nxt[~pending] = following_obs
-            nxt[pending] = self._pending[field_name("next_obs", key)][env_indices[pending]]
-            rows[field_name("next_obs", key)] = nxt
-            rows[name] = rows[name][:size]
-        return {k: v[:size] for k, v in rows.items()}
-
-    def _get_samples(self, batch_inds: np.ndarray, env: VecNormalize | None = None) -> Any:
-        env_indices = np.random.randint(0, high=self.n_envs, size=(len(batch_inds),))
-        rows = self._rows(batch_inds, env_indices)
-        dones = rows["terminated"].astype(np.float32).reshape(-1, 1)
-        rewards = self._normalize_reward(rows["reward"].reshape(-1, 1), env)
-        if self._dict_obs:
-            keys = list(self._layout.obs)
-            obs: Any = self._normalize_obs({k: rows[f"obs.{k}"] for k in keys}, env)
-            next_obs: Any = self._normalize_obs({k: rows[f"next_obs.{k}"] for k in keys}, env)
-            return DictReplayBufferSamples(
-                observations={k: self.to_torch(v) for k, v in obs.items()},
-                actions=self.to_torch(rows["action"]),
-                next_observations={k: self.to_torch(v) for k, v in next_obs.items()},
-                dones=self.to_torch(dones).reshape(-1, 1),
-                rewards=self.to_torch(rewards))
-        next_obs = self._normalize_obs(rows["next_obs"], env)
-        data: tuple[Any, ...] = (self._normalize_obs(rows["obs"], env), rows["action"], next_obs,
-                                 dones, rewards)
-        return ReplayBufferSamples(*(self.to_torch(d) for d in data))
-
     # -- state, commit, open ---------------------------------------------------------------
     def reset(self) -> None:
         """Empty the buffer as SB3 does (``pos = 0``, ``full = False``): the stored rows stay
@@ -338,7 +245,8 @@ class _ZarrBuffer(SB3ReplayBuffer):
                 "n_envs": self.n_envs, "pos": self.pos, "full": self.full,
                 "optimize_memory_usage": self.optimize_memory_usage,
                 "handle_timeout_termination": self.handle_timeout_termination,
-                "frame_stack_axis": self._layout.stack_axis, "pending_next_obs": pending}
+                "frame_stack_axis": self._layout.stack_axis, "pending_next_obs": pending,
+                "forced_dones": self._live_forced()}
 
     def commit(self, metadata: Mapping[str, Any] | None = None, *, rng: bool = True,
                background: bool = False) -> SaveReport | SaveFuture:
@@ -361,6 +269,12 @@ class _ZarrBuffer(SB3ReplayBuffer):
         """Release the buffer's files (changes since the last commit are discarded)."""
         if self._rb is not None:
             self._rb.close()
+
+    def _hand_over(self, why: str) -> None:
+        """Close: another instance of this process takes the buffer over (``why``)."""
+        rb, self._rb, self._gone, self._staged = self._rb, None, why, []
+        if rb is not None:
+            rb.close()
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], observation_space: spaces.Space,
@@ -395,16 +309,13 @@ class _ZarrBuffer(SB3ReplayBuffer):
         except BaseException:
             rb.close()
             raise
-        self._rb = rb
+        self._rb, self._working_dir = rb, None if working_dir is None else os.fspath(working_dir)
+        hold(path, self)
+        self._forced = {(int(s), int(e)) for s, e in state.get("forced_dones", [])}
         self.pos, self.full = int(state["pos"]), bool(state["full"])
         if state["pending_next_obs"] is not None:
             self._pending = rows_from_json(state["pending_next_obs"])
         return self
-
-    def __getstate__(self) -> None:
-        raise TypeError(f"{type(self).__name__} is not pickled: its transitions are on disk. "
-                        "Save it with commit(); reopen it with open() or resume()")
-
 
 class ZarrReplayBuffer(_ZarrBuffer):
     """SB3's ``ReplayBuffer`` (same arguments, ``add`` and ``sample``) with the transitions on

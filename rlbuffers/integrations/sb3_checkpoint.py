@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from rlbuffers.integrations.sb3_buffer import (  # noqa: E402
     _ZarrBuffer,
 )
 from rlbuffers.integrations.sb3_her import ZarrHerReplayBuffer, check_committable  # noqa: E402
+from rlbuffers.integrations.sb3_pointer import release  # noqa: E402
 from rlbuffers.integrations.sb3_rng import restore_rng  # noqa: E402
 
 __all__ = ["CommitCallback", "resume"]
@@ -92,19 +94,60 @@ class CommitCallback(BaseCallback):
         steps = int(self.model.num_timesteps)
         model: dict[str, Any] = {
             "action_space_rng": self.model.action_space.np_random.bit_generator.state}
+        keep = None
         if self.checkpoint_dir is not None:
             self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-            zip_path = self.checkpoint_dir / f"model_{steps}.zip"
-            self.model.save(zip_path)
-            model["zip"] = str(zip_path.resolve())
+            zip_path = (self.checkpoint_dir / f"model_{steps}.zip").resolve()
+            last = buffer.storage.metadata
+            named = last.get(MODEL_KEY, {}).get("zip") if isinstance(last, dict) else None
+            # the last commit names this step's zip (e.g. learn() after resume() added no
+            # step): never rewrite it, a kill during the save would leave no checkpoint
+            if not (last.get("num_timesteps") == steps and named is not None
+                    and Path(named).resolve() == zip_path and zip_path.is_file()):
+                save_zip_atomically(self.model, zip_path)
+            model["zip"] = str(zip_path)
+            keep = zip_path.name
         report = buffer.commit({"num_timesteps": steps, MODEL_KEY: model})
         self._committed_at = steps
         if self.checkpoint_dir is not None:
-            for old in self.checkpoint_dir.glob("model_*.zip"):
-                if old.name != f"model_{steps}.zip":
+            for old in [*self.checkpoint_dir.glob("model_*.zip"),
+                        *self.checkpoint_dir.glob(".model_*.tmp")]:
+                if old.name != keep:
                     old.unlink(missing_ok=True)
         if self.verbose:
             log.info("committed the replay buffer at step %d: %s", steps, report)
+
+
+def save_zip_atomically(model: BaseAlgorithm, path: Path) -> None:
+    """``model.save`` into a new temporary file beside ``path`` (a unique name, created with
+    ``O_EXCL``), fsynced, then renamed onto ``path``: a kill at any moment leaves either the
+    previous file at ``path`` or the complete new one, never a partial zip.
+
+    Raises:
+        OSError: the write or the rename failed (``path`` is unchanged, the temporary removed).
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        tmp = path.with_name(f".{path.stem}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+        try:
+            fd = os.open(tmp, flags, 0o644)
+            break
+        except FileExistsError:  # pragma: no cover - 48 random bits
+            continue
+    try:
+        with os.fdopen(fd, "wb") as f:
+            model.save(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 def resume(model_cls: type[BaseAlgorithm], buffer_path: str | os.PathLike[str], *,
@@ -136,6 +179,9 @@ def resume(model_cls: type[BaseAlgorithm], buffer_path: str | os.PathLike[str], 
     buffer_cls = type(old) if isinstance(old, _ZarrBuffer) else (
         ZarrDictReplayBuffer if isinstance(model.observation_space, spaces.Dict)
         else ZarrReplayBuffer)
+    if isinstance(old, _ZarrBuffer):  # what load built (it holds nothing: see sb3_pointer)
+        old.close()
+    release(buffer_path, "resume() reopened its buffer")  # one writer per buffer
     buffer = buffer_cls.open(buffer_path, model.observation_space, model.action_space,
                              device=model.device)
     if buffer.n_envs != model.n_envs:

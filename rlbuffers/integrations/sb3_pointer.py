@@ -1,0 +1,138 @@
+"""What SB3's ``save_replay_buffer`` / ``load_replay_buffer``, ``Model.load`` and ``deepcopy``
+mean for a buffer on disk.
+
+- **Pickling is a pointer.** SB3's ``model.save_replay_buffer(path)`` pickles the buffer into
+  ``path``. A :class:`~rlbuffers.integrations.sb3.ZarrReplayBuffer` pickles as a pointer of a
+  few hundred bytes: it commits the buffer first, then the pickle holds the buffer's
+  directory, that commit's number, the spaces and the constructor settings (:func:`pointer`).
+  ``model.load_replay_buffer(path)`` unpickles it (:func:`reopen`): the buffer opened at that
+  commit (it must still be the last one: ValueError otherwise). Only one writer can hold a
+  buffer: an instance of this process that holds it (the model's previous buffer) is closed
+  first, its steps since the last commit discarded (as loading SB3's pickle drops them).
+- **deepcopy and copy refuse** (TypeError): a copy would be a second writer of one directory.
+- **Model.load never wipes a buffer.** SB3's ``Model.load`` rebuilds the replay buffer with the
+  saved ``replay_buffer_kwargs``. :func:`sb3_context` tells the constructor that it runs inside
+  SB3's ``_setup_model`` (and whether inside ``load``): ``overwrite`` is then ignored during a
+  load, and removed from the model's ``replay_buffer_kwargs`` in every case, so no saved model
+  zip carries ``overwrite=True``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import weakref
+from typing import Any
+
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
+
+from rlbuffers.buffer import ReplayBuffer
+
+__all__ = ["PointerPickling", "hold", "pointer", "release", "reopen", "sb3_context"]
+
+#: Buffer directory (resolved) -> the instance of this process that holds it.
+_HOLDERS: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+
+#: Pickled pointers carry this version; :func:`reopen` refuses others.
+POINTER_VERSION = 1
+
+_SETUP_CODE = OffPolicyAlgorithm._setup_model.__code__
+_LOAD_CODE = BaseAlgorithm.load.__func__.__code__  # type: ignore[attr-defined]
+
+
+def sb3_context(max_depth: int = 40) -> tuple[Any, bool]:
+    """``(model, loading)``: the SB3 model whose ``_setup_model`` is building the replay buffer
+    (None when the buffer is built directly, e.g. CleanRL), and whether that runs inside
+    ``BaseAlgorithm.load`` (a rebuild from a saved zip). Walks at most ``max_depth`` frames."""
+    frame, model, loading = sys._getframe(1), None, False
+    for _ in range(max_depth):
+        if frame is None:
+            break
+        if model is None and frame.f_code is _SETUP_CODE:
+            model = frame.f_locals.get("self")
+        elif frame.f_code is _LOAD_CODE:
+            loading = True
+            break
+        frame = frame.f_back
+    return model, loading and model is not None
+
+
+def _key(path: str | os.PathLike[str]) -> str:
+    return os.path.realpath(os.fspath(path))
+
+
+def hold(path: str | os.PathLike[str], buffer: Any) -> None:
+    """Record that ``buffer`` (of this process) holds the buffer at ``path``."""
+    _HOLDERS[_key(path)] = buffer
+
+
+def release(path: str | os.PathLike[str], why: str) -> None:
+    """Close the instance of this process that holds ``path``, if any (``why``: what its later
+    use will say took it over)."""
+    holder = _HOLDERS.pop(_key(path), None)
+    if holder is not None:
+        holder._hand_over(why)
+
+
+def pointer(buffer: Any) -> dict[str, Any]:
+    """Commit ``buffer`` and return what reopens it at that commit (what it pickles as).
+
+    Raises:
+        FileExistsError: ``buffer`` was not created (``Model.load`` built it over an existing
+        buffer): use ``resume``. OSError: the commit failed (the last commit stays).
+    """
+    buffer.commit()
+    rb = buffer.storage
+    return {"version": POINTER_VERSION, "class": type(buffer), "path": _key(rb.path),
+            "commit": int(rb.commit), "observation_space": buffer.observation_space,
+            "action_space": buffer.action_space, "device": str(buffer.device),
+            "working_dir": buffer._working_dir, "write_batch": buffer._write_batch}
+
+
+def reopen(ptr: dict[str, Any]) -> Any:
+    """The buffer a :func:`pointer` names, opened at its commit (an instance of this process
+    that holds it is closed first).
+
+    Raises:
+        ValueError: another pointer version, or the buffer has been committed since (its last
+        commit is not the pointer's). NotABufferError: no buffer there any more.
+    """
+    if ptr.get("version") != POINTER_VERSION:
+        raise ValueError(f"pointer version: expected {POINTER_VERSION}, got "
+                         f"{ptr.get('version')!r}")
+    path = ptr["path"]
+    with ReplayBuffer.open(path, mode="r") as peek:
+        last = int(peek.commit)
+    if last != ptr["commit"]:
+        raise ValueError(
+            f"{path}: the pickled pointer names commit {ptr['commit']}, but the buffer's last "
+            f"commit is {last} (a buffer on disk keeps its newest state only); open the last "
+            "commit with ZarrReplayBuffer.open(path, ...) or resume(...)")
+    release(path, "load_replay_buffer (unpickling) reopened its buffer")
+    return ptr["class"].open(path, ptr["observation_space"], ptr["action_space"],
+                             ptr["device"], working_dir=ptr["working_dir"],
+                             write_batch=ptr["write_batch"])
+
+
+class PointerPickling:
+    """Pickling (SB3's ``save_replay_buffer``) as a pointer; ``deepcopy`` / ``copy`` refuse."""
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        if getattr(self, "_rb", None) is None:
+            raise TypeError(
+                f"pickle({type(self).__name__}): this instance holds no buffer (SB3's "
+                "Model.load built it over an existing one, or another instance took it over), "
+                "so there is nothing to commit; continue from the last commit with "
+                "rlbuffers.integrations.sb3.resume(...) or ZarrReplayBuffer.open(...)")
+        return reopen, (pointer(self),)
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        raise TypeError(f"deepcopy({type(self).__name__}): refused, a copy would be a second "
+                        "writer of the same directory; commit() and open a reader with "
+                        "rlbuffers.ReplayBuffer.open(path, mode='r') instead")
+
+    def __copy__(self) -> Any:
+        raise TypeError(f"copy({type(self).__name__}): refused, a copy would be a second "
+                        "writer of the same directory; commit() and open a reader with "
+                        "rlbuffers.ReplayBuffer.open(path, mode='r') instead")

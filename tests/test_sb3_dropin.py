@@ -1,0 +1,286 @@
+"""Issue 44: what SB3's own code does with a replay buffer (``Model.load``, ``resume`` then
+``learn``, ``save_replay_buffer`` / ``load_replay_buffer``, ``deepcopy``, reading its arrays,
+writing ``dones`` in place) works on ZarrReplayBuffer as on SB3's buffer, or refuses in one
+line before anything changes. One test per finding of the audit (B1-B4, B6)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import random
+import zipfile
+
+import numpy as np
+import pytest
+
+from tests.heavy import require
+
+require("stable_baselines3", "torch", "gymnasium")
+
+import gymnasium as gym
+import torch as th
+from stable_baselines3 import DQN
+from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
+from stable_baselines3.common.save_util import load_from_zip_file
+
+from rlbuffers import ReplayBuffer
+from rlbuffers.cli import main as cli_main
+from rlbuffers.integrations.sb3 import CommitCallback, ZarrReplayBuffer, resume
+from tests.test_sb3_framestack import frame_stacked_env, steps
+from tests.test_sb3_integration import ACTIONS, OBS, assert_same_samples, random_step
+
+
+@pytest.fixture(autouse=True)
+def keep_global_rng():
+    """resume() sets the global RNG states: give the other tests theirs back."""
+    state = np.random.get_state(), random.getstate(), th.get_rng_state()
+    yield
+    np.random.set_state(state[0])
+    random.setstate(state[1])
+    th.set_rng_state(state[2])
+
+
+def dqn(run_dir, **kwargs) -> DQN:
+    """A small DQN whose buffer is made the way a re-run script makes it (overwrite=True)."""
+    return DQN("MlpPolicy", "CartPole-v1", buffer_size=500, learning_starts=50, seed=0,
+               device="cpu", policy_kwargs={"net_arch": [16]},
+               replay_buffer_class=ZarrReplayBuffer,
+               replay_buffer_kwargs={"path": str(run_dir / "buffer"), "overwrite": True},
+               **kwargs)
+
+
+def stored(path) -> tuple[int, int]:
+    with ReplayBuffer.open(path, mode="r") as rb:
+        return len(rb), rb.commit
+
+
+# -- B1: loading a model never destroys its buffer ----------------------------------------------
+def test_load_and_resume_keep_a_buffer_made_with_overwrite(tmp_path):
+    model = dqn(tmp_path)
+    model.learn(300, callback=CommitCallback(100, tmp_path / "ckpt"))
+    zip_path = tmp_path / "ckpt" / "model_300.zip"
+    assert "overwrite" not in load_from_zip_file(zip_path)[0]["replay_buffer_kwargs"]
+    assert model.replay_buffer_kwargs == {"path": str(tmp_path / "buffer")}
+    before = stored(tmp_path / "buffer")
+    assert before[0] == 300
+
+    # a zip saved by an older version still carries overwrite=True: load ignores it
+    model.replay_buffer_kwargs["overwrite"] = True
+    model.save(tmp_path / "old_style.zip")
+    for zip_file in (zip_path, tmp_path / "old_style.zip"):
+        loaded = DQN.load(zip_file, device="cpu")
+        assert stored(tmp_path / "buffer") == before
+        assert "overwrite" not in loaded.replay_buffer_kwargs
+
+    # resume in the same process: the training model's buffer hands the directory over
+    resumed = resume(DQN, tmp_path / "buffer", device="cpu", env=gym.make("CartPole-v1"))
+    assert (resumed.replay_buffer.size(), resumed.num_timesteps) == (300, 300)
+    with pytest.raises(ValueError, match="resume"):
+        model.replay_buffer.sample(4)
+    resumed.learn(100, callback=CommitCallback(100, tmp_path / "ckpt"),
+                  reset_num_timesteps=False)
+    assert stored(tmp_path / "buffer")[0] == 400
+    resumed.replay_buffer.close()
+
+
+# -- B2: model zips are written beside and renamed in, never rewritten -------------------------
+def test_learn_without_steps_after_resume_keeps_the_zip(tmp_path):
+    model = dqn(tmp_path)
+    model.learn(200, callback=CommitCallback(100, tmp_path / "ckpt"))
+    model.replay_buffer.close()
+    zip_path = tmp_path / "ckpt" / "model_200.zip"
+    before = os.stat(zip_path)
+    resumed = resume(DQN, tmp_path / "buffer", device="cpu", env=gym.make("CartPole-v1"))
+    resumed.learn(0, callback=CommitCallback(100, tmp_path / "ckpt"), reset_num_timesteps=False)
+    after = os.stat(zip_path)
+    assert (after.st_ino, after.st_mtime_ns, after.st_size) == \
+        (before.st_ino, before.st_mtime_ns, before.st_size)
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["model_200.zip"]
+    with ReplayBuffer.open(tmp_path / "buffer", mode="r") as rb:
+        assert rb.metadata["model"]["zip"] == str(zip_path.resolve())
+    resumed.replay_buffer.close()
+
+
+def test_a_failed_model_save_leaves_the_last_checkpoint(tmp_path, monkeypatch):
+    model = dqn(tmp_path)
+    callback = CommitCallback(100, tmp_path / "ckpt")
+    model.learn(100, callback=callback)
+
+    def broken_save(path_or_file, *args, **kwargs):
+        if isinstance(path_or_file, (str, os.PathLike)):
+            with open(path_or_file, "wb") as f:
+                f.write(b"PK partial")
+        else:
+            path_or_file.write(b"PK partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(model, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        model.learn(100, callback=callback, reset_num_timesteps=False)
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["model_100.zip"]
+    assert zipfile.is_zipfile(tmp_path / "ckpt" / "model_100.zip")
+    with ReplayBuffer.open(tmp_path / "buffer", mode="r") as rb:
+        assert rb.metadata["num_timesteps"] == 100
+    model.replay_buffer.close()
+
+
+# -- B3: save_replay_buffer / load_replay_buffer / deepcopy ------------------------------------
+@pytest.mark.filterwarnings("error")   # no ResourceWarning (a leaked handle)
+def test_save_replay_buffer_writes_a_pointer_that_loads_back(tmp_path):
+    model = dqn(tmp_path)
+    model.learn(200)
+    buf = model.replay_buffer
+    arrays = {k: np.array(getattr(buf, k)) for k in ("observations", "next_observations",
+                                                     "actions", "rewards", "dones", "timeouts")}
+    target = tmp_path / "replay.pkl"
+    target.write_bytes(b"an older file")
+    model.save_replay_buffer(target)
+    assert 0 < target.stat().st_size < 4096   # a pointer, not the transitions
+    assert stored(tmp_path / "buffer") == (200, 1)
+    np.random.seed(3)
+    expected = buf.sample(32)
+
+    model.replay_buffer = None
+    model.load_replay_buffer(target)
+    loaded = model.replay_buffer
+    assert isinstance(loaded, ZarrReplayBuffer) and loaded is not buf
+    assert (loaded.pos, loaded.full, loaded.size()) == (200, False, 200)
+    for name, values in arrays.items():
+        np.testing.assert_array_equal(getattr(loaded, name), values, err_msg=name)
+    np.random.seed(3)
+    assert_same_samples(loaded.sample(32), expected)
+    with pytest.raises(ValueError, match="load_replay_buffer"):
+        buf.sample(4)   # the model's previous buffer handed the directory over
+    model.replay_buffer.close()
+
+
+# SB3's load_from_pkl leaves its file open when unpickling raises (its error path)
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_pointer_to_an_older_commit_refuses_before_closing_anything(tmp_path):
+    model = dqn(tmp_path)
+    model.learn(100)
+    model.save_replay_buffer(tmp_path / "replay.pkl")
+    loaded = model.replay_buffer
+    model.learn(10, reset_num_timesteps=False)
+    loaded.commit()
+    with pytest.raises(ValueError, match="names commit 1, but the buffer's last commit is 2"):
+        model.load_replay_buffer(tmp_path / "replay.pkl")
+    assert model.replay_buffer is loaded and loaded.size() == model.num_timesteps > 100
+    model.replay_buffer.close()
+
+
+def test_deepcopy_refuses_in_one_line(tmp_path):
+    buf = ZarrReplayBuffer(8, OBS["box"], ACTIONS["discrete"], "cpu", path=tmp_path / "buf")
+    buf.add(*random_step(OBS["box"], ACTIONS["discrete"], 1, np.random.default_rng(0)))
+    for make_copy, name in ((copy.deepcopy, "deepcopy"), (copy.copy, "copy")):
+        with pytest.raises(TypeError, match=rf"^{name}\(ZarrReplayBuffer\): refused") as e:
+            make_copy(buf)
+        assert "\n" not in str(e.value) and "ReplayBuffer.open(path, mode='r')" in str(e.value)
+    assert stored(tmp_path / "buf") == (0, 0)   # nothing committed or changed
+    buf.close()
+
+
+def test_pickling_a_buffer_that_load_left_alone_refuses(tmp_path):
+    model = dqn(tmp_path)
+    model.learn(60, callback=CommitCallback(60, tmp_path / "ckpt"))
+    model.replay_buffer.close()
+    loaded = DQN.load(tmp_path / "ckpt" / "model_60.zip", device="cpu")
+    with pytest.raises(TypeError, match="resume"):
+        pickle.dumps(loaded.replay_buffer)
+    assert stored(tmp_path / "buffer") == (60, 1)
+
+
+# -- B4: SB3's arrays -----------------------------------------------------------------------------
+def test_sampling_a_buffer_marked_full_by_hand_equals_sb3(tmp_path):
+    """SB3's test_buffer_dtypes samples an empty buffer with ``full = True``: zeros."""
+    ours = ZarrReplayBuffer(4, OBS["image"], ACTIONS["box64"], "cpu", path=tmp_path / "b")
+    theirs = SB3ReplayBuffer(4, OBS["image"], ACTIONS["box64"], "cpu")
+    ours.full = theirs.full = True
+    np.random.seed(0)
+    expected = theirs.sample(16)
+    np.random.seed(0)
+    assert_same_samples(ours.sample(16), expected)
+    assert ours.observations.dtype == np.uint8 and ours.actions.dtype == np.float32
+    ours.close()
+
+
+@pytest.mark.parametrize("stacked", [False, True])
+def test_dones_written_in_place_sample_as_sb3(tmp_path, stacked):
+    """What SB3's learn(reset_num_timesteps=True) does with optimize_memory_usage: mark the
+    newest step done in place. The mark is sampled, kept by commit and reopened."""
+    kwargs = dict(device="cpu", n_envs=2, optimize_memory_usage=True,
+                  handle_timeout_termination=False)
+    venv = frame_stacked_env(2, False)
+    extra = {"frame_stack_axis": 0} if stacked else {}
+    ours = ZarrReplayBuffer(16, venv.observation_space, venv.action_space, **kwargs,
+                            path=tmp_path / "b", **extra)
+    theirs = SB3ReplayBuffer(16, venv.observation_space, venv.action_space, **kwargs)
+    for args in steps(venv, 5):
+        ours.add(*args)
+        theirs.add(*args)
+    newest = (theirs.pos - 1) % theirs.buffer_size
+    ours.dones[newest] = True
+    theirs.dones[newest] = True
+    np.testing.assert_array_equal(ours.dones, theirs.dones)
+    np.random.seed(1)
+    expected = theirs.sample(64)
+    np.random.seed(1)
+    assert_same_samples(ours.sample(64), expected)
+    ours.commit()
+    ours.close()
+    again = ZarrReplayBuffer.open(tmp_path / "b", venv.observation_space, venv.action_space)
+    np.testing.assert_array_equal(again.dones, theirs.dones)
+    np.random.seed(1)
+    assert_same_samples(again.sample(64), expected)
+    with pytest.raises(ValueError, match="cannot be cleared"):
+        again.dones[:] = 0
+    again.close()
+
+
+def test_frame_stacked_arrays(tmp_path):
+    """Frame-stacked storage keeps one frame per step: observations refuse, naming sample();
+    actions, rewards, dones and timeouts equal SB3's."""
+    venv = frame_stacked_env(2, False)
+    ours = ZarrReplayBuffer(8, venv.observation_space, venv.action_space, "cpu", n_envs=2,
+                            path=tmp_path / "b", frame_stack_axis=0)
+    theirs = SB3ReplayBuffer(8, venv.observation_space, venv.action_space, "cpu", n_envs=2)
+    for args in steps(venv, 11):
+        ours.add(*args)
+        theirs.add(*args)
+    for name in ("observations", "next_observations"):
+        with pytest.raises(AttributeError, match=rf"^{name}: .*sample\(\)"):
+            getattr(ours, name)
+    for name in ("actions", "rewards", "dones", "timeouts"):
+        np.testing.assert_array_equal(getattr(ours, name), getattr(theirs, name), err_msg=name)
+    ours.close()
+
+
+def test_timeouts_from_infos_shaped_as_sb3_extend_passes_them(tmp_path):
+    """SB3's test_save_load_replay_buffer extends with ``{"TimeLimit.truncated": array([x])}``."""
+    ours = ZarrReplayBuffer(8, OBS["box"], ACTIONS["discrete"], "cpu", path=tmp_path / "b")
+    theirs = SB3ReplayBuffer(8, OBS["box"], ACTIONS["discrete"], "cpu")
+    rng = np.random.default_rng(0)
+    for i in range(6):
+        obs, nxt, act, rew, done, _ = random_step(OBS["box"], ACTIONS["discrete"], 1, rng)
+        infos = [{"TimeLimit.truncated": np.array([i % 2 == 0])}]
+        ours.add(obs, nxt, act, rew, done, infos)
+        theirs.add(obs, nxt, act, rew, done, infos)
+    np.testing.assert_array_equal(ours.timeouts, theirs.timeouts)
+    ours.close()
+
+
+# -- B6: inspect on an SB3 commit -------------------------------------------------------------
+def test_inspect_summarises_long_metadata(tmp_path, capsys):
+    model = dqn(tmp_path)
+    model.learn(100, callback=CommitCallback(100, tmp_path / "ckpt"))
+    model.replay_buffer.close()
+    assert cli_main(["inspect", str(tmp_path / "buffer")]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) < 300
+    assert '"num_timesteps": 100' in out and '"torch": <string of ' in out
+    assert cli_main(["inspect", str(tmp_path / "buffer"), "--json"]) == 0
+    import json
+    report = json.loads(capsys.readouterr().out)
+    assert len(report["metadata"]["rng"]["numpy"]["keys"]) == 624   # whole values
