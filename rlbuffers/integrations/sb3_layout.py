@@ -159,11 +159,14 @@ class Layout:
         semantics, as SB3's ``self.observations[pos] = obs``)."""
         rows = {}
         for key, (shape, dtype) in self.obs.items():
-            value = np.array(obs[key] if key else obs)
+            value = np.asarray(obs[key] if key else obs)
             if isinstance(self.spaces_by_key[key], spaces.Discrete):
                 value = value.reshape((self.n_envs, *shape))
-            rows[field_name(prefix, key)] = np.broadcast_to(
-                value, (self.n_envs, *shape)).astype(dtype)
+            # one copy, C order whatever the input's strides (VecTransposeImage gives a
+            # transposed view: keeping its layout made every later frame comparison strided)
+            row = np.empty((self.n_envs, *shape), dtype=dtype)
+            row[...] = value
+            rows[field_name(prefix, key)] = row
         return rows
 
     def step_rows(self, row: dict[str, np.ndarray], action: Any, reward: Any,
@@ -173,8 +176,10 @@ class Layout:
         (``[n_envs]``)."""
         n = self.n_envs
         row = dict(row)
-        row["action"] = np.array(action).reshape((n, self.action_dim)).astype(self.action_dtype)
-        row["reward"] = np.broadcast_to(np.array(reward), (n,)).astype(np.float32)
+        row["action"] = np.asarray(action).reshape((n, self.action_dim)).astype(
+            self.action_dtype)  # astype copies: the caller may reuse its array
+        row["reward"] = np.empty(n, dtype=np.float32)
+        row["reward"][...] = reward
         terminated, truncated = (done == 1.0) & ~timeout, timeout
         if self.stack_axis is None:
             row["terminated"], row["truncated"] = terminated, truncated
@@ -197,7 +202,9 @@ class Layout:
 
     def _frames(self, a: np.ndarray) -> np.ndarray:
         """``[1, n_envs, *obs_shape]`` -> ``[n_envs, k, *frame]``, as bytes-comparable uints."""
-        a = np.moveaxis(a[0], 1 + self.stack_axis, 1)  # type: ignore[operator]
+        a = a[0]
+        if self.stack_axis:  # axis 0 (VecTransposeImage's [k, 84, 84]) is there already
+            a = np.moveaxis(a, 1 + self.stack_axis, 1)
         return a.view(f"u{a.dtype.itemsize}") if a.dtype.itemsize in (1, 2, 4, 8) else a
 
     def check_shift(self, row: dict[str, np.ndarray]) -> None:
