@@ -221,6 +221,27 @@ def test_commit_open_round_trip(tmp_path):
         ZarrHerReplayBuffer.open(tmp_path / "plain", env.observation_space, env.action_space)
 
 
+def test_truncate_last_trajectory_as_sb3(tmp_path):
+    """What SB3's load_replay_buffer does for HER: the running episodes end and are sampled;
+    kept by commit + open (the next step's episode start marks the end)."""
+    env = make_env(2)
+    ours, theirs = pair(tmp_path, env, 50)
+    feed(env, [ours, theirs], 23)   # episodes of 6 steps: both environments mid-episode
+    for buf in (ours, theirs):
+        with pytest.warns(UserWarning, match="truncated"):
+            buf.truncate_last_trajectory()
+    np.testing.assert_array_equal(ours.ep_length, theirs.ep_length)
+    assert_same_samples(ours, theirs)
+    feed(env, [ours, theirs], 4, seed=3)
+    ours.commit()
+    ours.close()
+    again = ZarrHerReplayBuffer.open(tmp_path / "her", env.observation_space,
+                                     env.action_space, "cpu", env=env)
+    np.testing.assert_array_equal(again.ep_length, theirs.ep_length)
+    assert_same_samples(again, theirs, seed=5)
+    again.close()
+
+
 def test_dqn_run_equals_sb3_her(tmp_path):
     """A whole DQN run: the same parameters at the end as with SB3's HerReplayBuffer."""
     def train(cls, **extra):

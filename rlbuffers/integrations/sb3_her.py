@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from contextvars import ContextVar
 from dataclasses import dataclass, fields
 from typing import Any
@@ -43,7 +44,11 @@ from stable_baselines3.her.her_replay_buffer import HerReplayBuffer  # noqa: E40
 from rlbuffers.buffer import ReplayBuffer  # noqa: E402
 from rlbuffers.compression import DEFAULT_CODEC  # noqa: E402
 from rlbuffers.errors import FieldError  # noqa: E402
-from rlbuffers.integrations.sb3_buffer import META_KEY, ZarrDictReplayBuffer, _ZarrBuffer  # noqa: E402
+from rlbuffers.integrations.sb3_buffer import (  # noqa: E402
+    META_KEY,
+    ZarrDictReplayBuffer,
+    _ZarrBuffer,
+)
 from rlbuffers.integrations.sb3_layout import Layout  # noqa: E402
 from rlbuffers.spec import FieldSpec  # noqa: E402
 
@@ -361,10 +366,18 @@ class ZarrHerReplayBuffer(ZarrDictReplayBuffer, HerReplayBuffer):
         self._valid = None
 
     def truncate_last_trajectory(self) -> None:
-        """Not supported: stored steps are not rewritten. Resume a run with
-        ``rlbuffers.integrations.sb3.resume`` (the running episodes go on)."""
-        raise NotImplementedError("truncate_last_trajectory: ZarrHerReplayBuffer does not "
-                                  "rewrite stored steps; resume runs with resume()")
+        """End the running episodes (what SB3's ``load_replay_buffer`` does for HER): their
+        transitions become sampleable, and the next step starts an episode. Stored rows are
+        not rewritten: the last step keeps ``terminated`` False (as SB3 samples it with
+        ``handle_timeout_termination``; without, SB3 samples done = 1)."""
+        running = np.flatnonzero(self._current_ep_start != self.pos)
+        if running.size:
+            warnings.warn("The last trajectory in the replay buffer will be truncated "
+                          "(load_replay_buffer(truncate_last_traj=False) keeps it running)",
+                          stacklevel=2)
+        for e in running:
+            self._end_episode(int(e))
+        self._valid = None
 
     def state_dict(self) -> dict[str, Any]:
         """``ZarrReplayBuffer.state_dict`` plus ``"her"``: the HER arguments and each
@@ -409,7 +422,8 @@ class ZarrHerReplayBuffer(ZarrDictReplayBuffer, HerReplayBuffer):
 
     def _rebuild_episodes(self) -> None:
         """``ep_start`` and ``ep_length`` from the stored columns, as ``add`` left them: an
-        ended episode is sampleable iff its first step is still in the buffer."""
+        episode ends at a step that is terminated or truncated or whose successor starts
+        another episode, and is sampleable iff its first step is still in the buffer."""
         bs, rb = self.buffer_size, self._flush()
         steps = bs if self.full else self.pos
         order = (self.pos - steps + np.arange(steps)) % bs  # buffer steps, oldest first
@@ -418,6 +432,8 @@ class ZarrHerReplayBuffer(ZarrDictReplayBuffer, HerReplayBuffer):
             start = np.asarray(rb._gather("ep_start", slots), dtype=np.int64)
             ended = (np.asarray(rb._gather("terminated", slots), dtype=bool)
                      | np.asarray(rb._gather("truncated", slots), dtype=bool))
+            # an episode also ends where the next one starts (truncate_last_trajectory)
+            ended |= start != np.append(start[1:], self._current_ep_start[e])
             self.ep_start[order, e] = start
             for k in np.flatnonzero(ended):
                 s, end = int(start[k]), (int(order[k]) + 1) % bs
