@@ -187,3 +187,93 @@ def test_plants_everywhere_are_refused_or_replaced(template, tmp_path, kind, cap
     # the plants a session meets and cannot replace are refused; every other one is replaced
     assert refused, outcomes
     assert len(refused) < len(outcomes), outcomes
+
+
+# -- regressions of issue 44 (each failed before the fix) ----------------------------------
+
+def _small(path: Path, n: int = 6) -> None:
+    with ReplayBuffer.create(path, capacity=CAPACITY, chunk_transitions=CHUNK,
+                             fields=FIELDS) as buf:
+        buf.extend(_rows(0, n))
+        buf.save()
+
+
+def _outside_file(tmp_path: Path) -> Path:
+    target = tmp_path / "outside.bin"
+    target.write_bytes(b"somebody else's file")
+    return target
+
+
+@pytest.mark.parametrize("rel", [".working/tok.ragged/c1.bin", ".working/obs.npy",
+                                 ".working/tok.ragged/start.npy", ".working/state.json"])
+def test_symlink_in_the_working_tier_is_replaced_not_written_through(tmp_path, rel):
+    """W1: a symlink planted in the default working tier was written through (completing the
+    chunk truncated and rewrote the target outside the buffer)."""
+    path = tmp_path / "buf"
+    _small(path)
+    target = _outside_file(tmp_path)
+    os.remove(path / rel)
+    os.symlink(target, path / rel)
+    with _alarm(ALARM, rel), ReplayBuffer.open(path) as buf:
+        buf.extend(_rows(6, 4))  # completes chunk 1 (slots 4-7) and writes chunk 2
+        buf.save()
+    assert target.read_bytes() == b"somebody else's file"
+    assert not (path / rel).is_symlink()
+    with ReplayBuffer.open(path, mode="r") as ro:
+        _expect(ro, 10)
+
+
+def test_symlink_planted_while_open_is_refused(tmp_path):
+    path = tmp_path / "buf"
+    _small(path)
+    target = _outside_file(tmp_path)
+    with ReplayBuffer.open(path) as buf:  # a clean reopen: c2.bin is not open yet
+        os.remove(path / ".working" / "tok.ragged" / "c2.bin")
+        os.symlink(target, path / ".working" / "tok.ragged" / "c2.bin")
+        with pytest.raises(UnsafePathError, match=r"c2\.bin: is a symlink"):
+            buf.extend(_rows(6, 4))
+    assert target.read_bytes() == b"somebody else's file"
+    with ReplayBuffer.open(path, mode="r") as ro:
+        _expect(ro, 6)
+
+
+@pytest.mark.parametrize("rel", ["manifest.json.tmp", "history/g2.json.tmp",
+                                 ".working/state.json.tmp"])
+def test_symlink_at_an_old_temporary_name_is_not_written_through(tmp_path, rel):
+    """W1: ``LocalLocation.write_atomic`` wrote ``<name>.tmp`` with a plain ``open()`` that
+    followed a symlink planted there."""
+    path = tmp_path / "buf"
+    _small(path)
+    target = _outside_file(tmp_path)
+    os.symlink(target, path / rel)
+    with ReplayBuffer.open(path) as buf:
+        buf.extend(_rows(6, 2))
+        buf.save()
+    assert target.read_bytes() == b"somebody else's file"
+    with ReplayBuffer.open(path, mode="r") as ro:
+        _expect(ro, 8)
+
+
+@pytest.mark.parametrize("state", [
+    {"dirty_chunks": [0, "a"]}, {"dirty_chunks": [True]}, {"dirty_chunks": [10**9]},
+    {"dirty_chunks": {"0": 1}}, {"dirty_chunks": [1, 1]}, {"commit": "1"},
+    {"layout": "16x4"}, {"buffer_id": 7}, {"dirty_chunks": [None, 1.5]}])
+def test_invalid_working_state_rebuilds_the_tier(tmp_path, state, caplog):
+    """E2: a ``state.json`` with mixed types in ``dirty_chunks`` crashed ``open`` in
+    ``sorted()``; any invalid state is now logged and the tier rebuilt from the commit."""
+    import json
+
+    path = tmp_path / "buf"
+    _small(path)
+    file = path / ".working" / "state.json"
+    good = json.loads(file.read_text())
+    file.write_text(json.dumps({**good, **state}))
+    with open(path / ".working" / "obs.npy", "r+b") as f:  # a stale row the rebuild fixes
+        f.seek(-12, os.SEEK_END)
+        f.write(b"\xff" * 12)
+    caplog.set_level(logging.WARNING)
+    with ReplayBuffer.open(path) as buf:
+        _expect(buf, 6)
+    key = next(iter(state))
+    assert any(f"key '{key}'" in r.getMessage() and "rebuilt" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]

@@ -6,6 +6,7 @@ reads and 0 reclaimed (this used to be 1 of 1,154 reads with keep_commits=2)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -140,3 +141,120 @@ def test_no_reader_loses_its_commit_to_a_writer_saving_in_a_loop(tmp_path):
     print(f"leases over {SECONDS:.0f} s: {stats}, {len(commits)} commits seen, first {first}; "
           "0 mixed reads, 0 reclaimed")
     assert len(commits) > 20 and stats["fresh reads"] > 20
+
+
+# -- issue 44: what else may be in readers/, and forked children --------------------------
+
+@contextlib.contextmanager
+def _deadline(seconds: int, what: str):
+    """Fail (instead of hanging the suite) if the block runs longer than ``seconds``."""
+    def hung(signum, frame):
+        raise TimeoutError(f"{what}: still blocked after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _saved_buffer(path: Path) -> None:
+    with ReplayBuffer.create(path, capacity=CAPACITY, fields=FIELDS, chunk_transitions=CHUNK,
+                             keep_commits=1) as w:
+        w.extend(_batch(0, 20))
+        w.save(metadata={"total": 20})
+
+
+def _write_and_save(path: Path) -> None:
+    with ReplayBuffer.open(path) as w:
+        w.extend(_batch(w.total_added, 9))
+        w.save(metadata={"total": w.total_added})
+
+
+def test_fifos_in_readers_do_not_hang_the_writer(tmp_path):
+    """L1: a FIFO named like a lease (or a stale temporary lease) hung every open(r+) and
+    save in the lease scan, with the writer lock held."""
+    path = tmp_path / "b"
+    _saved_buffer(path)
+    (path / "readers").mkdir(exist_ok=True)
+    os.mkfifo(path / "readers" / "x.lease")
+    os.mkfifo(path / "readers" / ".tmp-stale")
+    os.utime(path / "readers" / ".tmp-stale", (0, 0))  # older than the 60 s expiry
+    with _deadline(60, "open(r+) and save with FIFOs in readers/"):
+        _write_and_save(path)
+        with ReplayBuffer.open(path, mode="r") as ro:
+            _check(ro)
+    assert (path / "readers" / "x.lease").exists()  # ignored, not deleted by the writer
+
+
+def test_a_directory_named_like_a_lease_does_not_stop_writers(tmp_path):
+    """L2: a directory ``readers/x.lease`` made every open(r+) and save raise
+    IsADirectoryError."""
+    path = tmp_path / "b"
+    _saved_buffer(path)
+    (path / "readers" / "x.lease").mkdir(parents=True)
+    (path / "readers" / "bad.lease").write_text("{not json")
+    os.symlink(tmp_path, path / "readers" / "link.lease")
+    _write_and_save(path)
+    _write_and_save(path)
+    with ReplayBuffer.open(path, mode="r") as ro:
+        assert ro.commit == 3
+        _check(ro)
+
+
+def test_verify_lists_what_is_not_a_lease_and_repair_removes_it(tmp_path, capsys):
+    from rlbuffers.cli import main
+
+    path = tmp_path / "b"
+    _saved_buffer(path)
+    readers = path / "readers"
+    (readers / "x.lease").mkdir(parents=True)
+    os.mkfifo(readers / "f.lease")
+    os.symlink(tmp_path / "nowhere", readers / "s.lease")
+    (readers / "notes.txt").write_text("hi")
+    held = ReplayBuffer.open(path, mode="r")  # a live lease: not listed, not removed
+    assert main(["verify", str(path)]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("not a lease")]
+    assert len(lines) == 4, lines
+    assert any("f.lease: a FIFO" in ln for ln in lines), lines
+    assert any("x.lease: a directory" in ln for ln in lines), lines
+    assert any("s.lease: a symlink" in ln for ln in lines), lines
+    assert any("notes.txt: a regular file with an unexpected name" in ln for ln in lines)
+    assert main(["verify", str(path), "--repair"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("removed ") == 4, out
+    assert [p.suffix for p in readers.iterdir()] == [".lease"]  # the live reader's
+    assert (tmp_path / "b").exists() and not (tmp_path / "nowhere").exists()
+    held.close()
+    assert list(readers.iterdir()) == []
+
+
+def test_a_forked_child_closing_its_inherited_reader_keeps_the_parents_lease(tmp_path):
+    """L3: a forked child that closed the reader it inherited deleted the parent's lease;
+    the writer then reclaimed the parent's commit (SnapshotReclaimedError on its next read)."""
+    path = tmp_path / "b"
+    _saved_buffer(path)
+    ro = ReplayBuffer.open(path, mode="r")
+    assert ro.commit == 1  # nothing read yet: every read below goes to disk
+    pid = os.fork()
+    if pid == 0:  # the child: close what it inherited, exit without the parent's cleanup
+        code = 0
+        try:
+            ro.close()
+        except BaseException:
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert len(list((path / "readers").glob("*.lease"))) == 1
+    keep_commits = 1
+    for _ in range(keep_commits + 1):
+        _write_and_save(path)
+    assert (path / "history" / "g1.json").exists()
+    _check(ro)  # SnapshotReclaimedError before the fix
+    ro.refresh()
+    assert ro.commit == 3
+    _check(ro)
+    ro.close()

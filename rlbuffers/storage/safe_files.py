@@ -211,8 +211,8 @@ def write_atomic_inside(root: str | os.PathLike[str], rel: str | os.PathLike[str
     target as it was and removes the temporary file.
 
     Raises:
-        UnsafePathError: a directory component of ``rel`` is a symlink or not a directory.
-        IsADirectoryError: the target is a directory.
+        UnsafePathError: a directory component of ``rel`` is a symlink or not a directory,
+            or the target is a directory.
     """
     parts = parts_of(rel)
     dfd = _open_dir(root, parts[:-1], make_dirs)
@@ -229,7 +229,10 @@ def write_atomic_inside(root: str | os.PathLike[str], rel: str | os.PathLike[str
                 f.flush()
                 if durable:
                     os.fsync(f.fileno())
-            os.replace(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
+            try:
+                os.replace(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
+            except IsADirectoryError:
+                raise _refusal(Path(root, *parts), "is a directory") from None
         except BaseException:
             try:
                 os.unlink(tmp, dir_fd=dfd)

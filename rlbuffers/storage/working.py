@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from rlbuffers.errors import UnsafePathError
 from rlbuffers.intmath import ceil_div
 from rlbuffers.memory.limits import memory_limit_bytes
 from rlbuffers.spec import FieldSpec
@@ -47,6 +48,7 @@ from rlbuffers.storage.safe_files import (
     open_file_inside,
     open_inside,
     open_npy_inside,
+    remove_inside,
     write_atomic_inside,
 )
 from rlbuffers.storage.working_state import check_state
@@ -285,7 +287,12 @@ class WorkingTier:
             "commit": commit,
             "dirty_chunks": sorted(set(dirty_chunks)),
         }
-        write_atomic_inside(self.path, STATE, json.dumps(self.state, indent=1).encode())
+        data = json.dumps(self.state, indent=1).encode()
+        try:
+            write_atomic_inside(self.path, STATE, data)
+        except UnsafePathError:  # a directory planted there: this tier's cache, replace it
+            remove_inside(self.path, STATE)
+            write_atomic_inside(self.path, STATE, data)
 
     def mark_dirty(self, commit: int, chunks: Iterable[int]) -> None:
         """Add ``chunks`` to the dirty set in ``state.json`` if they are not there yet."""
