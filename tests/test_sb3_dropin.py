@@ -284,3 +284,21 @@ def test_inspect_summarises_long_metadata(tmp_path, capsys):
     import json
     report = json.loads(capsys.readouterr().out)
     assert len(report["metadata"]["rng"]["numpy"]["keys"]) == 624   # whole values
+
+
+# -- B7: add copies each observation once, in C order ------------------------------------------
+def test_add_stores_transposed_observations_in_c_order(tmp_path):
+    """VecTransposeImage hands ``add`` a transposed view; the staged copy must be C-ordered
+    (a copy that kept the view's strides made every frame comparison of a frame-stacked
+    ``add`` strided: 1.6x SB3's fill time) and equal to SB3's stored stacks."""
+    venv = frame_stacked_env(1, True)   # channels last: [1, 5, 5, 4]
+    ours = ZarrReplayBuffer(8, venv.observation_space, venv.action_space, "cpu",
+                            path=tmp_path / "b", frame_stack_axis=-1)
+    for obs, *_ in steps(venv, 3):
+        view = np.ascontiguousarray(np.moveaxis(obs, -1, 1))   # [1, 4, 5, 5] in memory
+        transposed = np.moveaxis(view, 1, -1)                   # a [1, 5, 5, 4] view of it
+        assert not transposed.flags.c_contiguous
+        rows = ours._layout.obs_rows(transposed, "obs")
+        assert rows["obs"].flags.c_contiguous
+        np.testing.assert_array_equal(rows["obs"], obs)
+    ours.close()

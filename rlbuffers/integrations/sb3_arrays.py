@@ -33,8 +33,8 @@ class DonesArray(np.ndarray):
     """SB3's ``dones`` (float32 ``[buffer_size, n_envs]``, a copy); assigning nonzero values
     marks those steps done in the buffer (see :meth:`ArrayViews.mark_done`).
 
-    Raises (on assignment):
-        ValueError: an assignment that clears a stored episode end (stored steps keep theirs).
+    Raises:
+        ValueError: (on assignment) clearing a stored episode end (stored steps keep theirs).
     """
 
     _owner: Any = None

@@ -205,7 +205,8 @@ class _ZarrBuffer(Sampling, ArrayViews, PointerPickling, SB3ReplayBuffer):
         """
         self._buffer()
         n, layout = self.n_envs, self._layout
-        done = np.broadcast_to(np.array(done, dtype=np.float32), (n,))
+        done, given = np.empty(n, dtype=np.float32), done
+        done[...] = given  # numpy assignment semantics, as SB3's ``self.dones[self.pos] = ``
         if not ((done == 0.0) | (done == 1.0)).all():
             raise FieldError(f"done: expected 0/1 (or bool) values, got {done.tolist()}")
         timeout = np.zeros(n, dtype=bool)

@@ -74,6 +74,15 @@ def field_name(prefix: str, key: str) -> str:
     return f"{prefix}.{key}" if key else prefix
 
 
+def _equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit equality of two uint views of one shape (bytes compared with ``memcmp`` when
+    both are contiguous, as one environment's stacks are: ~2 us for 21 KB against ~10 for
+    ``(a != b).any()``)."""
+    if a.flags.c_contiguous and b.flags.c_contiguous:
+        return a.tobytes() == b.tobytes()
+    return not bool((a != b).any())
+
+
 @dataclass(frozen=True)
 class Layout:
     """The rlbuffers fields of one SB3 buffer and the rows of one step.
@@ -229,10 +238,10 @@ class Layout:
         if bool(previous["done"][0]):
             return True
         f, p = self._frames(row["obs"]), self._frames(previous["obs"])
-        if (f[:, :-1] != p[:, 1:]).any():
+        if not _equal(f[:, :-1], p[:, 1:]):
             return False
-        return "next_obs" not in previous or bool(
-            (f[:, -1] == self._frames(previous["next_obs"])[:, -1]).all())
+        return "next_obs" not in previous or _equal(
+            f[:, -1], self._frames(previous["next_obs"])[:, -1])
 
     def check_step(self, step: dict[str, np.ndarray], staged: list[dict[str, np.ndarray]],
                    rb: ReplayBuffer) -> None:
