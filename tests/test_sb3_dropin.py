@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import os
-import pickle
 import random
 import zipfile
 
@@ -182,14 +181,18 @@ def test_deepcopy_refuses_in_one_line(tmp_path):
     buf.close()
 
 
-def test_pickling_a_buffer_that_load_left_alone_refuses(tmp_path):
+def test_save_replay_buffer_of_a_loaded_model_points_at_the_last_commit(tmp_path):
+    """What ``Model.load`` built over an existing buffer holds nothing; saving it writes a
+    pointer to that buffer's last commit and changes nothing there."""
     model = dqn(tmp_path)
     model.learn(60, callback=CommitCallback(60, tmp_path / "ckpt"))
     model.replay_buffer.close()
     loaded = DQN.load(tmp_path / "ckpt" / "model_60.zip", device="cpu")
-    with pytest.raises(TypeError, match="resume"):
-        pickle.dumps(loaded.replay_buffer)
+    loaded.save_replay_buffer(tmp_path / "replay.pkl")
     assert stored(tmp_path / "buffer") == (60, 1)
+    loaded.load_replay_buffer(tmp_path / "replay.pkl")
+    assert (loaded.replay_buffer.size(), loaded.replay_buffer.pos) == (60, 60)
+    loaded.replay_buffer.close()
 
 
 # -- B4: SB3's arrays -----------------------------------------------------------------------------

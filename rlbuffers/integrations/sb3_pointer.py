@@ -4,7 +4,8 @@ mean for a buffer on disk.
 - **Pickling is a pointer.** SB3's ``model.save_replay_buffer(path)`` pickles the buffer into
   ``path``. A :class:`~rlbuffers.integrations.sb3.ZarrReplayBuffer` pickles as a pointer of a
   few hundred bytes: it commits the buffer first, then the pickle holds the buffer's
-  directory, that commit's number, the spaces and the constructor settings (:func:`pointer`).
+  directory, that commit's number, the spaces and the constructor settings (:func:`pointer`;
+  what ``Model.load`` built over an existing buffer points at its last commit, untouched).
   ``model.load_replay_buffer(path)`` unpickles it (:func:`reopen`): the buffer opened at that
   commit (it must still be the last one: ValueError otherwise). Only one writer can hold a
   buffer: an instance of this process that holds it (the model's previous buffer) is closed
@@ -76,16 +77,27 @@ def release(path: str | os.PathLike[str], why: str) -> None:
 
 
 def pointer(buffer: Any) -> dict[str, Any]:
-    """Commit ``buffer`` and return what reopens it at that commit (what it pickles as).
+    """Commit ``buffer`` and return what reopens it at that commit (what it pickles as). An
+    instance that holds nothing (``Model.load`` built it over an existing buffer, which it
+    left alone) points at that buffer's last commit, without writing anything.
 
     Raises:
-        FileExistsError: ``buffer`` was not created (``Model.load`` built it over an existing
-        buffer): use ``resume``. OSError: the commit failed (the last commit stays).
+        TypeError: another instance of this process took the buffer over. NotABufferError:
+        an instance that holds nothing finds no buffer at its path. OSError: the commit
+        failed (the last commit stays).
     """
-    buffer.commit()
-    rb = buffer.storage
-    return {"version": POINTER_VERSION, "class": type(buffer), "path": _key(rb.path),
-            "commit": int(rb.commit), "observation_space": buffer.observation_space,
+    if buffer._rb is None:
+        if buffer._gone is not None:
+            raise TypeError(f"pickle({type(buffer).__name__}): closed: {buffer._gone}; "
+                            "pickle the buffer that did it (e.g. model.replay_buffer)")
+        path = _key(buffer._path)
+        with ReplayBuffer.open(path, mode="r") as peek:
+            commit = int(peek.commit)
+    else:
+        buffer.commit()
+        path, commit = _key(buffer.storage.path), int(buffer.storage.commit)
+    return {"version": POINTER_VERSION, "class": type(buffer), "path": path,
+            "commit": commit, "observation_space": buffer.observation_space,
             "action_space": buffer.action_space, "device": str(buffer.device),
             "working_dir": buffer._working_dir, "write_batch": buffer._write_batch}
 
@@ -119,12 +131,6 @@ class PointerPickling:
     """Pickling (SB3's ``save_replay_buffer``) as a pointer; ``deepcopy`` / ``copy`` refuse."""
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
-        if getattr(self, "_rb", None) is None:
-            raise TypeError(
-                f"pickle({type(self).__name__}): this instance holds no buffer (SB3's "
-                "Model.load built it over an existing one, or another instance took it over), "
-                "so there is nothing to commit; continue from the last commit with "
-                "rlbuffers.integrations.sb3.resume(...) or ZarrReplayBuffer.open(...)")
         return reopen, (pointer(self),)
 
     def __deepcopy__(self, memo: Any) -> Any:
