@@ -26,7 +26,8 @@ def add_verify_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Check every chunk of the last commit (crc32c checksum, presence, size). "
         "With --repair, damaged chunks are rewritten, as a new commit, from the writer's "
         "working tier where it still holds their rows; do not run it while a writer has the "
-        "buffer open.")
+        "buffer open. Entries of PATH/readers/ that are not readers' leases (FIFOs, "
+        "directories, symlinks, leases naming no commit) are listed; --repair removes them.")
     p.add_argument("path", help="buffer directory or URL")
     p.add_argument("--repair", action="store_true", help="rewrite damaged chunks if possible")
     p.add_argument("--working-dir", default=None, metavar="DIR", help="the writer's working tier "

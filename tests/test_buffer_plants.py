@@ -9,6 +9,7 @@ commit it says it is at)."""
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import shutil
@@ -46,14 +47,20 @@ def _expect(buf: ReplayBuffer, total: int) -> None:
 
 @contextmanager
 def _alarm(seconds: int, what: str):
+    """Fail the block if it runs past ``seconds``: SIGALRM (which interrupts a blocking call
+    only if the kernel delivers it to the main thread, and zarr runs threads), backed by
+    faulthandler's watchdog thread, which dumps every thread and ends the process a little
+    later: a hang never hangs the suite."""
     def hung(signum, frame):
         raise TimeoutError(f"{what}: still running after {seconds} s (hung)")
 
     old = signal.signal(signal.SIGALRM, hung)
     signal.alarm(seconds)
+    faulthandler.dump_traceback_later(seconds + 15, exit=True)
     try:
         yield
     finally:
+        faulthandler.cancel_dump_traceback_later()
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
 

@@ -210,7 +210,7 @@ def test_symlinked_history_or_versions_are_not_written_through(tmp_path):
         shutil.move(path / name, outside)
         os.symlink(outside, path / name)
         before = _tree(outside)
-        with pytest.raises(UnsafePathError, match="outside"):
+        with pytest.raises(UnsafePathError, match="outside|is a symlink"):
             with ReplayBuffer.open(path) as buf:
                 buf.extend({"obs": np.ones((4, 3), np.float32), "done": np.zeros(4, bool)})
                 buf.save()

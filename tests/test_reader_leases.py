@@ -6,7 +6,6 @@ reads and 0 reclaimed (this used to be 1 of 1,154 reads with keep_commits=2)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -145,21 +144,6 @@ def test_no_reader_loses_its_commit_to_a_writer_saving_in_a_loop(tmp_path):
 
 # -- issue 44: what else may be in readers/, and forked children --------------------------
 
-@contextlib.contextmanager
-def _deadline(seconds: int, what: str):
-    """Fail (instead of hanging the suite) if the block runs longer than ``seconds``."""
-    def hung(signum, frame):
-        raise TimeoutError(f"{what}: still blocked after {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
-
 def _saved_buffer(path: Path) -> None:
     with ReplayBuffer.create(path, capacity=CAPACITY, fields=FIELDS, chunk_transitions=CHUNK,
                              keep_commits=1) as w:
@@ -175,17 +159,31 @@ def _write_and_save(path: Path) -> None:
 
 def test_fifos_in_readers_do_not_hang_the_writer(tmp_path):
     """L1: a FIFO named like a lease (or a stale temporary lease) hung every open(r+) and
-    save in the lease scan, with the writer lock held."""
+    save in the lease scan, with the writer lock held. The writer runs in a child process
+    with a timeout (a signal cannot be relied on to interrupt a blocked open in a process
+    with threads)."""
     path = tmp_path / "b"
     _saved_buffer(path)
     (path / "readers").mkdir(exist_ok=True)
     os.mkfifo(path / "readers" / "x.lease")
     os.mkfifo(path / "readers" / ".tmp-stale")
-    os.utime(path / "readers" / ".tmp-stale", (0, 0))  # older than the 60 s expiry
-    with _deadline(60, "open(r+) and save with FIFOs in readers/"):
-        _write_and_save(path)
-        with ReplayBuffer.open(path, mode="r") as ro:
+    os.utime(path / "readers" / ".tmp-stale", (0, 0), follow_symlinks=False)  # stale
+    child = _child(f"""
+        from pathlib import Path
+        from tests.test_reader_leases import _check, _write_and_save
+        from rlbuffers import ReplayBuffer
+        _write_and_save(Path({str(path)!r}))
+        with ReplayBuffer.open({str(path)!r}, mode="r") as ro:
             _check(ro)
+        print("done", flush=True)
+    """)
+    try:
+        out, err = child.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        raise AssertionError("open(r+) / save with FIFOs in readers/ hung") from None
+    assert out == "done\n", err
     assert (path / "readers" / "x.lease").exists()  # ignored, not deleted by the writer
 
 
