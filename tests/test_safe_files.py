@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 
 from rlbuffers.errors import UnsafePathError
 from rlbuffers.storage.safe_files import (
     append_inside,
     check_regular,
+    create_npy_inside,
     open_file_inside,
     open_inside,
+    open_npy_inside,
     parts_of,
+    remove_inside,
+    stat_inside,
     write_atomic_inside,
 )
 
@@ -164,3 +169,55 @@ def test_check_regular(root):
         check_regular(r / "p")
     with pytest.raises(FileNotFoundError):
         check_regular(r / "missing")
+
+
+def test_npy_maps_are_made_and_opened_without_following_symlinks(root):
+    r, outside = root
+    os.symlink(outside, r / "sub" / "a.npy")
+    create_npy_inside(r, "sub/a.npy", np.float32, (5, 3))  # replaces the symlink
+    assert outside.read_bytes() == b"precious" and not (r / "sub" / "a.npy").is_symlink()
+    m = open_npy_inside(r, "sub/a.npy", "r+")
+    assert m.shape == (5, 3) and m.dtype == np.float32 and not m.any()
+    m[2] = 7
+    m.flush()
+    del m
+    np.testing.assert_array_equal(np.load(r / "sub" / "a.npy")[2], [7, 7, 7])
+    os.remove(r / "sub" / "a.npy")
+    os.symlink(outside, r / "sub" / "a.npy")
+    with pytest.raises(UnsafePathError, match="a.npy: is a symlink"):
+        open_npy_inside(r, "sub/a.npy", "r")
+    os.remove(r / "sub" / "a.npy")
+    os.mkfifo(r / "sub" / "a.npy")
+    with pytest.raises(UnsafePathError, match="not a regular file"):
+        open_npy_inside(r, "sub/a.npy", "r")  # without blocking
+    np.save(r / "short.npy", np.zeros(4))
+    with open(r / "short.npy", "r+b") as f:
+        f.truncate(os.path.getsize(r / "short.npy") - 8)
+    with pytest.raises(ValueError, match="expected at least"):
+        open_npy_inside(r, "short.npy", "r")
+    (r / "junk.npy").write_bytes(b"not numpy")
+    with pytest.raises(ValueError):
+        open_npy_inside(r, "junk.npy", "r")
+
+
+def test_stat_and_remove_inside(root, tmp_path):
+    r, outside = root
+    (r / "sub" / "f").write_bytes(b"abc")
+    assert stat_inside(r, "sub/f").st_size == 3
+    os.symlink(r / "sub", r / "linkdir")
+    with pytest.raises(UnsafePathError, match="linkdir: is a symlink"):
+        stat_inside(r, "linkdir/f")
+    os.mkfifo(r / "p")
+    with pytest.raises(UnsafePathError, match="not a regular file"):
+        stat_inside(r, "p")
+    os.symlink(outside, r / "l")
+    for rel in ("l", "p", "sub", "missing", "linkdir"):
+        remove_inside(r, rel)
+    assert outside.read_bytes() == b"precious"
+    assert sorted(os.listdir(r)) == []
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "k").write_bytes(b"k")
+    (r / "d").mkdir()
+    os.symlink(tmp_path / "keep", r / "d" / "into")
+    remove_inside(r, "d")  # rmtree does not follow the symlink below it
+    assert (tmp_path / "keep" / "k").read_bytes() == b"k"
