@@ -230,14 +230,15 @@ def load_safetensors(path: str | os.PathLike[str], *, device: str = "cpu",
 
 
 @contextlib.contextmanager
-def restoring(path: str | os.PathLike[str], expected: str) -> Iterator[None]:
+def restoring(path: str | os.PathLike[str], expected: str, field: str = "state"
+              ) -> Iterator[None]:
     """Turn a failure to apply what was read from ``path`` (a state dict of the wrong keys
     or shapes, a missing key, a value of the wrong type) into one
     :class:`~rlbuffers.errors.CorruptCheckpointError` line naming ``path`` and ``expected``;
     rlbuffers' own errors pass unchanged.
 
     Raises:
-        CorruptCheckpointError: ``f"{path}: expected {expected}, got <error>"``.
+        CorruptCheckpointError: ``f"{path}: {field}: expected {expected}, got <error>"``.
     """
     try:
         yield
@@ -248,5 +249,5 @@ def restoring(path: str | os.PathLike[str], expected: str) -> Iterator[None]:
         if type(e).__name__ == "OutOfMemoryError":  # not the file's fault
             raise
         got = f"missing key {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
-        raise CorruptCheckpointError(one_line(f"{path}: state: expected {expected}, got {got}")
-                                     ) from None
+        raise CorruptCheckpointError(one_line(f"{path}: {field}: expected {expected}, got "
+                                              f"{got}")) from None

@@ -1,6 +1,9 @@
 """Bounded runs of the issue-32 fuzzers (``tools/fuzz``): the restricted unpickler, the tar
 reader and the stream state loader, each on its seeds (the malicious inputs of the issue)
-unmutated and on hypothesis-driven mutations of them. Only rlbuffers errors may escape, none
+unmutated and on hypothesis-driven mutations of them; and of the issue-44 resume fuzzer
+(``fuzz_resume``: a damaged GRPO run directory resumes or exits 2 with one line, never a
+traceback, a hang, the pickle's code or a write through a symlink) on hand-made damages and
+a few generated ones. Only rlbuffers errors may escape, none
 caused by MemoryError or RecursionError, nothing is written outside the target directory, and
 every input finishes within its alarm. ``python -m tools.fuzz.NAME --minutes 10`` runs the
 same properties for longer, under an address-space limit."""
@@ -13,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tools.fuzz import fuzz_pickle, fuzz_stream_state, fuzz_tar
+from tools.fuzz import fuzz_pickle, fuzz_resume, fuzz_stream_state, fuzz_tar
 from tools.fuzz.common import alarm
 
 TARGETS = {"pickle": (fuzz_pickle, 800), "tar": (fuzz_tar, 2000),
@@ -86,3 +89,44 @@ def test_fuzz_leases(tmp_path_factory, rng):
 
 
 _LEASES = None
+
+
+@pytest.fixture(scope="module")
+def resume_fuzz(tmp_path_factory):
+    from tests.heavy import require
+
+    require("reasoning_gym", "transformers", "tokenizers")
+    return fuzz_resume.Fuzz(tmp_path_factory.mktemp("resume"), trainers=("grpo",))
+
+
+#: Hand-made damages: the pickle payload past a recomputed checksum, a FIFO where a
+#: checkpoint file was, a truncated torch file with no checksums, a config field of another
+#: type, a symlinked config.json, a mutated state.json with matching checksums.
+RESUME_SEEDS = [
+    {"ops": [{"op": "payload", "file": "ckpt/step-1/rng.pt"}], "checksums": "recomputed"},
+    {"ops": [{"op": "payload", "file": "reference.pt"}], "checksums": "kept"},
+    {"ops": [{"op": "file", "file": "ckpt/step-1/state.json", "how": "fifo", "seed": 0}],
+     "checksums": "deleted"},
+    {"ops": [{"op": "file", "file": "ckpt/step-1/optimizer.pt", "how": "truncate", "seed": 1}],
+     "checksums": "deleted"},
+    {"ops": [{"op": "config", "how": "value", "key": "steps", "value": "abc", "seed": 0}],
+     "checksums": "kept"},
+    {"ops": [{"op": "file", "file": "config.json", "how": "symlink", "seed": 0}],
+     "checksums": "kept"},
+    {"ops": [{"op": "state", "seed": 3}], "checksums": "recomputed"},
+]
+
+
+def test_resume_seeds_hold_the_property(resume_fuzz):
+    import json
+
+    for case in RESUME_SEEDS:
+        _check(resume_fuzz, json.dumps({"trainer": "grpo", **case}).encode())
+    assert resume_fuzz.outcomes["refused"] >= 6, resume_fuzz.outcomes
+
+
+@settings(max_examples=6, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(rng=st.randoms(use_true_random=False))
+def test_fuzz_resume(resume_fuzz, rng):
+    _check(resume_fuzz, resume_fuzz.generate(rng))

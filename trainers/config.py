@@ -12,6 +12,7 @@ import ast
 import dataclasses
 import inspect
 import logging
+import math
 import os
 import sys
 import textwrap
@@ -178,6 +179,20 @@ def parse_config(cls: type[C], argv: list[str] | None, *, prog: str, description
     return cls(**{**saved, **given})
 
 
+def check_finite(cfg: Any) -> None:
+    """Every float setting of the dataclass ``cfg`` is finite (``nan`` and ``inf`` parse as
+    floats, from the command line or ``config.json``, and break arithmetic later).
+
+    Raises:
+        ConfigError: ``--flag: expected a finite number, got inf``.
+    """
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"--{f.name.replace('_', '-')}: expected a finite number, got "
+                              f"{value!r}")
+
+
 def saved_config(cls: type, path: Path) -> dict[str, Any]:
     """The fields of the dataclass ``cls`` saved in the run's ``config.json`` at ``path``
     (unknown keys dropped), each checked to have its field's type (a float field takes an
@@ -245,6 +260,7 @@ def start(cls: type[C], argv: list[str] | None, *, module: str, doc: str,
     cfg = parse_config(cls, argv, prog=f"python -m {module}", description=doc.split("\n\n")[0],
                        resumable=resumable)
     try:
+        check_finite(cfg)
         check(cfg)
     except ConfigError as e:  # on --resume the value may come from the run's config.json
         if not getattr(cfg, "resume", False):

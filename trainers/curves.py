@@ -32,6 +32,11 @@ def pyplot() -> Any:
     return plt
 
 
+def _number(value: Any) -> bool:
+    """Whether ``value`` is a real number a curve can draw (not a bool, None or a list)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 #: Line styles and markers by series, so lines that coincide stay visible (a dashed line over
 #: a solid one, different markers).
 STYLES = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"))
@@ -60,7 +65,7 @@ def plot_curve(path: Path, history: Sequence[dict[str, Any]], *, x: str, xlabel:
     low: dict[Any, float] = {}
     xs_all: set[float] = set()
     for i, s in enumerate(series):
-        pts = [(h[x], h[s.key]) for h in history if h.get(s.key) is not None and x in h]
+        pts = [(h[x], h[s.key]) for h in history if _number(h.get(s.key)) and _number(h.get(x))]
         if not pts:
             continue
         xs, ys = zip(*pts, strict=True)

@@ -4,7 +4,6 @@ curve function draws it."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +66,10 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     if not metrics.exists():
         hint = " (a buffer: give its run directory)" if (d / "manifest.json").exists() else ""
         raise FileNotFoundError(f"{d}: no metrics.jsonl, not a trainer's run directory{hint}")
-    from rlbuffers.safe_load import load_json, read_bytes
+    from rlbuffers.safe_load import load_json
+    from trainers.run_files import metrics_rows
 
-    text = read_bytes(metrics).decode("utf-8", "replace")  # a regular file, never a FIFO
-    history = [json.loads(line) for line in text.splitlines() if line.strip()]
+    history = metrics_rows(d)  # a regular file, never a FIFO; a bad line named
     if not history:
         raise ValueError(f"{metrics}: no rows yet (the first unit has not completed)")
     config = load_json(d / "config.json", dict) if (d / "config.json").exists() else {}

@@ -16,6 +16,11 @@ if TYPE_CHECKING:
     from trainers.common import Run
 
 
+#: The shape of ``MemoryMonitor.state_dict()`` (phase name -> 4 ints; saving -> int).
+MONITOR_STATE = {"phases": {"*": [0]}, "savings": {"*": 0}}
+#: The files of a ``TokenStore`` directory.
+TOKEN_STORE_FILES = ["meta.json", "offsets.bin", "tokens.bin"]
+
 #: (template type, check of the value, what is expected), first match wins.
 _SCALARS = ((bool, lambda v: isinstance(v, bool), "true or false"),
             (int, lambda v: type(v) is int, "an integer"),
@@ -30,7 +35,8 @@ def check_state(value: Any, template: Any, path: Path, field: str = "state") -> 
     ``template`` (the same state as a fresh trainer makes it): a dict holds every key of the
     template's (more are allowed) with values of the same shape, a list is a list (its items
     shaped like the template's first), an int an int, a float a number, a string a string
-    (``None`` in the template: anything).
+    (``None`` in the template: anything; a dict template ``{"*": t}``: every value shaped
+    like ``t``).
 
     Raises:
         rlbuffers.CorruptCheckpointError: ``<path>: <field.key...>: expected <type>, got
@@ -42,14 +48,23 @@ def check_state(value: Any, template: Any, path: Path, field: str = "state") -> 
                 _fail(path, field, expected, value)
             break
     if isinstance(template, dict):
-        for key, sub in template.items():
-            if key not in value:
-                raise CorruptCheckpointError(f"{path}: {field}.{key}: expected a value, got "
-                                             "nothing (missing)")
-            check_state(value[key], sub, path, f"{field}.{key}")
+        _check_items(value, template, path, field)
     elif isinstance(template, list | tuple) and template:
         for i, item in enumerate(value):
             check_state(item, template[0], path, f"{field}[{i}]")
+
+
+def _check_items(value: dict[str, Any], template: dict[str, Any], path: Path,
+                 field: str) -> None:
+    if list(template) == ["*"]:
+        for key, sub in value.items():
+            check_state(sub, template["*"], path, f"{field}.{key}")
+        return
+    for key, sub in template.items():
+        if key not in value:
+            raise CorruptCheckpointError(f"{path}: {field}.{key}: expected a value, got "
+                                         "nothing (missing)")
+        check_state(value[key], sub, path, f"{field}.{key}")
 
 
 def _fail(path: Path, field: str, expected: str, value: Any) -> NoReturn:
@@ -120,3 +135,61 @@ def check_optimizer(opt: Any) -> None:
                 if isinstance(value, torch.Tensor) and value.dim() and value.shape != p.shape:
                     raise ValueError(f"{key} of shape {tuple(value.shape)} for a parameter "
                                      f"of shape {tuple(p.shape)}")
+
+
+def open_token_store(directory: Path, vocab_size: int) -> Any:
+    """The ``TokenStore`` at ``directory`` (the run's tokenized prompts), checked: its files
+    regular, its ``meta.json`` a JSON object, its sequences covering its tokens exactly and
+    every token id below ``vocab_size`` (a damaged store would fail only inside the model).
+
+    Raises:
+        rlbuffers.safe_load.RunFileError: a file is missing, not a regular file, or
+            ``meta.json`` is not a JSON object.
+        rlbuffers.CorruptCheckpointError: the store does not hold what it says (one line).
+    """
+    from rlbuffers.safe_load import load_json, restoring
+    from rlbuffers.stream.token_store import TokenStore
+
+    check_regular_files(directory, TOKEN_STORE_FILES)
+    load_json(directory / "meta.json", dict)
+    expected = f"token sequences of ids below {vocab_size}"
+    with restoring(directory, expected, field="token store"):
+        store = TokenStore(directory)
+        total = 0
+        for seq in store:
+            total += len(seq)
+            if len(seq) and not 0 <= int(seq.min()) <= int(seq.max()) < vocab_size:
+                raise ValueError(f"a token id out of range [{int(seq.min())}, "
+                                 f"{int(seq.max())}]")
+        if total != store.num_tokens:
+            raise ValueError(f"sequences of {total} tokens in all, meta.json says "
+                             f"{store.num_tokens}")
+    return store
+
+
+def metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """The rows of ``run_dir/metrics.jsonl`` (none when it is missing; blank lines skipped),
+    read as a regular file (never through a symlink, never waiting on a FIFO).
+
+    Raises:
+        rlbuffers.safe_load.RunFileError: it is not a regular file or a line is not a JSON
+            object.
+    """
+    import json
+
+    from rlbuffers.safe_load import read_bytes
+
+    path = run_dir / "metrics.jsonl"
+    if not os.path.lexists(path):
+        return []
+    rows = []
+    for i, line in enumerate(read_bytes(path).decode("utf-8", "replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise RunFileError(path, f"line {i}", "a JSON object", e.msg) from None
+        if not isinstance(rows[-1], dict):
+            raise RunFileError(path, f"line {i}", "a JSON object", repr(rows[-1])[:60])
+    return rows

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -47,36 +46,13 @@ from trainers.crsp.rollout import verdict_logprobs
 from trainers.llm.evaluation import HELD_OUT_SEED, held_out, task_correct
 from trainers.llm.generation import generate
 from trainers.llm.tasks import extract_answer, task_problems, wilson
+from trainers.run_files import metrics_rows
 
 
 def proportion(k: float, n: int) -> dict[str, Any]:
     """``k`` of ``n`` with its 95% Wilson interval (plain data)."""
     lo, hi = wilson(k, n) if n else (0.0, 0.0)
     return {"k": k, "n": n, "rate": k / n if n else 0.0, "wilson95": [lo, hi]}
-
-
-def metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
-    """The rows of ``run_dir/metrics.jsonl`` (none when it is missing), read as a regular
-    file (never through a symlink, never waiting on a FIFO).
-
-    Raises:
-        rlbuffers.safe_load.RunFileError: it is not a regular file or a line is not a JSON
-            object.
-    """
-    from rlbuffers.safe_load import RunFileError, read_bytes
-
-    path = run_dir / "metrics.jsonl"
-    if not os.path.lexists(path):
-        return []
-    rows = []
-    for i, line in enumerate(read_bytes(path).decode("utf-8", "replace").splitlines(), 1):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise RunFileError(path, f"line {i}", "a JSON object", e.msg) from None
-        if not isinstance(rows[-1], dict):
-            raise RunFileError(path, f"line {i}", "a JSON object", repr(rows[-1])[:60])
-    return rows
 
 
 def proposals(run_dir: Path, tok: Any) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ from rlbuffers.errors import CorruptCheckpointError
 from rlbuffers.memory import MemoryMonitor
 from rlbuffers.safe_load import load_safetensors, load_torch, restoring
 from trainers.common import Run, load_rng
-from trainers.run_files import check_optimizer, check_state, check_unit
+from trainers.run_files import MONITOR_STATE, check_optimizer, check_state, check_unit
 
 if TYPE_CHECKING:
     from trainers.crsp.train import Trainer
@@ -35,7 +35,7 @@ def load_checkpoint(t: Trainer, run: Run, monitor: MemoryMonitor) -> None:
             check_optimizer(t.opts[r])
     load_rng(ckpt / "rng.pt", t.rng)
     state, path = run.load_state(), ckpt / "state.json"
-    fresh = {**t.state_dict(), "monitor": monitor.state_dict()}
+    fresh = {**t.state_dict(), "monitor": MONITOR_STATE}
     check_state(state, fresh, path)
     check_unit(state["trainer"], run, path)
     for key in ("capacity", "num_perm", "seed"):  # set by the run's config

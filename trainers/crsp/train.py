@@ -82,7 +82,7 @@ from trainers.llm.policy_loss import clip_and_step
 from trainers.llm.settings import parse_budget
 from trainers.llm.tasks import task_problems
 from trainers.phases import Phases
-from trainers.run_files import check_regular_files
+from trainers.run_files import open_token_store
 from trainers.summary import finish
 
 log = logging.getLogger("trainers.crsp")
@@ -339,8 +339,7 @@ def main(argv: list[str] | None = None) -> None:
     train_threads = cfg.train_threads or os.cpu_count() or 1
     torch.set_num_threads(train_threads)
     t, run, monitor = setup(cfg, device, rank, world)
-    check_regular_files(run.dir / "seeds", ["meta.json", "offsets.bin", "tokens.bin"])
-    store = TokenStore(run.dir / "seeds")
+    store = open_token_store(run.dir / "seeds", len(t.tok))
     usable = usable_seeds(store, cfg.max_prompt_tokens, cfg.seeds_per_step)
     log.info("seed prompts: %d of %d fit --max-prompt-tokens %d", len(usable), len(store),
              cfg.max_prompt_tokens)

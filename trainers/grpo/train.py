@@ -60,7 +60,6 @@ from rlbuffers.memory.placement import PlacementPlan
 from rlbuffers.memory.process import reuse_heap
 from rlbuffers.memory.reference import reference_bytes_saved
 from rlbuffers.safe_load import load_torch, restoring
-from rlbuffers.stream.token_store import TokenStore
 from trainers.common import Run, load_rng, open_run, rng_states, write_atomic
 from trainers.config import evaluated, start
 from trainers.curves import Series, plot_curve
@@ -85,7 +84,13 @@ from trainers.llm.prompts import next_prompts, prompt_store
 from trainers.llm.settings import Sampling, parse_budget
 from trainers.llm.tasks import task_problems
 from trainers.phases import Phases
-from trainers.run_files import check_optimizer, check_regular_files, check_state, check_unit
+from trainers.run_files import (
+    MONITOR_STATE,
+    check_optimizer,
+    check_state,
+    check_unit,
+    open_token_store,
+)
 from trainers.summary import finish, write_eval
 
 MIB = 2**20
@@ -135,8 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     evals["held_out"] = sets.report
     if lora:
         monitor.record_saving("shared_reference", reference_bytes_saved(model))
-    check_regular_files(run.dir / "prompts", ["meta.json", "offsets.bin", "tokens.bin"])
-    store = TokenStore(run.dir / "prompts")
+    store = open_token_store(run.dir / "prompts", len(tok))
     g = cfg.group_size
 
     # ----- the loop: generate, score, reference, update (mu iterations), buffer, commit -----
@@ -280,7 +284,7 @@ def restore(run: Run, model: Any, lora: bool, opt: torch.optim.Optimizer,
     state = run.load_state()
     fresh = {"trainer": {"step": 0, "groups": 0, "data": {"epoch": 0, "position": 0},
                          "eval": {"points": []}},
-             "micro_batch": amb.state_dict(), "monitor": monitor.state_dict()}
+             "micro_batch": amb.state_dict(), "monitor": MONITOR_STATE}
     check_state(state, fresh, ckpt / "state.json")
     check_unit(state["trainer"], run, ckpt / "state.json")
     with restoring(ckpt / "state.json", "the state a GRPO step saves"):

