@@ -52,32 +52,10 @@ from rlbuffers.integrations.sb3_buffer import (  # noqa: E402
 from rlbuffers.integrations.sb3_layout import Layout  # noqa: E402
 from rlbuffers.spec import FieldSpec  # noqa: E402
 
-__all__ = ["HER_ARGUMENTS", "ZarrHerReplayBuffer", "check_committable", "refuse_arguments"]
+__all__ = ["ZarrHerReplayBuffer", "check_committable"]
 
 #: The committed HER arguments while ``ZarrHerReplayBuffer.open`` runs (``_setup`` reads them).
 _OPENING: ContextVar[dict[str, Any] | None] = ContextVar("her_opening", default=None)
-
-#: The constructor arguments that SB3's ``HerReplayBuffer`` adds to ``DictReplayBuffer``'s.
-HER_ARGUMENTS = ("env", "n_sampled_goal", "goal_selection_strategy", "copy_info_dict")
-
-
-def refuse_arguments(cls_name: str, kwargs: dict[str, Any]) -> None:
-    """Raise the one-line TypeError for keyword arguments ``cls_name`` does not take, naming
-    :class:`ZarrHerReplayBuffer` when they are HER's (``ZarrDictReplayBuffer(...,
-    n_sampled_goal=4)``). Does nothing for no arguments.
-
-    Raises:
-        TypeError: ``kwargs`` is not empty.
-    """
-    if not kwargs:
-        return
-    her = [k for k in kwargs if k in HER_ARGUMENTS]
-    if her:
-        raise TypeError(f"{', '.join(her)}: {cls_name} takes no HerReplayBuffer arguments; for "
-                        "HER on disk use replay_buffer_class=ZarrHerReplayBuffer "
-                        "(rlbuffers.integrations.sb3), same replay_buffer_kwargs")
-    raise TypeError(f"{cls_name}: unexpected keyword arguments {sorted(kwargs)}")
-
 
 def check_committable(buffer: Any) -> None:
     """Refuse, when ``CommitCallback`` starts, SB3's in-RAM ``HerReplayBuffer``.
