@@ -24,7 +24,7 @@ import os
 import warnings
 from contextvars import ContextVar
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, cast
 
 from rlbuffers.integrations import require
 
@@ -221,7 +221,8 @@ class ZarrHerReplayBuffer(ZarrDictReplayBuffer, HerReplayBuffer):
             FileExistsError: see ``storage``.
         """
         self._buffer()
-        n, layout, bs, pos = self.n_envs, self._layout, self.buffer_size, self.pos
+        n, bs, pos = self.n_envs, self.buffer_size, self.pos
+        layout = cast(HerLayout, self._layout)
         done = np.broadcast_to(np.array(done, dtype=np.float32), (n,))
         if not np.isin(done, (0.0, 1.0)).all():
             raise FieldError(f"done: expected 0/1 (or bool) values, got {done.tolist()}")
@@ -243,10 +244,10 @@ class ZarrHerReplayBuffer(ZarrDictReplayBuffer, HerReplayBuffer):
         self._staged.append(step)
         if len(self._staged) >= self._write_batch:
             self._flush()
-        self.pos = (pos + 1) % bs
+        self.pos = int(pos + 1) % bs
         self.full = self.full or self.pos == 0
-        for e in np.flatnonzero(done):
-            self._end_episode(int(e))
+        for ended in np.flatnonzero(done):
+            self._end_episode(int(ended))
         self._valid = None
 
     def _end_episode(self, env: int) -> None:
