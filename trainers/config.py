@@ -14,6 +14,7 @@ import inspect
 import logging
 import math
 import os
+import re
 import sys
 import textwrap
 from collections.abc import Callable, Mapping
@@ -129,6 +130,10 @@ def check_rules(c: Any, rules: Mapping[str, tuple[bool, str]]) -> None:
         if not ok:
             raise ConfigError(f"--{name.replace('_', '-')}: expected {expected}, got "
                              f"{getattr(c, name)!r}")
+
+
+#: ``--ray-address`` values: none, ``auto``, ``local``, or ``[ray://]host:port``.
+RAY_ADDRESS = re.compile(r"(|auto|local|((ray|https?)://)?[^\s/]+:\d+)")
 
 
 def check_run(c: RunConfig) -> None:

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from trainers.common import Run
 
 
-#: The shape of ``MemoryMonitor.state_dict()`` (phase name -> 4 ints; saving -> int).
-MONITOR_STATE = {"phases": {"*": [0]}, "savings": {"*": 0}}
+#: The shape of ``MemoryMonitor.state_dict()`` (phase name -> 4 numbers; saving -> a number).
+MONITOR_STATE = {"phases": {"*": [0.0]}, "savings": {"*": 0.0}}
 #: The files of a ``TokenStore`` directory.
 TOKEN_STORE_FILES = ["meta.json", "offsets.bin", "tokens.bin"]
 
@@ -34,7 +34,8 @@ def check_state(value: Any, template: Any, path: Path, field: str = "state") -> 
     """Check that ``value`` (read back from the checkpoint file ``path``) has the shape of
     ``template`` (the same state as a fresh trainer makes it): a dict holds every key of the
     template's (more are allowed) with values of the same shape, a list is a list (its items
-    shaped like the template's first), an int an int, a float a number, a string a string
+    shaped like the template's first), an int an int (>= 0 where the template's is: counters
+    and sizes), a float a number, a string a string
     (``None`` in the template: anything; a dict template ``{"*": t}``: every value shaped
     like ``t``).
 
@@ -47,6 +48,8 @@ def check_state(value: Any, template: Any, path: Path, field: str = "state") -> 
             if not ok(value):
                 _fail(path, field, expected, value)
             break
+    if type(template) is int and template >= 0 and value < 0:
+        _fail(path, field, "an integer >= 0", value)
     if isinstance(template, dict):
         _check_items(value, template, path, field)
     elif isinstance(template, list | tuple) and template:

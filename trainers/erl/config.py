@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainers.config import RUN_RESUMABLE, RunConfig, check_rules, check_run
+from trainers.config import RAY_ADDRESS, RUN_RESUMABLE, RunConfig, check_rules, check_run
 
 #: Values of ``--rollout-backend`` ('': chosen from ``--workers`` and ``--ray-address``).
 BACKENDS = ("", "inprocess", "ray")
@@ -104,6 +104,8 @@ def check_config(c: Config) -> None:
         return 0 <= x <= 1, "in [0, 1]"
 
     check_rules(c, {
+        "ray_address": (RAY_ADDRESS.fullmatch(c.ray_address) is not None,
+                        "'', 'auto', 'local' or [ray://]host:port"),
         "generations": (c.generations >= 0, ">= 0"),
         "max_episode_steps": (c.max_episode_steps >= 1, ">= 1"),
         "pop_size": (c.pop_size >= 1, ">= 1"),

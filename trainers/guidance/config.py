@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from trainers.config import check_rules
+from trainers.config import RAY_ADDRESS, check_rules
 from trainers.llm.config import LLM_RESUMABLE, LLMConfig, check_llm
 from trainers.llm.settings import Sampling
 
@@ -133,6 +133,8 @@ def check_config(c: Config) -> None:
     check_rules(c, {name: (getattr(c, name) == getattr(base, name),
                            f"{getattr(base, name)!r} ({why})") for name, why in UNUSED.items()})
     check_rules(c, {
+        "ray_address": (RAY_ADDRESS.fullmatch(c.ray_address) is not None,
+                        "'', 'auto', 'local' or [ray://]host:port"),
         "iterations": (c.iterations >= 1, ">= 1"),
         "episodes_per_iteration": (c.episodes_per_iteration >= 1, ">= 1"),
         "episodes_per_job": (c.episodes_per_job >= 1, ">= 1"),
