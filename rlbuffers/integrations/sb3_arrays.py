@@ -20,11 +20,18 @@ done for sampling; the marks are kept by ``commit``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rlbuffers.integrations.sb3_layout import field_name
+from rlbuffers.integrations.sb3_layout import Layout, field_name
+
+if TYPE_CHECKING:
+    from stable_baselines3.common.buffers import ReplayBuffer as _Base
+
+    from rlbuffers.buffer import ReplayBuffer
+else:
+    _Base = object
 
 __all__ = ["ArrayViews", "DonesArray"]
 
@@ -49,30 +56,38 @@ class DonesArray(np.ndarray):
         super().__setitem__(key, value)
 
 
-class ArrayViews:
+class ArrayViews(_Base):
     """The SB3 array attributes of ``_ZarrBuffer`` (a mixin: it uses ``_layout``,
     ``storage``, ``pos``, ``buffer_size``, ``n_envs``, ``_forced``)."""
 
-    _forced: set[tuple[int, int]]
+    if TYPE_CHECKING:
+        _layout: Layout
+        _staged: list[dict[str, np.ndarray]]
+        _forced: set[tuple[int, int]]
+
+        def _buffer(self) -> ReplayBuffer: ...
+
+        @property
+        def storage(self) -> ReplayBuffer: ...
 
     # -- helpers ----------------------------------------------------------------------------
     def _column(self, name: str) -> np.ndarray:
         """Field ``name`` of the working tier as SB3's ``[buffer_size, n_envs, *shape]``
         (read-only: a view when SB3's ``pos`` counts the steps added, else a rolled copy)."""
-        rb: Any = self.storage  # type: ignore[attr-defined]
+        rb: Any = self.storage
         view = rb._storage.working.columns[name].view.view(np.ndarray)
-        bs, n = self.buffer_size, self.n_envs  # type: ignore[attr-defined]
-        per_step = self._layout.rows_per_step  # type: ignore[attr-defined]
-        stacked = self._layout.stack_axis is not None  # type: ignore[attr-defined]
+        bs, n = self.buffer_size, self.n_envs
+        per_step = self._layout.rows_per_step
+        stacked = self._layout.stack_axis is not None
         arr = view.reshape((bs, n, *view.shape[2 if stacked else 1:]))
-        shift = (rb.total_added // per_step - self.pos) % bs  # type: ignore[attr-defined]
+        shift = (rb.total_added // per_step - self.pos) % bs
         if shift:
             arr = np.roll(arr, -shift, axis=0)
         arr.flags.writeable = False
         return arr
 
     def _obs_column(self, prefix: str, attribute: str) -> Any:
-        layout = self._layout  # type: ignore[attr-defined]
+        layout = self._layout
         if layout.stack_axis is not None:
             raise AttributeError(
                 f"{attribute}: {type(self).__name__}(frame_stack_axis={layout.stack_axis}) "
@@ -86,7 +101,7 @@ class ArrayViews:
 
     # -- SB3's arrays ---------------------------------------------------------------------------
     @property
-    def observations(self) -> Any:
+    def observations(self) -> Any:  # type: ignore[override]
         """``[buffer_size, n_envs, *obs_shape]`` read-only (Dict: per key); with
         ``optimize_memory_usage`` step ``t + 1``'s observation is step ``t``'s next one.
 
@@ -96,37 +111,37 @@ class ArrayViews:
         return self._obs_column("obs", "observations")
 
     @property
-    def next_observations(self) -> Any:
+    def next_observations(self) -> Any:  # type: ignore[override]
         """``[buffer_size, n_envs, *obs_shape]`` read-only (Dict: per key).
 
         Raises:
             AttributeError: ``optimize_memory_usage`` (SB3 has no such array then: read
             ``observations``), or frame-stacked storage (use ``sample``).
         """
-        if self.optimize_memory_usage:  # type: ignore[attr-defined]
+        if self.optimize_memory_usage:
             raise AttributeError(
                 "next_observations: with optimize_memory_usage=True there is no such array "
                 "(as in SB3): step t's next observation is observations[t + 1]")
         return self._obs_column("next_obs", "next_observations")
 
     @property
-    def actions(self) -> np.ndarray:
+    def actions(self) -> np.ndarray:  # type: ignore[override]
         """``[buffer_size, n_envs, action_dim]`` read-only, SB3's action dtype."""
         return self._column("action")
 
     @property
-    def rewards(self) -> np.ndarray:
+    def rewards(self) -> np.ndarray:  # type: ignore[override]
         """float32 ``[buffer_size, n_envs]`` read-only."""
         return self._column("reward")
 
     def _flags(self) -> tuple[np.ndarray, np.ndarray]:
-        stacked = self._layout.stack_axis is not None  # type: ignore[attr-defined]
+        stacked = self._layout.stack_axis is not None
         terminated = self._column("env_terminated" if stacked else "terminated")
         truncated = self._column("env_truncated" if stacked else "truncated")
         return terminated, truncated
 
     @property
-    def timeouts(self) -> np.ndarray:
+    def timeouts(self) -> np.ndarray:  # type: ignore[override]
         """float32 ``[buffer_size, n_envs]`` (a read-only copy): 1 where a handled timeout
         (``info["TimeLimit.truncated"]``) ended the episode."""
         out = self._flags()[1].astype(np.float32)
@@ -148,13 +163,13 @@ class ArrayViews:
     # -- marks of steps done in place ---------------------------------------------------------
     def _step_ids(self, batch_inds: np.ndarray) -> np.ndarray:
         """Step ids (0 = the first step ever added) of SB3 indices ``batch_inds``."""
-        rb_rows = len(self._staged) * self._layout.rows_per_step  # type: ignore[attr-defined]
-        total = (self._buffer().total_added + rb_rows) // self._layout.rows_per_step  # type: ignore[attr-defined]
-        age = (self.pos - 1 - np.asarray(batch_inds, dtype=np.int64)) % self.buffer_size  # type: ignore[attr-defined]
+        rb_rows = len(self._staged) * self._layout.rows_per_step
+        total = (self._buffer().total_added + rb_rows) // self._layout.rows_per_step
+        age = (self.pos - 1 - np.asarray(batch_inds, dtype=np.int64)) % self.buffer_size
         return total - 1 - age
 
     def _forced_mask(self) -> np.ndarray:
-        bs, n = self.buffer_size, self.n_envs  # type: ignore[attr-defined]
+        bs, n = self.buffer_size, self.n_envs
         mask = np.zeros((bs, n), dtype=bool)
         if self._forced:
             ids = self._step_ids(np.arange(bs))
@@ -178,7 +193,7 @@ class ArrayViews:
             ValueError: ``after`` clears a stored episode end.
         """
         terminated, truncated = self._flags()
-        ids = self._step_ids(np.arange(self.buffer_size))  # type: ignore[attr-defined]
+        ids = self._step_ids(np.arange(self.buffer_size))
         for t, e in zip(*np.nonzero(before & ~after), strict=True):
             if (terminated[t, e] or truncated[t, e]) or (int(ids[t]), int(e)) not in \
                     self._forced:
@@ -193,7 +208,7 @@ class ArrayViews:
         """The marks of steps still stored, as JSON (``[[step, env], ...]``)."""
         if not self._forced:
             return []
-        oldest = int(self._step_ids(np.array([self.pos]))[0])  # type: ignore[attr-defined]
-        if not self.full:  # type: ignore[attr-defined]
+        oldest = int(self._step_ids(np.array([self.pos]))[0])
+        if not self.full:
             oldest = int(self._step_ids(np.array([0]))[0])
         return sorted([s, e] for s, e in self._forced if s >= oldest)

@@ -71,6 +71,7 @@ class _ZarrBuffer(Sampling, ArrayViews, PointerPickling, SB3ReplayBuffer):
     latter's MRO, so its methods replace SB3's)."""
 
     _dict_obs: bool = False
+    _rb: ReplayBuffer | None  # None: not created (Model.load over a buffer) or handed over
 
     def __init__(
         self,
@@ -91,8 +92,9 @@ class _ZarrBuffer(Sampling, ArrayViews, PointerPickling, SB3ReplayBuffer):
         frame_stack_axis: int | None = None,
         **unknown: Any,
     ) -> None:
-        from rlbuffers.integrations.sb3_her import refuse_arguments  # HER's: names ZarrHer*
-        refuse_arguments(type(self).__name__, unknown)
+        if unknown:  # one line, naming the class that takes HER's arguments
+            raise TypeError(f"{sorted(unknown)}: {type(self).__name__} takes no such arguments"
+                            " (HER's n_sampled_goal, goal_selection_strategy: ZarrHerReplayBuffer)")
         self._setup(buffer_size, observation_space, action_space, device, n_envs,
                     optimize_memory_usage, handle_timeout_termination, write_batch,
                     frame_stack_axis)
@@ -106,7 +108,7 @@ class _ZarrBuffer(Sampling, ArrayViews, PointerPickling, SB3ReplayBuffer):
                      "from saved kwargs, and loading never wipes a buffer", path)
             overwrite = False
         try:
-            self._rb: ReplayBuffer | None = ReplayBuffer.create(
+            self._rb = ReplayBuffer.create(
                 path, capacity=self.buffer_size * self._layout.rows_per_step,
                 fields=self._layout.fields(), next_of=self._layout.next_of,
                 chunk_transitions=chunk_transitions, codec=codec, seed=0,
@@ -149,7 +151,7 @@ class _ZarrBuffer(Sampling, ArrayViews, PointerPickling, SB3ReplayBuffer):
         self._staged: list[dict[str, np.ndarray]] = []
         self._forced: set[tuple[int, int]] = set()  # (step id, env) marked done in place
         self._gone: str | None = None  # why another instance took the buffer over
-        self._rb: ReplayBuffer | None = None
+        self._rb = None
         step_bytes = self.n_envs // self._layout.rows_per_step * sum(
             math.prod(cast(tuple[int, ...], s.shape)) * np.dtype(s.dtype).itemsize
             for s in self._layout.user_fields().values())
@@ -326,9 +328,19 @@ class ZarrReplayBuffer(_ZarrBuffer):
         buffer_size, observation_space, action_space, device, n_envs, optimize_memory_usage,
             handle_timeout_termination: as SB3's ``ReplayBuffer``.
         path: directory of the rlbuffers buffer (created; see ``overwrite``).
-        overwrite: replace a buffer at ``path``. Without it an existing ``path`` is left
-            untouched and this instance stays unused (``add`` raises FileExistsError): that
-            is what ``Model.load`` builds; continue with :meth:`open` or ``resume``.
+        overwrite: replace a buffer at ``path``; ignored inside SB3's ``Model.load``
+            (loading never wipes a buffer), and removed from the model's
+            ``replay_buffer_kwargs`` so that no saved zip carries it. Without it an existing
+            ``path`` is left untouched and this instance stays unused (``add`` raises
+            FileExistsError): that is what ``Model.load`` builds; continue with
+            :meth:`open` or ``resume``.
+
+    SB3's arrays (``observations``, ``next_observations``, ``actions``, ``rewards``:
+    read-only views ``[buffer_size, n_envs, *shape]`` of the working tier; ``dones``,
+    ``timeouts``: float32 copies, ``dones[i] = True`` marks step ``i`` done):
+    :mod:`rlbuffers.integrations.sb3_arrays`. Pickling (SB3's ``save_replay_buffer``)
+    commits and pickles a pointer that ``load_replay_buffer`` reopens; ``deepcopy``
+    refuses: :mod:`rlbuffers.integrations.sb3_pointer`.
         chunk_transitions, codec, working_dir: as ``rlbuffers.ReplayBuffer.create``.
         write_batch: steps that ``add`` stages in RAM before appending them in one
             ``extend`` (>= 1; None: up to 64 steps and ~4 MiB). Staged steps are sampled
@@ -354,7 +366,7 @@ class ZarrReplayBuffer(_ZarrBuffer):
     """
 
 
-class ZarrDictReplayBuffer(_ZarrBuffer, DictReplayBuffer):
+class ZarrDictReplayBuffer(_ZarrBuffer, DictReplayBuffer):  # type: ignore[misc,override]
     """SB3's ``DictReplayBuffer`` with the transitions on disk; arguments as
     :class:`ZarrReplayBuffer` (``optimize_memory_usage`` is refused, as by SB3)."""
 

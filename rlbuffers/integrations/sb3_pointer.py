@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import sys
 import weakref
+from types import FrameType
 from typing import Any
 
 from stable_baselines3.common.base_class import BaseAlgorithm
@@ -46,7 +47,8 @@ def sb3_context(max_depth: int = 40) -> tuple[Any, bool]:
     """``(model, loading)``: the SB3 model whose ``_setup_model`` is building the replay buffer
     (None when the buffer is built directly, e.g. CleanRL), and whether that runs inside
     ``BaseAlgorithm.load`` (a rebuild from a saved zip). Walks at most ``max_depth`` frames."""
-    frame, model, loading = sys._getframe(1), None, False
+    frame: FrameType | None = sys._getframe(1)
+    model, loading = None, False
     for _ in range(max_depth):
         if frame is None:
             break

@@ -9,20 +9,38 @@ empty ring) reads as zeros, as SB3's ``np.zeros`` arrays do.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from stable_baselines3.common.type_aliases import DictReplayBufferSamples, ReplayBufferSamples
 from stable_baselines3.common.vec_env import VecNormalize
 
-from rlbuffers.integrations.sb3_layout import field_name
+from rlbuffers.integrations.sb3_layout import Layout, field_name
+
+if TYPE_CHECKING:
+    from stable_baselines3.common.buffers import ReplayBuffer as _Base
+
+    from rlbuffers.buffer import ReplayBuffer
+else:
+    _Base = object
 
 __all__ = ["Sampling"]
 
 
-class Sampling:
+class Sampling(_Base):
     """The sampling methods of ``_ZarrBuffer`` (a mixin over its ``_layout``, ``_staged``,
     ``_buffer()``, ``_pending``, ``pos``, ``full``, ``buffer_size``, ``n_envs``)."""
+
+    if TYPE_CHECKING:
+        _layout: Layout
+        _staged: list[dict[str, np.ndarray]]
+        _pending: dict[str, np.ndarray] | None
+        _forced: set[tuple[int, int]]
+        _dict_obs: bool
+
+        def _buffer(self) -> ReplayBuffer: ...
+
+        def forced_done(self, batch_inds: np.ndarray, env_indices: np.ndarray) -> np.ndarray: ...
 
     # -- sample ---------------------------------------------------------------------------------
     def sample(self, batch_size: int, env: VecNormalize | None = None) -> Any:
@@ -74,7 +92,8 @@ class Sampling:
         in_staged = ~in_rb & written
         out = {}
         for name, spec in self._layout.user_fields().items():
-            column = np.zeros((len(index), *spec.shape), dtype=spec.dtype)  # never written: 0
+            shape = (len(index), *(int(d or 0) for d in spec.shape))  # fixed shapes
+            column = np.zeros(shape, dtype=spec.dtype)  # never written: 0
             if staged is not None:
                 column[in_staged] = staged[name][index[in_staged] - stored]
             if rows is not None:
