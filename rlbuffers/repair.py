@@ -89,13 +89,13 @@ def _repair(loc: Location, wdir: Path) -> dict[str, Any]:
                 a, b = m.layout.stored_slots(name, c)
                 tier.stage_chunks(gen, name, c, working.columns[name].read_range(a, b))
             tier.commit(m.replace(commit=gen, committed_at=time.time()))
+            working.write_state(gen, working.state.get("dirty_chunks", []))
         except BaseException:
             if not tier.committed(gen):
                 tier.abort()
             raise
         finally:
             working.close()
-        working.write_state(gen, working.state.get("dirty_chunks", []))
         tier.apply(gen)
         report["commit"] = gen
         report["repaired"] = [entry for _, _, entry in good]

@@ -173,6 +173,7 @@ def test_plants_everywhere_are_refused_or_replaced(template, tmp_path, kind, cap
         shutil.copytree(template, case, symlinks=True)
         for lease in (case / "readers").glob("*.lease"):
             lease.unlink()  # the listing reader's: closed
+        ReplayBuffer.open(case).close()  # new inodes: the copy's state.json vouches again
         outside = tmp_path / f"c{i}" / "outside"
         outside.mkdir()
         target = _plant(case, rel, kind, outside)
@@ -284,3 +285,24 @@ def test_invalid_working_state_rebuilds_the_tier(tmp_path, state, caplog):
     key = next(iter(state))
     assert any(f"key '{key}'" in r.getMessage() and "rebuilt" in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize("rel", [".working/tok.ragged/c2.bin", ".working/obs.npy",
+                                 ".working/tok.ragged/length.npy"])
+def test_regular_file_replacing_a_working_file_is_not_trusted(tmp_path, rel, caplog):
+    """Fuzzer finding (tools/fuzz/fuzz_leases.py): a regular file planted in place of a
+    working-tier file (here a copy of the original with other bytes) was trusted, and the
+    next save committed its bytes for rows of the last commit."""
+    path = tmp_path / "buf"
+    _small(path, 10)  # chunk 2 holds rows 8, 9: the next add makes it dirty
+    data = bytearray((path / rel).read_bytes())
+    data[-8:] = b"\x07" * 8
+    (tmp_path / "planted").write_bytes(bytes(data))
+    os.replace(tmp_path / "planted", path / rel)  # another file (inode) at the same name
+    caplog.set_level(logging.WARNING)
+    with ReplayBuffer.open(path) as buf:
+        buf.extend(_rows(10, 1))
+        buf.save()
+    assert any("replaced since state.json" in r.getMessage() for r in caplog.records)
+    with ReplayBuffer.open(path, mode="r") as ro:
+        _expect(ro, 11)

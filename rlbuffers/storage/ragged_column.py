@@ -26,6 +26,7 @@ from rlbuffers.storage.safe_files import (
     open_inside,
     open_npy_inside,
     remove_inside,
+    stat_inside,
 )
 
 
@@ -93,8 +94,9 @@ class RaggedColumn:
                 pass
             for name in ("start", "length"):
                 create_npy_inside(root, f"{rel}/{name}.npy", np.int64, (capacity,))
-        else:
-            self._check_entries()
+        #: chunk -> (inode, ctime ns) of its values file as found on open (files opened
+        #: since: _fds)
+        self._known: dict[int, tuple[int, int]] = {} if create else self._check_entries()
         self.start = open_npy_inside(root, f"{rel}/start.npy", "r+")
         self.length = open_npy_inside(root, f"{rel}/length.npy", "r+")
         for name, index in (("start", self.start), ("length", self.length)):
@@ -115,18 +117,38 @@ class RaggedColumn:
         #: same chunk at once, and ``_views[c]`` must never be shorter than ``_mapped[c]``
         self._map_lock = threading.Lock()
 
-    def _check_entries(self) -> None:
+    def _check_entries(self) -> dict[int, tuple[int, int]]:
         """Refuse a directory holding anything but regular files of one link (a symlink or
         FIFO planted at a values file would otherwise be met only when its chunk is written).
+
+        Returns:
+            chunk -> (inode number, ctime in ns) of each values file ``c<chunk>.bin``.
 
         Raises:
             UnsafePathError: as :func:`~rlbuffers.storage.safe_files.check_regular`, also
                 for a file with more than one hard link.
         """
+        found = {}
         for name in os.listdir(self.path):
-            if check_regular(self.path / name).st_nlink > 1:
+            st = check_regular(self.path / name)
+            if st.st_nlink > 1:
                 raise UnsafePathError(f"{self.path / name}: has more than one hard link; "
                                       "the working tier writes its files in place")
+            if name.startswith("c") and name.endswith(".bin") and name[1:-4].isdigit():
+                found[int(name[1:-4])] = (st.st_ino, st.st_ctime_ns)
+        return found
+
+    def inodes(self) -> list[tuple[str, int | None, int, int]]:
+        """``(path relative to the tier, base chunk or None, inode, ctime ns)`` of every file
+        of this column: the index files (no chunk) and each chunk's values file."""
+        known = dict(self._known)
+        for c, fd in self._fds.items():
+            st = os.fstat(fd)
+            known[c] = (st.st_ino, st.st_ctime_ns)
+        index = [(f"{self.rel}/{n}.npy", stat_inside(self.root, f"{self.rel}/{n}.npy"))
+                 for n in ("start", "length")]
+        return [(rel, None, st.st_ino, st.st_ctime_ns) for rel, st in index] + [
+            (f"{self.rel}/c{c}.bin", c, ino, ctime) for c, (ino, ctime) in known.items()]
 
     def _fd(self, c: int) -> int:
         """The values file of chunk ``c``, opened (created if missing) as

@@ -23,6 +23,7 @@ from the persistent tier.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -190,6 +191,13 @@ class FixedColumn:
         pread_into(self.fd, out, self.offset + start * self.spec.item_bytes)
         return out
 
+    def inodes(self) -> list[tuple[str, int | None, int, int]]:
+        """``[(path relative to the tier, None, inode, ctime ns)]`` of the column's file."""
+        if self.fd < 0:
+            return []
+        st = os.fstat(self.fd)
+        return [(self.rel, None, st.st_ino, st.st_ctime_ns)]
+
     def reset_chunk(self, c: int) -> None:
         """Nothing to do for fixed fields (rows are overwritten in place)."""
 
@@ -198,6 +206,7 @@ class FixedColumn:
 
     def close(self) -> None:
         os.close(self.fd)
+        self.fd = -1
         self._out.clear()
         self.view = self._rows = self._writable = None  # type: ignore[assignment]
 
@@ -287,6 +296,7 @@ class WorkingTier:
             "commit": commit,
             "dirty_chunks": sorted(set(dirty_chunks)),
         }
+        self.state["files"] = self.fingerprint(set(self.state["dirty_chunks"]))
         data = json.dumps(self.state, indent=1).encode()
         try:
             write_atomic_inside(self.path, STATE, data)
@@ -309,12 +319,34 @@ class WorkingTier:
         for col in self.columns.values():
             col.flush()
 
+    def fingerprint(self, dirty: set[int]) -> str:
+        """A digest of the files holding this tier's data: the inode of every file, and the
+        change time (ctime) of the values files of clean base chunks (nothing writes those
+        before the next ``state.json``), leaving out the values files of the ``dirty``
+        chunks. A file replaced since ``state.json`` was written (a regular file planted at
+        its name) changes it, and so does a clean chunk's values file written by someone
+        else; bytes changed in place in a shared ``.npy`` file do not (no checksums: the tier
+        is a cache, trusted within one boot)."""
+        entries = sorted(f"{rel}:{ino}" + ("" if chunk is None else f":{ctime}")
+                         for col in self.columns.values()
+                         for rel, chunk, ino, ctime in col.inodes() if chunk not in dirty)
+        return hashlib.sha256("\n".join(entries).encode()).hexdigest()
+
     def trusted(self, buffer_id: str) -> bool:
         """Whether ``state.json`` speaks for this tier: same buffer, written in this boot, cut
-        by the same capacity and base chunk."""
-        return (self.state.get("buffer_id") == buffer_id
+        by the same capacity and base chunk, and (when it records them: ``files``) the same
+        files as when it was written. A tier whose files were replaced is logged (WARNING)."""
+        if not (self.state.get("buffer_id") == buffer_id
                 and self.state.get("boot_id", "") == BOOT_ID
-                and self.state.get("layout") == self.layout)
+                and self.state.get("layout") == self.layout):
+            return False
+        files = self.state.get("files")
+        dirty = set(self.state.get("dirty_chunks", []))
+        if files is not None and files != self.fingerprint(dirty):
+            log.warning("%s: files of the working tier were replaced since %s was written; "
+                        "the working tier is rebuilt from the last commit", self.path, STATE)
+            return False
+        return True
 
     def close(self) -> None:
         for col in self.columns.values():

@@ -25,7 +25,8 @@ def check_state(state: Any, n_base_chunks: int) -> str | None:
     A valid state is a JSON object whose optional keys have these types: ``buffer_id`` and
     ``boot_id`` strings, ``commit`` an integer >= 0 (``generation``, its old name, is renamed
     before the check), ``layout`` a list of two integers >= 1, ``dirty_chunks`` a list of
-    distinct integers in ``[0, n_base_chunks)``.
+    distinct integers in ``[0, n_base_chunks)``, ``files`` a digest (a string of at most
+    64 characters) of the tier's files.
 
     Returns:
         ``"key 'K': expected E, got A"``, or None.
@@ -41,7 +42,13 @@ def check_state(state: Any, n_base_chunks: int) -> str | None:
     if not (isinstance(layout, list) and len(layout) == 2
             and all(_is_int(v) and v >= 1 for v in layout)):
         return f"key 'layout': expected [capacity, chunk_transitions], got {layout!r:.80}"
-    dirty = state.get("dirty_chunks", [])
+    files = state.get("files", "")
+    if not (isinstance(files, str) and len(files) <= 64):
+        return f"key 'files': expected a digest string, got {files!r:.80}"
+    return _check_dirty(state.get("dirty_chunks", []), n_base_chunks)
+
+
+def _check_dirty(dirty: Any, n_base_chunks: int) -> str | None:
     if not isinstance(dirty, list) or len(dirty) > min(n_base_chunks, MAX_BASE_CHUNKS):
         return (f"key 'dirty_chunks': expected a list of at most {n_base_chunks} chunk "
                 f"numbers, got {dirty!r:.80}")

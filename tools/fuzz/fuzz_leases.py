@@ -141,6 +141,7 @@ class Fuzz:
             shutil.rmtree(case)
         buf, outside = case / "buf", case / "outside"
         shutil.copytree(self.template, buf, symlinks=True)
+        ReplayBuffer.open(buf).close()  # the copy's working tier is vouched for again
         outside.mkdir()
         (outside / "victim.bin").write_bytes(b"not the buffer's")
         (outside / "victim_dir").mkdir()
