@@ -40,6 +40,14 @@ from rlbuffers.checkpoint import Checkpoints, create_run, load_state
 from rlbuffers.memory.process import process_peak_rss_bytes
 from rlbuffers.safe_load import RunFileError, load_torch, read_bytes, restoring
 from rlbuffers.storage.safe_files import append_inside, write_atomic_inside
+
+# What the trainer packages use of trainers.run_files, re-exported: common is their shared layer
+from trainers.run_files import MONITOR_STATE as MONITOR_STATE
+from trainers.run_files import check_optimizer as check_optimizer
+from trainers.run_files import check_state as check_state
+from trainers.run_files import check_unit as check_unit
+from trainers.run_files import metrics_rows as metrics_rows
+from trainers.run_files import open_token_store as open_token_store
 from trainers.run_files import real_dir
 
 log = logging.getLogger("trainers.common")

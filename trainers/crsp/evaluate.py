@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainers.common import write_atomic
+from trainers.common import metrics_rows, write_atomic
 from trainers.config import saved_config
 from trainers.crsp.config import Config
 from trainers.crsp.formats import proposal_parts
@@ -46,7 +46,6 @@ from trainers.crsp.rollout import verdict_logprobs
 from trainers.llm.evaluation import HELD_OUT_SEED, held_out, task_correct
 from trainers.llm.generation import generate
 from trainers.llm.tasks import extract_answer, task_problems, wilson
-from trainers.run_files import metrics_rows
 
 
 def proportion(k: float, n: int) -> dict[str, Any]:

@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, Any
 from rlbuffers.errors import CorruptCheckpointError
 from rlbuffers.memory import MemoryMonitor
 from rlbuffers.safe_load import load_safetensors, load_torch, restoring
-from trainers.common import Run, load_rng
-from trainers.run_files import MONITOR_STATE, check_optimizer, check_state, check_unit
+from trainers.common import MONITOR_STATE, Run, check_optimizer, check_state, check_unit, load_rng
 
 if TYPE_CHECKING:
     from trainers.crsp.train import Trainer

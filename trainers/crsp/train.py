@@ -56,7 +56,7 @@ from rlbuffers.stream.sources import IndexSource
 from rlbuffers.stream.stages import BlockShuffle, Stage
 from rlbuffers.stream.token_store import TokenStore, build_token_store
 from rlbuffers.stream.tokenize import TextTokenizer
-from trainers.common import Run, open_run, rng_states
+from trainers.common import Run, open_run, open_token_store, rng_states
 from trainers.config import start
 from trainers.crsp.buffer import buffer_fields, utterances
 from trainers.crsp.config import RESUMABLE, Config, check_config, longest_completion
@@ -82,7 +82,6 @@ from trainers.llm.policy_loss import clip_and_step
 from trainers.llm.settings import parse_budget
 from trainers.llm.tasks import task_problems
 from trainers.phases import Phases
-from trainers.run_files import open_token_store
 from trainers.summary import finish
 
 log = logging.getLogger("trainers.crsp")

@@ -48,7 +48,15 @@ from rlbuffers import FieldSpec, ReplayBuffer, rollouts
 from rlbuffers.memory import MemoryMonitor
 from rlbuffers.rollouts.pool import RolloutPool
 from rlbuffers.safe_load import load_torch, restoring
-from trainers.common import Run, load_rng, open_run, rng_states
+from trainers.common import (
+    Run,
+    check_optimizer,
+    check_state,
+    check_unit,
+    load_rng,
+    open_run,
+    rng_states,
+)
 from trainers.config import start
 from trainers.curves import Series, plot_curve
 from trainers.erl.config import RESUMABLE, Config, check_config
@@ -56,7 +64,6 @@ from trainers.erl.evolution import evolve
 from trainers.erl.rollout import Actor, actor_weights, episode_job, make_env
 from trainers.erl.td3 import Learner, td3_update
 from trainers.phases import Phases
-from trainers.run_files import check_optimizer, check_state, check_unit
 from trainers.summary import finish
 
 log = logging.getLogger("trainers.erl")

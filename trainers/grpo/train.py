@@ -60,7 +60,18 @@ from rlbuffers.memory.placement import PlacementPlan
 from rlbuffers.memory.process import reuse_heap
 from rlbuffers.memory.reference import reference_bytes_saved
 from rlbuffers.safe_load import load_torch, restoring
-from trainers.common import Run, load_rng, open_run, rng_states, write_atomic
+from trainers.common import (
+    MONITOR_STATE,
+    Run,
+    check_optimizer,
+    check_state,
+    check_unit,
+    load_rng,
+    open_run,
+    open_token_store,
+    rng_states,
+    write_atomic,
+)
 from trainers.config import evaluated, start
 from trainers.curves import Series, plot_curve
 from trainers.grpo.config import RESUMABLE, Config, check_config
@@ -84,13 +95,6 @@ from trainers.llm.prompts import next_prompts, prompt_store
 from trainers.llm.settings import Sampling, parse_budget
 from trainers.llm.tasks import task_problems
 from trainers.phases import Phases
-from trainers.run_files import (
-    MONITOR_STATE,
-    check_optimizer,
-    check_state,
-    check_unit,
-    open_token_store,
-)
 from trainers.summary import finish, write_eval
 
 MIB = 2**20

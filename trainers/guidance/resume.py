@@ -10,8 +10,8 @@ import torch
 
 from rlbuffers.safe_load import load_safetensors, load_torch, restoring
 from trainers import common
+from trainers.common import MONITOR_STATE, check_optimizer, check_state, check_unit
 from trainers.guidance.rollout import ROLES
-from trainers.run_files import MONITOR_STATE, check_optimizer, check_state, check_unit
 
 if TYPE_CHECKING:
     from trainers.guidance.train import Learner
