@@ -39,9 +39,16 @@ from rlbuffers.buffer import ReplayBuffer, SaveReport  # noqa: E402
 from rlbuffers.compression import DEFAULT_CODEC  # noqa: E402
 from rlbuffers.errors import FieldError  # noqa: E402
 from rlbuffers.integrations.sb3_arrays import ArrayViews  # noqa: E402
+from rlbuffers.integrations.sb3_checks import (  # noqa: E402
+    check_int,
+    check_path,
+    check_pending,
+    check_state,
+    show,
+)
 from rlbuffers.integrations.sb3_layout import (  # noqa: E402
     Layout,
-    rows_from_json,
+    field_name,
     rows_to_json,
 )
 from rlbuffers.integrations.sb3_pointer import (  # noqa: E402
@@ -95,10 +102,13 @@ class _ZarrBuffer(Sampling, ArrayViews, PointerPickling, SB3ReplayBuffer):
         if unknown:  # one line, naming the class that takes HER's arguments
             raise TypeError(f"{sorted(unknown)}: {type(self).__name__} takes no such arguments"
                             " (HER's n_sampled_goal, goal_selection_strategy: ZarrHerReplayBuffer)")
+        self._working_dir = check_path("working_dir", working_dir)
+        if not isinstance(codec, str | Mapping):
+            raise TypeError(f"codec: expected a codec name (str) or a dict field -> name, "
+                            f"got {show(codec)}")
         self._setup(buffer_size, observation_space, action_space, device, n_envs,
                     optimize_memory_usage, handle_timeout_termination, write_batch,
                     frame_stack_axis)
-        self._working_dir = None if working_dir is None else os.fspath(working_dir)
         model, loading = sb3_context()
         if model is not None:  # no model zip may carry overwrite=True (see sb3_pointer)
             model.replay_buffer_kwargs = {k: v for k, v in model.replay_buffer_kwargs.items()
@@ -127,6 +137,10 @@ class _ZarrBuffer(Sampling, ArrayViews, PointerPickling, SB3ReplayBuffer):
                action_space: spaces.Space, device: th.device | str, n_envs: int,
                optimize_memory_usage: bool, handle_timeout_termination: bool,
                write_batch: int | None = None, frame_stack_axis: int | None = None) -> None:
+        check_int("buffer_size", buffer_size, 1)
+        check_int("n_envs", n_envs, 1)
+        if write_batch is not None:
+            check_int("write_batch", write_batch, 1)
         # SB3's ReplayBuffer.__init__ allocates buffer_size rows in RAM: call BaseBuffer's only.
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space,  # type: ignore[arg-type]
                             device, n_envs=n_envs)
@@ -138,7 +152,7 @@ class _ZarrBuffer(Sampling, ArrayViews, PointerPickling, SB3ReplayBuffer):
         if optimize_memory_usage and self._dict_obs:
             raise ValueError("DictReplayBuffer does not support optimize_memory_usage")
         if self._dict_obs != isinstance(observation_space, spaces.Dict):
-            raise TypeError(f"observation_space: {type(self).__name__} needs "
+            raise TypeError(f"observation_space: {type(self).__name__} expected "
                             f"{'a' if self._dict_obs else 'a non-'}Dict space, got "
                             f"{type(observation_space).__name__}")
         self.optimize_memory_usage = optimize_memory_usage
@@ -157,9 +171,8 @@ class _ZarrBuffer(Sampling, ArrayViews, PointerPickling, SB3ReplayBuffer):
             for s in self._layout.user_fields().values())
         if write_batch is None:
             write_batch = max(1, min(WRITE_BATCH_STEPS, WRITE_BATCH_BYTES // step_bytes))
-        if int(write_batch) < 1:
-            raise ValueError(f"write_batch: expected >= 1 steps, got {write_batch}")
         self._write_batch = int(write_batch)
+        self._committed_rows: int | None = None  # storage.total_added at the last commit
 
     # -- layout ---------------------------------------------------------------------------
     @property
@@ -264,7 +277,22 @@ class _ZarrBuffer(Sampling, ArrayViews, PointerPickling, SB3ReplayBuffer):
         meta[META_KEY] = self.state_dict()
         if rng:
             meta["rng"] = rng_state()
-        return self.storage.save(metadata=meta, background=background)
+        rb = self.storage
+        report = rb.save(metadata=meta, background=background)
+        self._committed_rows = rb.total_added
+        return report
+
+    def last_commit_entries(self, keys: tuple[str, ...]) -> dict[str, Any]:
+        """The last commit's metadata entries ``keys`` if no step was added since it (the
+        stored row count, ``pos`` and ``full`` unchanged), else ``{}``: what a commit that
+        adds nothing may carry over (``save_replay_buffer`` after ``CommitCallback``)."""
+        rb = self.storage
+        last = rb.metadata if isinstance(rb.metadata, dict) else {}
+        state = last.get(META_KEY)
+        if (self._committed_rows != rb.total_added or not isinstance(state, dict)
+                or (state.get("pos"), state.get("full")) != (self.pos, self.full)):
+            return {}
+        return {k: last[k] for k in keys if k in last}
 
     save = commit
 
@@ -290,14 +318,17 @@ class _ZarrBuffer(Sampling, ArrayViews, PointerPickling, SB3ReplayBuffer):
 
         Raises:
             NotABufferError: no buffer at ``path``. ValueError: the commit has no ``"sb3"``
-            metadata, or its fields do not match the spaces (naming the field).
+            metadata, a field of it is missing or wrong (naming ``sb3.<field>``: expected,
+            actual), or the stored fields do not match the spaces; ``write_batch`` < 1.
+            TypeError: ``working_dir`` is not a path or None, ``write_batch`` not an int.
+            On any error nothing stays open or held.
         """
+        working_dir = check_path("working_dir", working_dir)
+        if write_batch is not None:
+            check_int("write_batch", write_batch, 1)
         rb = ReplayBuffer.open(path, working_dir=working_dir)
         try:
-            state = rb.metadata.get(META_KEY)
-            if not isinstance(state, dict):
-                raise ValueError(f"{path}: the last commit has no {META_KEY!r} metadata "
-                                 "(it was not written by ZarrReplayBuffer.commit)")
+            state = check_state(rb.metadata.get(META_KEY), path, rb.capacity)
             self = cls.__new__(cls)
             self._setup(state["buffer_size"] * state["n_envs"], observation_space, action_space,
                         device, state["n_envs"], state["optimize_memory_usage"],
@@ -309,15 +340,18 @@ class _ZarrBuffer(Sampling, ArrayViews, PointerPickling, SB3ReplayBuffer):
             if expected != stored:
                 raise ValueError(f"{path}: fields {stored} do not match the spaces, which "
                                  f"give {expected}")
+            check_pending(state["pending_next_obs"], {
+                field_name("next_obs", k): ((self.n_envs, *shape), dtype)
+                for k, (shape, dtype) in self._layout.obs.items()})
         except BaseException:
             rb.close()
             raise
-        self._rb, self._working_dir = rb, None if working_dir is None else os.fspath(working_dir)
+        self._rb, self._working_dir = rb, working_dir
+        self._committed_rows = rb.total_added
+        self._forced = state["forced_dones"]
+        self.pos, self.full = state["pos"], state["full"]
+        self._pending = state["pending_next_obs"]
         hold(path, self)
-        self._forced = {(int(s), int(e)) for s, e in state.get("forced_dones", [])}
-        self.pos, self.full = int(state["pos"]), bool(state["full"])
-        if state["pending_next_obs"] is not None:
-            self._pending = rows_from_json(state["pending_next_obs"])
         return self
 
 class ZarrReplayBuffer(_ZarrBuffer):
@@ -360,9 +394,11 @@ class ZarrReplayBuffer(_ZarrBuffer):
 
     Raises:
         ValueError: ``optimize_memory_usage`` with ``handle_timeout_termination`` (as SB3),
-        ``write_batch < 1``, or a ``frame_stack_axis`` that is not an axis of a Box
-        observation. TypeError: a Dict observation space (use
-        :class:`ZarrDictReplayBuffer`).
+        ``buffer_size``, ``n_envs`` or ``write_batch`` < 1, or a ``frame_stack_axis`` that
+        is not an axis of a Box observation. TypeError: a Dict observation space (use
+        :class:`ZarrDictReplayBuffer`); ``buffer_size``, ``n_envs``, ``write_batch`` not an
+        int, ``working_dir`` not a path or None, ``codec`` not a str or dict; unknown
+        arguments. Each names the argument, what was expected and what was given.
     """
 
 

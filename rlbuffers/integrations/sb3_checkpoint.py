@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import secrets
 from pathlib import Path
 from typing import Any
@@ -18,19 +19,25 @@ from rlbuffers.integrations import require
 
 require("stable_baselines3", "sb3")
 
+import numpy as np  # noqa: E402
+import torch as th  # noqa: E402
 from gymnasium import spaces  # noqa: E402
 from stable_baselines3.common.base_class import BaseAlgorithm  # noqa: E402
 from stable_baselines3.common.callbacks import BaseCallback  # noqa: E402
 
 from rlbuffers.buffer import ReplayBuffer  # noqa: E402
+from rlbuffers.errors import UnsafePathError  # noqa: E402
 from rlbuffers.integrations.sb3_buffer import (  # noqa: E402
+    META_KEY,
     ZarrDictReplayBuffer,
     ZarrReplayBuffer,
     _ZarrBuffer,
 )
+from rlbuffers.integrations.sb3_checks import check_model_entry, check_state  # noqa: E402
 from rlbuffers.integrations.sb3_her import ZarrHerReplayBuffer, check_committable  # noqa: E402
 from rlbuffers.integrations.sb3_pointer import release  # noqa: E402
-from rlbuffers.integrations.sb3_rng import restore_rng  # noqa: E402
+from rlbuffers.integrations.sb3_rng import check_rng, set_rng  # noqa: E402
+from rlbuffers.storage.safe_files import open_inside  # noqa: E402
 
 __all__ = ["CommitCallback", "resume"]
 
@@ -159,40 +166,103 @@ def resume(model_cls: type[BaseAlgorithm], buffer_path: str | os.PathLike[str], 
     goes on exactly as in the uninterrupted run. The environment is not part of SB3's
     checkpoint: ``load`` with an ``env`` resets it at the next ``learn``.
 
+    The commit's metadata (``model``, ``num_timesteps``, ``rng``, ``sb3``) is checked before
+    anything changes; the zip is opened without following a symlink or blocking on a FIFO
+    (``zip_path`` may be a symlink: it is resolved first). On any error nothing stays open
+    or held and the global RNG states are as before (SB3's ``load`` reseeds them).
+
     Raises:
-        ValueError: the commit names no model zip and ``zip_path`` is None, the zip's
+        ValueError: the commit names no model zip and ``zip_path`` is None, a metadata field
+        is wrong (naming it: ``model``, ``model.zip``, ``model.action_space_rng``,
+        ``num_timesteps``, ``rng.<key>``, ``sb3.<field>``; expected, actual), the zip's
         ``num_timesteps`` differs from the commit's, or ``env`` has another number of
-        environments than the buffer. NotABufferError: no buffer there.
+        environments than the buffer. UnsafePathError: the zip is not a regular file (a
+        FIFO, a symlink, a directory). FileNotFoundError: no zip there. NotABufferError:
+        no buffer there. Errors of ``model_cls.load`` and ``ZarrReplayBuffer.open``.
     """
+    meta, model_meta, state, rngs, path = _checked(buffer_path, zip_path)
+    saved = np.random.get_state(), random.getstate(), th.get_rng_state()
+    buffer: Any = None
+    try:
+        with open_zip(path) as f:
+            model: Any = model_cls.load(f, env=env, device=device, **load_kwargs)
+        if "num_timesteps" in meta and model.num_timesteps != meta["num_timesteps"]:
+            raise ValueError(f"{path}: num_timesteps {model.num_timesteps} differs from "
+                             f"the buffer commit's {meta['num_timesteps']}")
+        if state["n_envs"] != model.n_envs:
+            raise ValueError(f"env: the buffer at {buffer_path} was filled with n_envs="
+                             f"{state['n_envs']}, the model now has n_envs={model.n_envs}")
+        generator = model.action_space.np_random.bit_generator
+        space_rng = model_meta.get("action_space_rng")
+        if space_rng is not None and space_rng["bit_generator"] != type(generator).__name__:
+            raise ValueError(f"model.action_space_rng: expected a {type(generator).__name__} "
+                             f"state (the action space's), got {space_rng['bit_generator']}")
+        buffer = _reopen(model, buffer_path)
+    except BaseException:
+        if buffer is not None:
+            buffer.close()
+        np.random.set_state(saved[0])
+        random.setstate(saved[1])
+        th.set_rng_state(saved[2])
+        raise
+    if rngs is not None:
+        set_rng(rngs)
+    if space_rng is not None:
+        generator.state = space_rng
+    return model
+
+
+def _checked(buffer_path: str | os.PathLike[str], zip_path: str | os.PathLike[str] | None
+             ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], Any, str]:
+    """The last commit's metadata, its ``model`` entry, ``sb3`` state and RNG states checked
+    (nothing changes), and the zip's path (``zip_path`` resolved, else the commit's)."""
     with ReplayBuffer.open(buffer_path, mode="r") as peek:
-        meta = peek.metadata
-    model_meta = meta.get(MODEL_KEY, {})
-    zip_path = zip_path or model_meta.get("zip")
-    if zip_path is None:
+        meta, capacity = peek.metadata, peek.capacity
+    model_meta = check_model_entry(meta)
+    state = check_state(meta.get(META_KEY), buffer_path, capacity)
+    rngs = check_rng(meta["rng"]) if "rng" in meta else None
+    if zip_path is not None:
+        path = os.path.realpath(zip_path)
+    elif model_meta.get("zip") is not None:
+        path = model_meta["zip"]
+    else:
         raise ValueError(f"{buffer_path}: the last commit names no model zip (commit with "
                          "CommitCallback(checkpoint_dir=...)), and zip_path is None")
-    model: Any = model_cls.load(str(zip_path), env=env, device=device, **load_kwargs)
-    if "num_timesteps" in meta and model.num_timesteps != meta["num_timesteps"]:
-        raise ValueError(f"{zip_path}: num_timesteps {model.num_timesteps} differs from the "
-                         f"buffer commit's {meta['num_timesteps']}")
+    return meta, model_meta, state, rngs, path
+
+
+def _reopen(model: Any, buffer_path: str | os.PathLike[str]) -> Any:
+    """Close what ``load`` built, take the buffer over and open it as the model's."""
     old = getattr(model, "replay_buffer", None)
     buffer_cls = type(old) if isinstance(old, _ZarrBuffer) else (
         ZarrDictReplayBuffer if isinstance(model.observation_space, spaces.Dict)
         else ZarrReplayBuffer)
-    if isinstance(old, _ZarrBuffer):  # what load built (it holds nothing: see sb3_pointer)
+    if isinstance(old, _ZarrBuffer):  # what load built (it holds nothing: sb3_pointer)
         old.close()
     release(buffer_path, "resume() reopened its buffer")  # one writer per buffer
     buffer = buffer_cls.open(buffer_path, model.observation_space, model.action_space,
                              device=model.device)
-    if buffer.n_envs != model.n_envs:
-        buffer.close()
-        raise ValueError(f"env: the buffer at {buffer_path} was filled with n_envs="
-                         f"{buffer.n_envs}, the model now has n_envs={model.n_envs}")
     model.replay_buffer = buffer
-    if isinstance(buffer, ZarrHerReplayBuffer):  # computes the rewards of relabelled goals
+    if isinstance(buffer, ZarrHerReplayBuffer):  # computes relabelled goals' rewards
         buffer.set_env(model.get_env())
-    if "rng" in meta:
-        restore_rng(meta["rng"])
-    if "action_space_rng" in model_meta:
-        model.action_space.np_random.bit_generator.state = model_meta["action_space_rng"]
-    return model
+    return buffer
+
+
+def open_zip(path: str) -> Any:
+    """The model zip at ``path`` opened for reading (a binary file object) if it is a regular
+    file: never through a symlink, never blocking on a FIFO.
+
+    Raises:
+        UnsafePathError: a symlink, FIFO, socket, device or directory there (naming the
+        file). FileNotFoundError: nothing there.
+    """
+    parent, name = os.path.split(path)
+    try:
+        fd = open_inside(parent or ".", name)
+    except UnsafePathError as e:
+        raise UnsafePathError(f"model zip {path}: expected a regular file, refused: {e}") \
+            from None
+    except FileNotFoundError:
+        raise FileNotFoundError(f"model zip {path}: expected a regular file, got nothing "
+                                "there") from None
+    return os.fdopen(fd, "rb")

@@ -30,6 +30,7 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 
 from rlbuffers.buffer import ReplayBuffer
+from rlbuffers.integrations.sb3_checks import check_int, show
 
 __all__ = ["PointerPickling", "hold", "pointer", "release", "reopen", "sb3_context"]
 
@@ -79,8 +80,10 @@ def release(path: str | os.PathLike[str], why: str) -> None:
 
 
 def pointer(buffer: Any) -> dict[str, Any]:
-    """Commit ``buffer`` and return what reopens it at that commit (what it pickles as). An
-    instance that holds nothing (``Model.load`` built it over an existing buffer, which it
+    """Commit ``buffer`` and return what reopens it at that commit (what it pickles as). The
+    commit carries over the last commit's ``model`` and ``num_timesteps`` (CommitCallback's)
+    when no step was added since, so ``resume`` still finds its model zip. An instance that
+    holds nothing (``Model.load`` built it over an existing buffer, which it
     left alone) points at that buffer's last commit, without writing anything.
 
     Raises:
@@ -95,8 +98,8 @@ def pointer(buffer: Any) -> dict[str, Any]:
         path = _key(buffer._path)
         with ReplayBuffer.open(path, mode="r") as peek:
             commit = int(peek.commit)
-    else:
-        buffer.commit()
+    else:  # CommitCallback's model entry stays true if no step was added since its commit
+        buffer.commit(buffer.last_commit_entries(("model", "num_timesteps")))
         path, commit = _key(buffer.storage.path), int(buffer.storage.commit)
     return {"version": POINTER_VERSION, "class": type(buffer), "path": path,
             "commit": commit, "observation_space": buffer.observation_space,
@@ -106,16 +109,47 @@ def pointer(buffer: Any) -> dict[str, Any]:
 
 def reopen(ptr: dict[str, Any]) -> Any:
     """The buffer a :func:`pointer` names, opened at its commit (an instance of this process
-    that holds it is closed first).
+    that holds it is closed first). A pickle may come from anyone: every field is checked
+    before anything is opened, and the pointer's ``working_dir`` is used only when the
+    instance of this process that holds the buffer uses that same one (it made it); else
+    the working tier goes to its default place (``<path>/.working``), rebuilt from the commit.
 
     Raises:
-        ValueError: another pointer version, or the buffer has been committed since (its last
-        commit is not the pointer's). NotABufferError: no buffer there any more.
+        ValueError: another pointer version, a missing field, or the buffer has been
+        committed since (its last commit is not the pointer's). TypeError: a field of
+        another type (``path``, ``working_dir``: str; ``class``: one of the Zarr buffer
+        classes; the spaces; ``commit``; ``device``), each naming ``pointer.<field>``.
+        NotABufferError: no buffer there any more.
     """
+    from gymnasium import spaces
+
+    from rlbuffers.integrations.sb3_buffer import _ZarrBuffer
+
+    if not isinstance(ptr, dict):
+        raise TypeError(f"pointer: expected a dict, got {show(ptr)}")
     if ptr.get("version") != POINTER_VERSION:
         raise ValueError(f"pointer version: expected {POINTER_VERSION}, got "
                          f"{ptr.get('version')!r}")
-    path = ptr["path"]
+    kinds: dict[str, tuple[Any, str]] = {
+        "class": (type, "one of ZarrReplayBuffer, ZarrDictReplayBuffer, ZarrHerReplayBuffer"),
+        "path": (str, "a path (str)"), "commit": (int, "an int >= 0"),
+        "observation_space": (spaces.Space, "a gymnasium space"),
+        "action_space": (spaces.Space, "a gymnasium space"),
+        "device": (str, "a device name (str)"),
+        "working_dir": ((str, type(None)), "a path (str) or None")}
+    for key, (kind, what) in kinds.items():
+        if key not in ptr:
+            raise ValueError(f"pointer.{key}: expected {what}, got nothing (missing)")
+        value = ptr[key]
+        if not isinstance(value, kind) or isinstance(value, bool) or (
+                key == "class" and not issubclass(value, _ZarrBuffer)) or (
+                key == "commit" and value < 0):
+            raise TypeError(f"pointer.{key}: expected {what}, got {show(value)}")
+    path, write_batch = ptr["path"], ptr.get("write_batch")
+    if not path:
+        raise ValueError("pointer.path: expected the buffer's directory, got str ''")
+    if write_batch is not None:
+        check_int("pointer.write_batch", write_batch, 1)
     with ReplayBuffer.open(path, mode="r") as peek:
         last = int(peek.commit)
     if last != ptr["commit"]:
@@ -123,10 +157,13 @@ def reopen(ptr: dict[str, Any]) -> Any:
             f"{path}: the pickled pointer names commit {ptr['commit']}, but the buffer's last "
             f"commit is {last} (a buffer on disk keeps its newest state only); open the last "
             "commit with ZarrReplayBuffer.open(path, ...) or resume(...)")
+    holder = _HOLDERS.get(_key(path))
+    working_dir = ptr["working_dir"]
+    if working_dir is not None and getattr(holder, "_working_dir", None) != working_dir:
+        working_dir = None   # not this process's: the default place, never a pickle's path
     release(path, "load_replay_buffer (unpickling) reopened its buffer")
     return ptr["class"].open(path, ptr["observation_space"], ptr["action_space"],
-                             ptr["device"], working_dir=ptr["working_dir"],
-                             write_batch=ptr["write_batch"])
+                             ptr["device"], working_dir=working_dir, write_batch=write_batch)
 
 
 class PointerPickling:

@@ -22,6 +22,9 @@ Then it calls ``DQN.load(zip)`` and ``resume(DQN, buffer)`` (kwargs, data, zip, 
 ``model.load_replay_buffer(pointer)`` (pointer, pickle), each under an alarm. Properties:
 
 - no call runs past ``HANG_SECONDS`` (a FIFO never blocks a load);
+- a call that fails leaves no buffer of the sandbox held by this process, and (``resume``,
+  ``load_replay_buffer``; SB3's ``load`` reseeds them itself) the global RNG states as they
+  were;
 - every committed row of both buffers (rows, length, commit number) is unchanged afterwards,
   and so are the files planted where a path may point (a file, a FIFO, a directory holding
   ``precious.txt``) and the model zip;
@@ -42,7 +45,7 @@ hang; the templates are built once, in ``--out``), and prints the inputs tried, 
 of each call by kind (``ok``, ``refused <Error>``, ``sb3 <Error>``, ``vague``, ``undocumented``,
 ``hang``), the data losses and planted files lost, and the findings grouped by kind and
 place (each input saved as ``finding-<i>.json``). ``tests/test_fuzz.py::test_fuzz_sb3_kwargs``
-runs a sample of ``SEED_PLANS`` and every ``KNOWN`` plan.
+runs a sample of ``SEED_PLANS``, every ``FIXED`` plan and every ``KNOWN`` plan.
 """
 
 from __future__ import annotations
@@ -275,7 +278,33 @@ def _plan(target: str, *edits: tuple[str, Any, Any], case: str = "box",
     return {"case": case, "target": target, "seed": seed, "edits": [list(e) for e in edits]}
 
 
-#: Plans that hold the properties (each tried first by the runner, and by the test suite).
+#: The bugs this fuzzer found and that are fixed (plan, what it broke): part of SEED_PLANS,
+#: every one run by the test suite.
+FIXED = [
+    (_plan("meta", ("set", ["model", "zip"], "@fifo")),
+     "hang: resume opened the zip the commit names, a FIFO, and blocked"),
+    (_plan("pointer", ("set", "working_dir", "@buffer")),
+     "data loss: load_replay_buffer passed the pointer's working_dir (the buffer) on"),
+    (_plan("meta", ("cut", ["rng", "python", "internal"], None)),
+     "restore_rng: ValueError naming no field"),
+    (_plan("meta", ("set", ["rng", "numpy", "keys", 0], 10**30)),
+     "restore_rng: OverflowError"),
+    (_plan("meta", ("set", ["rng", "torch"], "QUJD")), "restore_rng: torch's RuntimeError"),
+    (_plan("meta", ("set", ["model", "action_space_rng", "state"], True)),
+     "resume: TypeError naming no field, after the RNGs were set"),
+    (_plan("meta", ("set", ["model"], None)), "resume: AttributeError"),
+    (_plan("meta", ("set", ["sb3", "buffer_size"], None)),
+     "open: TypeError naming no field"),
+    (_plan("meta", ("set", ["sb3", "pos"], None)), "open: TypeError after hold()"),
+    (_plan("kwargs", ("set", "codec", 7)), "create: AttributeError"),
+    (_plan("data", ("set", "n_envs", 0)), "ZeroDivisionError"),
+    (_plan("kwargs", ("set", "working_dir", 299)), "os.fspath's TypeError naming no field"),
+    (_plan("kwargs", ("set", "write_batch", [])), "int()'s TypeError naming no field"),
+    (_plan("pointer", ("set", "class", "ReplayBuffer")),
+     "reopen: ReplayBuffer.open's TypeError naming no field"),
+]
+
+#: Plans that hold the properties (each tried first by the runner; a sample by the test suite).
 SEED_PLANS = [
     *(_plan("kwargs", ("set", "path", place)) for place in PLACES if place != "@parent"),
     _plan("kwargs", ("set", "path", "@fifo"), case="dict"),
@@ -313,40 +342,17 @@ SEED_PLANS = [
     _plan("pointer", ("del", "path", None)),
     _plan("pointer", ("set", "working_dir", "@new")),
     _plan("pickle", seed=3),
+    *(plan for plan, _ in FIXED),
 ]
 
 #: Plans that break a property today (the bugs this fuzzer found; the test suite checks that
 #: each still does: once fixed, move it to SEED_PLANS): plan, what breaks, where.
 KNOWN = [
-    (_plan("meta", ("set", ["model", "zip"], "@fifo")),
-     "hang: resume opens the zip the commit names, a FIFO, and blocks",
-     "rlbuffers/integrations/sb3_checkpoint.py:172 (resume passes it to model_cls.load)"),
     (_plan("kwargs", ("set", "path", "@new"), ("set", "working_dir", "@parent")),
      "data loss: DQN.load of a zip whose working_dir is the buffer's parent deletes the "
      "committed buffer", "rlbuffers/storage/working.py _fresh_dir"),
-    (_plan("pointer", ("set", "working_dir", "@buffer")),
-     "data loss: load_replay_buffer of a pointer whose working_dir is the buffer deletes it",
-     "rlbuffers/storage/working.py _fresh_dir"),
     (_plan("kwargs", ("set", "path", "@new"), ("set", "working_dir", "@notabuffer")),
      "a working_dir holding other files is emptied", "rlbuffers/storage/working.py _fresh_dir"),
-    (_plan("meta", ("cut", ["rng", "python", "internal"], None)),
-     "restore_rng: ValueError naming no field", "rlbuffers/integrations/sb3_rng.py:43"),
-    (_plan("meta", ("set", ["rng", "numpy", "keys", 0], 10**30)),
-     "restore_rng: OverflowError", "rlbuffers/integrations/sb3_rng.py:40"),
-    (_plan("meta", ("set", ["rng", "torch"], "QUJD")),
-     "restore_rng: torch's RuntimeError", "rlbuffers/integrations/sb3_rng.py:45"),
-    (_plan("meta", ("set", ["model", "action_space_rng", "state"], True)),
-     "resume: TypeError naming no field", "rlbuffers/integrations/sb3_checkpoint.py:197"),
-    (_plan("meta", ("set", ["model"], None)),
-     "resume: AttributeError", "rlbuffers/integrations/sb3_checkpoint.py:170"),
-    (_plan("meta", ("set", ["sb3", "buffer_size"], None)),
-     "open: TypeError naming no field", "rlbuffers/integrations/sb3_buffer.py:299"),
-    (_plan("kwargs", ("set", "codec", 7)),
-     "create: AttributeError", "rlbuffers/storage/create.py:73"),
-    (_plan("data", ("set", "n_envs", 0)),
-     "ZeroDivisionError", "rlbuffers/integrations/sb3_buffer.py:131"),
-    (_plan("kwargs", ("set", "working_dir", 299)),
-     "os.fspath's TypeError naming no field", "rlbuffers/integrations/sb3_buffer.py:99"),
 ]
 
 
@@ -370,6 +376,15 @@ def _where(exn: BaseException) -> str:
         if "/rlbuffers/" in frame.filename.replace(os.sep, "/"):
             return f"{frame.filename.split('/rlbuffers/')[-1]}:{frame.lineno}"
     return f"{tb[-1].filename}:{tb[-1].lineno}" if tb else "?"
+
+
+def _rng_states() -> tuple[bytes, ...]:
+    """The numpy global, Python and torch CPU RNG states, comparable."""
+    import numpy as np
+    import torch as th
+
+    return (pickle.dumps(np.random.get_state()), pickle.dumps(random.getstate()),
+            th.get_rng_state().numpy().tobytes())
 
 
 def _fifo_link(link: Path, fifo: Path) -> None:
@@ -490,11 +505,7 @@ class Fuzz:
         else:
             calls = [("load_replay_buffer", lambda: self._load_replay_buffer(root, case))]
         for name, call in calls:
-            kind, what = self._run(call, tokens)
-            outcomes[name] = kind
-            self.counts[f"{name}: {kind}"] += 1
-            if what:
-                problems.append(f"{name}: {what}")
+            outcomes[name] = self._call(root, name, call, tokens, problems)
         self._release(root)
         if self._planted(root) != planted:
             self.counts["planted file lost"] += 1
@@ -651,6 +662,32 @@ class Fuzz:
             buf, base.replay_buffer = base.replay_buffer, None
             if buf is not None and hasattr(buf, "close"):
                 buf.close()
+
+    def _call(self, root: Path, name: str, call: Any, tokens: list[str],
+              problems: list[str]) -> str:
+        """Run one call; its outcome kind (problems appended to ``problems``)."""
+        rngs = _rng_states()
+        kind, what = self._run(call, tokens)
+        self.counts[f"{name}: {kind}"] += 1
+        if what:
+            problems.append(f"{name}: {what}")
+        if kind != "ok" and self._held(root):
+            self.counts["held after a failure"] += 1
+            problems.append(f"{name}: failed ({kind}) and left {self._held(root)} held")
+        # SB3's own load reseeds the RNGs before it builds the buffer: resume's and
+        # load_replay_buffer's failures must leave them as they were
+        if kind != "ok" and name != "DQN.load" and _rng_states() != rngs:
+            self.counts["RNG changed by a failure"] += 1
+            problems.append(f"{name}: failed ({kind}) and changed the global RNG states")
+        return kind
+
+    @staticmethod
+    def _held(root: Path) -> list[str]:
+        """Buffers of the sandbox that an instance of this process holds open."""
+        from rlbuffers.integrations import sb3_pointer
+
+        return [k for k, v in list(sb3_pointer._HOLDERS.items()) if k.startswith(str(root))
+                and not getattr(getattr(v, "_rb", None), "_closed", True)]
 
     def _release(self, root: Path) -> None:
         """Close what a failed call left holding a buffer of the sandbox."""
