@@ -305,3 +305,145 @@ def test_add_stores_transposed_observations_in_c_order(tmp_path):
         assert rows["obs"].flags.c_contiguous
         np.testing.assert_array_equal(rows["obs"], obs)
     ours.close()
+
+
+# -- fuzz_sb3_kwargs findings: arguments and pointers are checked, naming the field ------------
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"n_envs": 0}, ValueError, r"^n_envs: expected an int >= 1, got 0$"),
+    ({"n_envs": "2"}, TypeError, r"^n_envs: expected an int >= 1, got str '2'$"),
+    ({"n_envs": 1.5}, TypeError, r"^n_envs: expected an int >= 1, got float 1.5$"),
+    ({"buffer_size": "8"}, TypeError, r"^buffer_size: expected an int >= 1, got str '8'$"),
+    ({"working_dir": 299}, TypeError,
+     r"^working_dir: expected a path \(str or os.PathLike\) or None, got int 299$"),
+    ({"write_batch": []}, TypeError, r"^write_batch: expected an int >= 1, got list \[\]$"),
+    ({"write_batch": 0}, ValueError, r"^write_batch: expected an int >= 1, got 0$"),
+    ({"write_batch": True}, TypeError, r"^write_batch: expected an int >= 1, got bool True$"),
+    ({"codec": 7}, TypeError, r"^codec: expected a codec name \(str\) or a dict field -> name, "
+                              r"got int 7$"),
+], ids=["n_envs-0", "n_envs-str", "n_envs-float", "buffer_size-str", "working_dir-int",
+        "write_batch-list", "write_batch-0", "write_batch-bool", "codec-int"])
+def test_constructor_errors_name_the_argument(tmp_path, kwargs, error, match):
+    """They used to be ZeroDivisionError (buffer_size // n_envs), os.fspath's or int()'s
+    TypeError, or an AttributeError in create, naming no argument."""
+    args = {"buffer_size": 8, **kwargs}
+    with pytest.raises(error, match=match):
+        ZarrReplayBuffer(args.pop("buffer_size"), OBS["box"], ACTIONS["discrete"], "cpu",
+                         path=tmp_path / "buf", **args)
+    assert not (tmp_path / "buf").exists()
+
+
+def test_space_and_open_argument_errors_name_the_argument(tmp_path):
+    from rlbuffers.integrations.sb3 import ZarrDictReplayBuffer
+
+    with pytest.raises(TypeError, match=r"^observation_space: ZarrDictReplayBuffer expected a "
+                                        r"Dict space, got Box$"):
+        ZarrDictReplayBuffer(8, OBS["box"], ACTIONS["discrete"], "cpu", path=tmp_path / "d")
+    buf = ZarrReplayBuffer(8, OBS["box"], ACTIONS["discrete"], "cpu", path=tmp_path / "buf")
+    buf.commit()
+    buf.close()
+    for kwargs, error, match in (({"working_dir": 299}, TypeError, r"^working_dir: expected"),
+                                 ({"write_batch": "4"}, TypeError, r"^write_batch: expected"),
+                                 ({"write_batch": -1}, ValueError, r"^write_batch: expected")):
+        with pytest.raises(error, match=match):
+            ZarrReplayBuffer.open(tmp_path / "buf", OBS["box"], ACTIONS["discrete"], "cpu",
+                                  **kwargs)
+    ZarrReplayBuffer.open(tmp_path / "buf", OBS["box"], ACTIONS["discrete"], "cpu").close()
+
+
+def _pointer_edits(tmp_path):
+    return {
+        "class-core": (lambda p: p.__setitem__("class", ReplayBuffer), TypeError,
+                       r"^pointer\.class: expected one of ZarrReplayBuffer, .*got type "),
+        "class-str": (lambda p: p.__setitem__("class", "ZarrReplayBuffer"), TypeError,
+                      r"^pointer\.class: expected"),
+        "path-int": (lambda p: p.__setitem__("path", 7), TypeError,
+                     r"^pointer\.path: expected a path \(str\), got int 7$"),
+        "path-pathlike": (lambda p: p.__setitem__("path", tmp_path / "buffer"), TypeError,
+                          r"^pointer\.path: expected a path \(str\), got PosixPath"),
+        "path-empty": (lambda p: p.__setitem__("path", ""), ValueError, r"^pointer\.path: "),
+        "path-missing": (lambda p: p.pop("path"), ValueError,
+                         r"^pointer\.path: expected a path \(str\), got nothing \(missing\)$"),
+        "working_dir-int": (lambda p: p.__setitem__("working_dir", 299), TypeError,
+                            r"^pointer\.working_dir: expected a path \(str\) or None, got int"),
+        "working_dir-dict": (lambda p: p.__setitem__("working_dir", {"a": 1}), TypeError,
+                             r"^pointer\.working_dir: expected"),
+        "write_batch-list": (lambda p: p.__setitem__("write_batch", []), TypeError,
+                             r"^pointer\.write_batch: expected an int >= 1, got list \[\]$"),
+        "commit-str": (lambda p: p.__setitem__("commit", "1"), TypeError,
+                       r"^pointer\.commit: expected an int >= 0, got str '1'$"),
+        "space-int": (lambda p: p.__setitem__("action_space", 3), TypeError,
+                      r"^pointer\.action_space: expected a gymnasium space, got int 3$"),
+    }
+
+
+@pytest.mark.parametrize("name", list(_pointer_edits(None)))
+def test_a_pointer_is_checked_before_anything_is_closed_or_opened(tmp_path, name):
+    """A pickled pointer may come from anyone: its fields are checked before the model's
+    buffer is handed over (a ``class`` that is not ours used to close it, then fail in
+    ``ReplayBuffer.open`` naming no field)."""
+    from rlbuffers.integrations.sb3_pointer import pointer, reopen
+
+    model = dqn(tmp_path)
+    model.learn(60)
+    ptr = pointer(model.replay_buffer)
+    edit, error, match = _pointer_edits(tmp_path)[name]
+    edit(ptr)
+    with pytest.raises(error, match=match) as e:
+        reopen(ptr)
+    assert "\n" not in str(e.value)
+    assert model.replay_buffer.sample(4) is not None   # still the model's, not handed over
+    assert stored(tmp_path / "buffer") == (60, 1)
+    model.replay_buffer.close()
+
+
+def test_a_pointers_working_dir_is_not_used_unless_this_process_made_it(tmp_path):
+    """A pointer's working_dir used to be passed to open: one naming the buffer itself (or
+    a folder of other files) had the working tier wipe it. Now the working tier goes to its
+    default place unless the instance of this process holding the buffer uses that one."""
+    import pickle
+
+    from rlbuffers.integrations.sb3_pointer import pointer, reopen
+
+    model = dqn(tmp_path)
+    model.learn(60)
+    ptr = pointer(model.replay_buffer)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "thesis.txt").write_text("keep")
+    for where in (tmp_path / "buffer", tmp_path / "notes", tmp_path):
+        ptr["working_dir"] = str(where)
+        loaded = reopen(ptr)
+        assert loaded._working_dir is None and loaded.size() == 60
+        loaded.close()
+        assert stored(tmp_path / "buffer") == (60, 1)
+    assert (tmp_path / "notes" / "thesis.txt").read_text() == "keep"
+    # this process's own working tier elsewhere: the pickle round trip keeps using it
+    fast = tmp_path / "fast"
+    buf = ZarrReplayBuffer(8, OBS["box"], ACTIONS["discrete"], "cpu", path=tmp_path / "b2",
+                           working_dir=fast)
+    buf.add(*random_step(OBS["box"], ACTIONS["discrete"], 1, np.random.default_rng(0)))
+    again = pickle.loads(pickle.dumps(buf))
+    assert again._working_dir == str(fast) and again.size() == 1
+    again.close()
+
+
+def test_save_replay_buffer_after_commit_callback_keeps_the_model_entry(tmp_path):
+    """save_replay_buffer's commit used to drop CommitCallback's ``model`` entry and
+    ``num_timesteps``: resume from it then needed zip_path. It carries them over when no step
+    was added since, and leaves them out otherwise (the zip is not of these steps)."""
+    model = dqn(tmp_path)
+    model.learn(100, callback=CommitCallback(100, tmp_path / "ckpt"))
+    model.save_replay_buffer(tmp_path / "replay.pkl")
+    with ReplayBuffer.open(tmp_path / "buffer", mode="r") as rb:
+        assert rb.commit == 2 and rb.metadata["num_timesteps"] == 100
+        assert rb.metadata["model"]["zip"] == str((tmp_path / "ckpt" / "model_100.zip")
+                                                  .resolve())
+    resumed = resume(DQN, tmp_path / "buffer", device="cpu", env=gym.make("CartPole-v1"))
+    assert (resumed.num_timesteps, resumed.replay_buffer.size()) == (100, 100)
+    resumed.learn(10, reset_num_timesteps=False)
+    resumed.save_replay_buffer(tmp_path / "replay.pkl")
+    with ReplayBuffer.open(tmp_path / "buffer", mode="r") as rb:
+        assert rb.commit == 3 and len(rb) > 100
+        assert "model" not in rb.metadata and "num_timesteps" not in rb.metadata
+    with pytest.raises(ValueError, match="names no model zip"):
+        resume(DQN, tmp_path / "buffer", device="cpu")
+    resumed.replay_buffer.close()

@@ -153,7 +153,7 @@ class _ZarrBuffer(Sampling, ArrayViews, PointerPickling, SB3ReplayBuffer):
             raise ValueError("DictReplayBuffer does not support optimize_memory_usage")
         if self._dict_obs != isinstance(observation_space, spaces.Dict):
             raise TypeError(f"observation_space: {type(self).__name__} expected "
-                            f"{'a' if self._dict_obs else 'a non-'}Dict space, got "
+                            f"{'a ' if self._dict_obs else 'a non-'}Dict space, got "
                             f"{type(observation_space).__name__}")
         self.optimize_memory_usage = optimize_memory_usage
         self.handle_timeout_termination = handle_timeout_termination
