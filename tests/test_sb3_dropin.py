@@ -25,7 +25,12 @@ from stable_baselines3.common.save_util import load_from_zip_file
 
 from rlbuffers import ReplayBuffer
 from rlbuffers.cli import main as cli_main
-from rlbuffers.integrations.sb3 import CommitCallback, ZarrReplayBuffer, resume
+from rlbuffers.integrations.sb3 import (
+    CommitCallback,
+    ZarrDictReplayBuffer,
+    ZarrReplayBuffer,
+    resume,
+)
 from tests.test_sb3_framestack import frame_stacked_env, steps
 from tests.test_sb3_integration import ACTIONS, OBS, assert_same_samples, random_step
 
@@ -333,8 +338,6 @@ def test_constructor_errors_name_the_argument(tmp_path, kwargs, error, match):
 
 
 def test_space_and_open_argument_errors_name_the_argument(tmp_path):
-    from rlbuffers.integrations.sb3 import ZarrDictReplayBuffer
-
     with pytest.raises(TypeError, match=r"^observation_space: ZarrDictReplayBuffer expected a "
                                         r"Dict space, got Box$"):
         ZarrDictReplayBuffer(8, OBS["box"], ACTIONS["discrete"], "cpu", path=tmp_path / "d")
@@ -373,6 +376,10 @@ def _pointer_edits(tmp_path):
                        r"^pointer\.commit: expected an int >= 0, got str '1'$"),
         "space-int": (lambda p: p.__setitem__("action_space", 3), TypeError,
                       r"^pointer\.action_space: expected a gymnasium space, got int 3$"),
+        "class-dict": (lambda p: p.__setitem__("class", ZarrDictReplayBuffer), TypeError,
+                       r"^observation_space: ZarrDictReplayBuffer expected a Dict space"),
+        "space-other": (lambda p: p.__setitem__("observation_space", OBS["box"]), ValueError,
+                        r"fields .* do not match the spaces"),
     }
 
 
@@ -380,7 +387,8 @@ def _pointer_edits(tmp_path):
 def test_a_pointer_is_checked_before_anything_is_closed_or_opened(tmp_path, name):
     """A pickled pointer may come from anyone: its fields are checked before the model's
     buffer is handed over (a ``class`` that is not ours used to close it, then fail in
-    ``ReplayBuffer.open`` naming no field)."""
+    ``ReplayBuffer.open`` naming no field; a class or spaces that do not match the buffer
+    are found on a read-only view, before the holder is closed)."""
     from rlbuffers.integrations.sb3_pointer import pointer, reopen
 
     model = dqn(tmp_path)

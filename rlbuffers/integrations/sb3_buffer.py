@@ -328,21 +328,8 @@ class _ZarrBuffer(Sampling, ArrayViews, PointerPickling, SB3ReplayBuffer):
             check_int("write_batch", write_batch, 1)
         rb = ReplayBuffer.open(path, working_dir=working_dir)
         try:
-            state = check_state(rb.metadata.get(META_KEY), path, rb.capacity)
-            self = cls.__new__(cls)
-            self._setup(state["buffer_size"] * state["n_envs"], observation_space, action_space,
-                        device, state["n_envs"], state["optimize_memory_usage"],
-                        state["handle_timeout_termination"], write_batch,
-                        state.get("frame_stack_axis"))
-            expected = {n: (s.shape, np.dtype(s.dtype), s.stack_axis)
-                        for n, s in self._layout.user_fields().items()}
-            stored = {n: (s.shape, np.dtype(s.dtype), s.stack_axis) for n, s in rb.fields.items()}
-            if expected != stored:
-                raise ValueError(f"{path}: fields {stored} do not match the spaces, which "
-                                 f"give {expected}")
-            check_pending(state["pending_next_obs"], {
-                field_name("next_obs", k): ((self.n_envs, *shape), dtype)
-                for k, (shape, dtype) in self._layout.obs.items()})
+            self, state = cls._prepared(rb, path, observation_space, action_space, device,
+                                        write_batch)
         except BaseException:
             rb.close()
             raise
@@ -353,6 +340,53 @@ class _ZarrBuffer(Sampling, ArrayViews, PointerPickling, SB3ReplayBuffer):
         self._pending = state["pending_next_obs"]
         hold(path, self)
         return self
+
+    @classmethod
+    def check_openable(cls, path: str | os.PathLike[str], observation_space: spaces.Space,
+                       action_space: spaces.Space, device: th.device | str = "auto", *,
+                       write_batch: int | None = None) -> None:
+        """Check what :meth:`open` checks (the ``"sb3"`` state, the fields against the
+        spaces) on a read-only view of the last commit: nothing is locked, held or changed,
+        so a caller that must close the buffer's current writer before :meth:`open`
+        (``load_replay_buffer``, ``resume``) refuses first. ZarrHerReplayBuffer's HER part is
+        checked by its ``open``.
+
+        Raises:
+            As :meth:`open`.
+        """
+        from rlbuffers.integrations.sb3_her import ZarrHerReplayBuffer
+
+        if write_batch is not None:
+            check_int("write_batch", write_batch, 1)
+        if issubclass(cls, ZarrHerReplayBuffer):  # its _setup needs the HER state
+            return
+        with ReplayBuffer.open(path, mode="r") as peek:
+            cls._prepared(peek, path, observation_space, action_space, device, write_batch)
+
+    @classmethod
+    def _prepared(cls, rb: ReplayBuffer, path: str | os.PathLike[str],
+                  observation_space: spaces.Space, action_space: spaces.Space,
+                  device: th.device | str, write_batch: int | None,
+                  ) -> tuple[Any, dict[str, Any]]:
+        """A new instance set up from ``rb``'s last commit (not attached to it), and the
+        checked ``"sb3"`` state."""
+        state = check_state(rb.metadata.get(META_KEY), path, rb.capacity)
+        self = cls.__new__(cls)
+        self._setup(state["buffer_size"] * state["n_envs"], observation_space, action_space,
+                    device, state["n_envs"], state["optimize_memory_usage"],
+                    state["handle_timeout_termination"], write_batch,
+                    state.get("frame_stack_axis"))
+        expected = {n: (s.shape, np.dtype(s.dtype), s.stack_axis)
+                    for n, s in self._layout.user_fields().items()}
+        stored = {n: (s.shape, np.dtype(s.dtype), s.stack_axis) for n, s in rb.fields.items()}
+        if expected != stored:
+            raise ValueError(f"{path}: fields {stored} do not match the spaces, which "
+                             f"give {expected}")
+        check_pending(state["pending_next_obs"], {
+            field_name("next_obs", k): ((self.n_envs, *shape), dtype)
+            for k, (shape, dtype) in self._layout.obs.items()})
+        return self, state
+
 
 class ZarrReplayBuffer(_ZarrBuffer):
     """SB3's ``ReplayBuffer`` (same arguments, ``add`` and ``sample``) with the transitions on

@@ -237,6 +237,8 @@ def _reopen(model: Any, buffer_path: str | os.PathLike[str]) -> Any:
     buffer_cls = type(old) if isinstance(old, _ZarrBuffer) else (
         ZarrDictReplayBuffer if isinstance(model.observation_space, spaces.Dict)
         else ZarrReplayBuffer)
+    buffer_cls.check_openable(buffer_path, model.observation_space, model.action_space,
+                              device=model.device)   # before the current holder is closed
     if isinstance(old, _ZarrBuffer):  # what load built (it holds nothing: sb3_pointer)
         old.close()
     release(buffer_path, "resume() reopened its buffer")  # one writer per buffer

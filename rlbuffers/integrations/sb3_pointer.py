@@ -115,10 +115,12 @@ def reopen(ptr: dict[str, Any]) -> Any:
     the working tier goes to its default place (``<path>/.working``), rebuilt from the commit.
 
     Raises:
-        ValueError: another pointer version, a missing field, or the buffer has been
-        committed since (its last commit is not the pointer's). TypeError: a field of
-        another type (``path``, ``working_dir``: str; ``class``: one of the Zarr buffer
-        classes; the spaces; ``commit``; ``device``), each naming ``pointer.<field>``.
+        ValueError: another pointer version, a missing field, the buffer has been
+        committed since (its last commit is not the pointer's), or the buffer does not
+        match the pointer's class and spaces (checked before the holder is closed).
+        TypeError: a field of another type (``path``, ``working_dir``: str; ``class``: one
+        of the Zarr buffer classes; the spaces; ``commit``; ``device``), each naming
+        ``pointer.<field>``.
         NotABufferError: no buffer there any more.
     """
     from gymnasium import spaces
@@ -161,6 +163,8 @@ def reopen(ptr: dict[str, Any]) -> Any:
     working_dir = ptr["working_dir"]
     if working_dir is not None and getattr(holder, "_working_dir", None) != working_dir:
         working_dir = None   # not this process's: the default place, never a pickle's path
+    ptr["class"].check_openable(path, ptr["observation_space"], ptr["action_space"],
+                                ptr["device"], write_batch=write_batch)
     release(path, "load_replay_buffer (unpickling) reopened its buffer")
     return ptr["class"].open(path, ptr["observation_space"], ptr["action_space"],
                              ptr["device"], working_dir=working_dir, write_batch=write_batch)
