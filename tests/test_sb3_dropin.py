@@ -455,3 +455,23 @@ def test_save_replay_buffer_after_commit_callback_keeps_the_model_entry(tmp_path
     with pytest.raises(ValueError, match="names no model zip"):
         resume(DQN, tmp_path / "buffer", device="cpu")
     resumed.replay_buffer.close()
+
+
+def test_commit_callback_replaces_a_model_entry_that_is_not_a_dict(tmp_path):
+    """CommitCallback read the last commit's ``model`` entry with ``.get`` (AttributeError
+    on a tampered entry); it now treats one that is not a dict as naming no zip."""
+    import json
+
+    model = dqn(tmp_path)
+    model.learn(60, callback=CommitCallback(60, tmp_path / "ckpt"))
+    model.replay_buffer.close()
+    manifest = json.loads((tmp_path / "buffer" / "manifest.json").read_text())
+    manifest["metadata"]["model"] = 5
+    (tmp_path / "buffer" / "manifest.json").write_text(json.dumps(manifest))
+    model.replay_buffer = ZarrReplayBuffer.open(tmp_path / "buffer", model.observation_space,
+                                                model.action_space, "cpu")
+    model.learn(60, callback=CommitCallback(60, tmp_path / "ckpt"), reset_num_timesteps=False)
+    with ReplayBuffer.open(tmp_path / "buffer", mode="r") as rb:
+        assert rb.metadata["model"]["zip"] == str((tmp_path / "ckpt" / "model_120.zip")
+                                                  .resolve())
+    model.replay_buffer.close()

@@ -106,10 +106,11 @@ class CommitCallback(BaseCallback):
             self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
             zip_path = (self.checkpoint_dir / f"model_{steps}.zip").resolve()
             last = buffer.storage.metadata
-            named = last.get(MODEL_KEY, {}).get("zip") if isinstance(last, dict) else None
+            entry = last.get(MODEL_KEY) if isinstance(last, dict) else None
+            named = entry.get("zip") if isinstance(entry, dict) else None
             # the last commit names this step's zip (e.g. learn() after resume() added no
             # step): never rewrite it, a kill during the save would leave no checkpoint
-            if not (last.get("num_timesteps") == steps and named is not None
+            if not (last.get("num_timesteps") == steps and isinstance(named, str)
                     and Path(named).resolve() == zip_path and zip_path.is_file()):
                 save_zip_atomically(self.model, zip_path)
             model["zip"] = str(zip_path)
