@@ -99,9 +99,9 @@ def decode_rows(name: str, rows: Any) -> dict[str, np.ndarray]:
                          f"{show(rows)}")
     out = {}
     for key, text in rows.items():
+        if not isinstance(text, str):
+            raise ValueError(f"{name}.{key}: expected base64 .npy text, got {show(text)}")
         try:
-            if not isinstance(text, str):
-                raise TypeError(f"a {type(text).__name__}")
             out[key] = np.load(io.BytesIO(base64.b64decode(text, validate=True)),
                                allow_pickle=False)
         except (ValueError, TypeError, OSError, EOFError, binascii.Error) as e:

@@ -48,6 +48,7 @@ from stable_baselines3.common.preprocessing import get_action_dim, get_obs_shape
 
 from rlbuffers.buffer import ReplayBuffer  # noqa: E402
 from rlbuffers.errors import FieldError  # noqa: E402
+from rlbuffers.integrations.sb3_checks import decode_rows  # noqa: E402
 from rlbuffers.spec import FieldSpec  # noqa: E402
 
 __all__ = ["Layout", "field_name", "rows_from_json", "rows_to_json"]
@@ -63,10 +64,13 @@ def rows_to_json(rows: dict[str, np.ndarray]) -> dict[str, str]:
     return out
 
 
-def rows_from_json(rows: dict[str, str]) -> dict[str, np.ndarray]:
-    """The inverse of :func:`rows_to_json`."""
-    return {k: np.load(io.BytesIO(base64.b64decode(v)), allow_pickle=False)
-            for k, v in rows.items()}
+def rows_from_json(rows: dict[str, str], name: str = "rows") -> dict[str, np.ndarray]:
+    """The inverse of :func:`rows_to_json` (no pickles).
+
+    Raises:
+        ValueError: not a dict of field -> base64 ``.npy`` text (naming ``name.<field>``).
+    """
+    return decode_rows(name, rows)
 
 
 def field_name(prefix: str, key: str) -> str:
