@@ -299,3 +299,15 @@ def test_open_checks_the_sb3_state_before_holding(tmp_path, keep_global_rng, nam
         assert_failed_cleanly(buffer, before)
     assert not [k for k, v in sb3_pointer._HOLDERS.items()
                 if k.startswith(str(tmp_path)) and not v._rb._closed]
+
+
+def test_a_resume_that_fails_after_loading_gives_the_rng_states_back(tmp_path, keep_global_rng):
+    """SB3's load reseeds the global RNGs (set_random_seed): a resume refused after it (here
+    the zip's num_timesteps is not the commit's) now puts them back and holds nothing."""
+    buffer = committed_run(tmp_path)
+    edit_metadata(buffer, lambda md: md.__setitem__("num_timesteps", 5))
+    np.random.seed(1234)
+    before = rng_snapshot()
+    with pytest.raises(ValueError, match=r"num_timesteps 100 differs from the buffer commit's 5"):
+        resume(DQN, buffer, device="cpu")
+    assert_failed_cleanly(buffer, before)
