@@ -240,3 +240,31 @@ def test_chunk_size_changed_under_a_working_tier(tmp_path):
         assert buf.chunk_transitions == 2 and buf[:]["obs"].tolist() == [[0, 0, 0]] * 5
     state = json.loads((fixed / ".working" / "state.json").read_text())
     assert state["layout"] == [16, 2]
+
+
+def test_explicit_working_dir_holding_other_files_is_never_emptied(tmp_path):
+    """fuzz_sb3_kwargs findings: a ``working_dir=`` that was the buffer's parent deleted the
+    committed buffer, and one holding other files was emptied, when the working tier was
+    (re)built there."""
+    path = _saved(tmp_path / "buf")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    def files():  # the lock file names its last holder: not data
+        return {p: b for p, b in _tree(tmp_path).items() if p.name != "writer.lock"}
+
+    for wdir in (tmp_path, mine, path):
+        before = files()
+        with pytest.raises(UnsafePathError, match="not a working tier's files"):
+            ReplayBuffer.open(path, working_dir=wdir)
+        assert files() == before, wdir
+    with ReplayBuffer.open(path, mode="r") as ro:
+        assert len(ro) == 5
+    fresh = tmp_path / "fresh"
+    with ReplayBuffer.open(path, working_dir=fresh) as buf:  # a new directory: used
+        assert len(buf) == 5
+    with ReplayBuffer.open(path, working_dir=fresh) as buf:  # its own tier: reused
+        assert len(buf) == 5
+    (fresh / "obs.npy").write_bytes(b"junk")  # a broken tier of its own: rebuilt
+    with ReplayBuffer.open(path, working_dir=fresh) as buf:
+        assert buf[4]["obs"].tolist() == [0, 0, 0]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from rlbuffers.storage.persistent import PersistentTier
 from rlbuffers.storage.ragged_column import RaggedColumn
 from rlbuffers.storage.reader import ChunkReader
 from rlbuffers.storage.saver import SaveFuture, Saver, SaveReport
-from rlbuffers.storage.working import FixedColumn, WorkingTier
+from rlbuffers.storage.working import FixedColumn, WorkingTier, clear_working_dir
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +148,11 @@ class WritableStorage:
     def __init__(self, tier: PersistentTier, working_dir: Path, *, fresh: bool = False) -> None:
         self.tier = tier
         self.layout = tier.manifest.layout
+        #: the library's own directory (the default): anything in it may be deleted; an
+        #: explicit working_dir= loses only a working tier's own files (clear_working_dir)
+        self._own = Path(working_dir) == default_working_dir(tier.loc)
         if fresh:
-            shutil.rmtree(working_dir, ignore_errors=True)
+            clear_working_dir(working_dir, tier.manifest.specs, own=self._own)
         self.working = self._attach(working_dir)
         self.saver = Saver(tier, self.working)
 
@@ -174,7 +176,7 @@ class WritableStorage:
             if wdir.exists():
                 log.warning("%s: unusable working tier (%s: %s); rebuilding it from commit %d",
                             wdir, type(e).__name__, str(e)[:300], m.commit)
-            working = WorkingTier(*args, create=True, buffer_id=m.buffer_id)
+            working = WorkingTier(*args, create=True, buffer_id=m.buffer_id, own=self._own)
             rebuild = everything
         if rebuild:
             self._rebuild(working, sorted(rebuild))

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -232,13 +233,14 @@ class WorkingTier:
         *,
         create: bool,
         buffer_id: str = "",
+        own: bool = True,
     ) -> None:
         self.path = path
         self.buffer_id = buffer_id
         #: the layout the files are cut by: a tier of another layout is not this one's
         self.layout = [capacity, base_chunk_rows]
         if create:
-            _fresh_dir(path)
+            clear_working_dir(path, specs, own=own)
         self.columns: dict[str, Column] = {}
         try:
             for name, spec in specs.items():
@@ -353,24 +355,48 @@ class WorkingTier:
             col.close()
 
 
-def _fresh_dir(path: Path) -> None:
-    """Make ``path`` an empty directory: whatever is there (a directory and its contents, a
-    file, a FIFO; never a symlink's target) is removed first."""
+def _is_working_entry(name: str, fields: Iterable[str]) -> bool:
+    """Whether ``name`` is one a working tier of columns ``fields`` makes: ``state.json``,
+    ``<field>.npy``, ``<field>.ragged`` and the temporary files of their atomic writes
+    (``.<name>.<pid>-<id>.tmp``)."""
+    own = {STATE, *(f"{f}.npy" for f in fields), *(f"{f}.ragged" for f in fields)}
+    if name.startswith(".") and name.endswith(".tmp"):
+        return any(name.startswith(f".{n}.") for n in own)
+    return name in own
+
+
+def clear_working_dir(path: Path, fields: Iterable[str], *, own: bool) -> None:
+    """Make ``path`` an empty directory for a new working tier. ``own`` (the default
+    ``<buffer>/.working``, the library's own directory): whatever is there is removed (a
+    symlink itself, never its target). Otherwise (a ``working_dir=`` given explicitly) only a
+    working tier's own entries are removed, and a directory holding anything else is refused,
+    so a mistyped ``working_dir`` (the buffer itself, its parent, a directory of other files)
+    never loses data. ``fields``: the column names (their ``.npy`` / ``.ragged`` entries).
+
+    Raises:
+        UnsafePathError: ``path`` (explicit) holds entries that are not a working tier's.
+    """
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        st = None
-    if st is not None:
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        elif not os.path.islink(path) or not os.path.isdir(path):
-            os.unlink(path)
-        else:  # an explicit working_dir= that is a symlink to a directory: empty it
-            for name in os.listdir(path):
-                child = path / name
-                if os.path.isdir(child) and not os.path.islink(child):
-                    shutil.rmtree(child)
-                else:
-                    os.unlink(child)
-            return
-    path.mkdir(parents=True)
+        path.mkdir(parents=True)
+        return
+    if not own:
+        stray = sorted(n for n in os.listdir(path) if not _is_working_entry(n, fields)) \
+            if os.path.isdir(path) else [path.name]
+        if stray:
+            raise UnsafePathError(
+                f"{path}: working_dir holds {stray[0]!r}"
+                + (f" and {len(stray) - 1} more entries" if len(stray) > 1 else "")
+                + " that are not a working tier's files; rlbuffers deletes only its own files "
+                "there: pass an empty or new directory")
+    if not (os.path.isdir(path) and not stat.S_ISLNK(st.st_mode)) and own:
+        os.unlink(path)  # a file, a FIFO or a symlink at .working: removed itself
+        path.mkdir()
+        return
+    for name in os.listdir(path):  # never into a symlink: rmtree does not follow them
+        child = path / name
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            os.unlink(child)
