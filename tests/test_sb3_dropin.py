@@ -25,6 +25,7 @@ from stable_baselines3.common.save_util import load_from_zip_file
 
 from rlbuffers import ReplayBuffer
 from rlbuffers.cli import main as cli_main
+from rlbuffers.errors import NotABufferError
 from rlbuffers.integrations.sb3 import (
     CommitCallback,
     ZarrDictReplayBuffer,
@@ -376,6 +377,10 @@ def _pointer_edits(tmp_path):
                        r"^pointer\.commit: expected an int >= 0, got str '1'$"),
         "space-int": (lambda p: p.__setitem__("action_space", 3), TypeError,
                       r"^pointer\.action_space: expected a gymnasium space, got int 3$"),
+        "path-nowhere": (lambda p: p.__setitem__("path", str(tmp_path / "nowhere")),
+                         NotABufferError, r"^pointer\.path: expected a buffer, got "),
+        "version": (lambda p: p.__setitem__("version", 9), ValueError,
+                    r"^pointer\.version: expected 1, got 9$"),
         "class-dict": (lambda p: p.__setitem__("class", ZarrDictReplayBuffer), TypeError,
                        r"^observation_space: ZarrDictReplayBuffer expected a Dict space"),
         "space-other": (lambda p: p.__setitem__("observation_space", OBS["box"]), ValueError,

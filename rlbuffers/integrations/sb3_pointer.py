@@ -30,6 +30,7 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 
 from rlbuffers.buffer import ReplayBuffer
+from rlbuffers.errors import NotABufferError
 from rlbuffers.integrations.sb3_checks import check_int, show
 
 __all__ = ["PointerPickling", "hold", "pointer", "release", "reopen", "sb3_context"]
@@ -123,6 +124,30 @@ def reopen(ptr: dict[str, Any]) -> Any:
         ``pointer.<field>``.
         NotABufferError: no buffer there any more.
     """
+    path, write_batch = _checked(ptr)
+    try:
+        with ReplayBuffer.open(path, mode="r") as peek:
+            last = int(peek.commit)
+    except NotABufferError as e:
+        raise NotABufferError(f"pointer.path: expected a buffer, got {e}") from None
+    if last != ptr["commit"]:
+        raise ValueError(
+            f"{path}: the pickled pointer names commit {ptr['commit']}, but the buffer's last "
+            f"commit is {last} (a buffer on disk keeps its newest state only); open the last "
+            "commit with ZarrReplayBuffer.open(path, ...) or resume(...)")
+    holder = _HOLDERS.get(_key(path))
+    working_dir = ptr["working_dir"]
+    if working_dir is not None and getattr(holder, "_working_dir", None) != working_dir:
+        working_dir = None   # not this process's: the default place, never a pickle's path
+    ptr["class"].check_openable(path, ptr["observation_space"], ptr["action_space"],
+                                ptr["device"], write_batch=write_batch)
+    release(path, "load_replay_buffer (unpickling) reopened its buffer")
+    return ptr["class"].open(path, ptr["observation_space"], ptr["action_space"],
+                             ptr["device"], working_dir=working_dir, write_batch=write_batch)
+
+
+def _checked(ptr: Any) -> tuple[str, int | None]:
+    """:func:`reopen`'s checks of the pointer's fields (see its Raises): path, write_batch."""
     from gymnasium import spaces
 
     from rlbuffers.integrations.sb3_buffer import _ZarrBuffer
@@ -130,7 +155,7 @@ def reopen(ptr: dict[str, Any]) -> Any:
     if not isinstance(ptr, dict):
         raise TypeError(f"pointer: expected a dict, got {show(ptr)}")
     if ptr.get("version") != POINTER_VERSION:
-        raise ValueError(f"pointer version: expected {POINTER_VERSION}, got "
+        raise ValueError(f"pointer.version: expected {POINTER_VERSION}, got "
                          f"{ptr.get('version')!r}")
     kinds: dict[str, tuple[Any, str]] = {
         "class": (type, "one of ZarrReplayBuffer, ZarrDictReplayBuffer, ZarrHerReplayBuffer"),
@@ -152,22 +177,7 @@ def reopen(ptr: dict[str, Any]) -> Any:
         raise ValueError("pointer.path: expected the buffer's directory, got str ''")
     if write_batch is not None:
         check_int("pointer.write_batch", write_batch, 1)
-    with ReplayBuffer.open(path, mode="r") as peek:
-        last = int(peek.commit)
-    if last != ptr["commit"]:
-        raise ValueError(
-            f"{path}: the pickled pointer names commit {ptr['commit']}, but the buffer's last "
-            f"commit is {last} (a buffer on disk keeps its newest state only); open the last "
-            "commit with ZarrReplayBuffer.open(path, ...) or resume(...)")
-    holder = _HOLDERS.get(_key(path))
-    working_dir = ptr["working_dir"]
-    if working_dir is not None and getattr(holder, "_working_dir", None) != working_dir:
-        working_dir = None   # not this process's: the default place, never a pickle's path
-    ptr["class"].check_openable(path, ptr["observation_space"], ptr["action_space"],
-                                ptr["device"], write_batch=write_batch)
-    release(path, "load_replay_buffer (unpickling) reopened its buffer")
-    return ptr["class"].open(path, ptr["observation_space"], ptr["action_space"],
-                             ptr["device"], working_dir=working_dir, write_batch=write_batch)
+    return path, write_batch
 
 
 class PointerPickling:

@@ -533,7 +533,7 @@ class Fuzz:
         if target == "pickle":
             pp = root / "replay.pkl"
             pp.write_bytes(mutate_bytes(pp.read_bytes(), rng))
-            return []
+            return ["pointer", *POINTER_KEYS]   # whichever field the flipped bytes hit
         return {"kwargs": self._tamper_zip, "data": self._tamper_zip,
                 "meta": self._tamper_meta, "pointer": self._tamper_pointer}[target](
                     root, target, edits, rng)
