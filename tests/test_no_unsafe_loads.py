@@ -24,6 +24,9 @@ ALLOWED = {
         "rlbuffers' restricted unpickler: it subclasses the pure-Python pickle._Unpickler to "
         "override its opcodes; find_class returns inert stand-ins (InertObject) or numpy's "
         "own array/dtype paths after checks, so no code named by the pickle runs",
+    ("tools/fuzz/fuzz_sb3_kwargs.py", "pickle.Unpickler"):
+        "reads back the pointer pickles the fuzzer itself made, through a find_class that "
+        "resolves only reopen (to the identity), gymnasium spaces and numpy reconstructors",
     ("tools/bench/profile_sample.py", "exec"):
         "compiles this repository's own source at a git revision (a benchmark of an older "
         "method), never data from a file a user is given",

@@ -78,6 +78,8 @@ class _ZarrBuffer(Sampling, ArrayViews, PointerPickling, SB3ReplayBuffer):
     latter's MRO, so its methods replace SB3's)."""
 
     _dict_obs: bool = False
+    #: whether :meth:`check_openable` can check an open on a read-only view (not HER's)
+    _checked_before_open: bool = True
     _rb: ReplayBuffer | None  # None: not created (Model.load over a buffer) or handed over
 
     def __init__(
@@ -354,11 +356,9 @@ class _ZarrBuffer(Sampling, ArrayViews, PointerPickling, SB3ReplayBuffer):
         Raises:
             As :meth:`open`.
         """
-        from rlbuffers.integrations.sb3_her import ZarrHerReplayBuffer
-
         if write_batch is not None:
             check_int("write_batch", write_batch, 1)
-        if issubclass(cls, ZarrHerReplayBuffer):  # its _setup needs the HER state
+        if not cls._checked_before_open:  # ZarrHerReplayBuffer: its _setup needs the HER state
             return
         with ReplayBuffer.open(path, mode="r") as peek:
             cls._prepared(peek, path, observation_space, action_space, device, write_batch)

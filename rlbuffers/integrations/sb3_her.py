@@ -152,6 +152,8 @@ class ZarrHerReplayBuffer(ZarrDictReplayBuffer, HerReplayBuffer):
         ``desired_goal``.
     """
 
+    _checked_before_open = False  # its _setup needs the HER state (check_openable)
+
     def __init__(self, buffer_size: int, observation_space: spaces.Dict,
                  action_space: spaces.Space, env: VecEnv | None = None,
                  device: th.device | str = "auto", n_envs: int = 1,

@@ -150,8 +150,6 @@ def _checked(ptr: Any) -> tuple[str, int | None]:
     """:func:`reopen`'s checks of the pointer's fields (see its Raises): path, write_batch."""
     from gymnasium import spaces
 
-    from rlbuffers.integrations.sb3_buffer import _ZarrBuffer
-
     if not isinstance(ptr, dict):
         raise TypeError(f"pointer: expected a dict, got {show(ptr)}")
     if ptr.get("version") != POINTER_VERSION:
@@ -169,7 +167,7 @@ def _checked(ptr: Any) -> tuple[str, int | None]:
             raise ValueError(f"pointer.{key}: expected {what}, got nothing (missing)")
         value = ptr[key]
         if not isinstance(value, kind) or isinstance(value, bool) or (
-                key == "class" and not issubclass(value, _ZarrBuffer)) or (
+                key == "class" and not issubclass(value, PointerPickling)) or (  # ours only
                 key == "commit" and value < 0):
             raise TypeError(f"pointer.{key}: expected {what}, got {show(value)}")
     path, write_batch = ptr["path"], ptr.get("write_batch")

@@ -199,13 +199,24 @@ class _Pointer:
         return reopen, (self.ptr,)
 
 
+#: module prefixes a pointer pickle may name besides ``reopen``: its buffer class, its spaces
+#: and their arrays
+_POINTER_MODULES = ("rlbuffers.integrations.sb3_buffer", "rlbuffers.integrations.sb3_her",
+                    "gymnasium.spaces", "numpy", "builtins", "collections")
+
+
 def read_pointer(data: bytes) -> dict[str, Any]:
     """The dict a pointer pickle passes to ``reopen``, without calling it."""
     class Reader(pickle.Unpickler):
+        """Resolves only ``reopen`` (to the identity), gymnasium's spaces and numpy's array
+        and dtype reconstructors: what a pointer holds; anything else is refused."""
+
         def find_class(self, module: str, name: str) -> Any:
             if (module, name) == ("rlbuffers.integrations.sb3_pointer", "reopen"):
                 return lambda ptr: ptr
-            return super().find_class(module, name)
+            if module.startswith(_POINTER_MODULES):
+                return super().find_class(module, name)
+            raise pickle.UnpicklingError(f"pointer pickle: {module}.{name} is not allowed")
 
     return Reader(io.BytesIO(data)).load()
 
