@@ -3,9 +3,7 @@
 Systems: rlbuffers; Stable-Baselines3 ``ReplayBuffer`` + ``save_replay_buffer`` (a pickle);
 TorchRL ``ReplayBuffer(LazyMemmapStorage)`` + ``dumps``/``loads``; cpprb ``ReplayBuffer`` +
 ``save_transitions``/``load_transitions``; and a plain in-RAM ring of numpy arrays saved with
-``np.save`` records into ``gzip.open`` (level 9; ragged observations as values + lengths), read back
-with ``np.load(allow_pickle=False)``: the pickle+gzip of the run that started the project,
-without a pickle (a state file read back must never run code).
+``pickle`` into ``gzip.open`` (defaults: protocol 4, level 9).
 
 Workloads: (a) real Pong frames, uint8 4x84x84, 100k transitions; (b) float32 256 KB
 observations, 10k transitions; (c) ragged int32 token trajectories, lengths 50-2,000.
@@ -30,6 +28,7 @@ from __future__ import annotations
 import argparse
 import gc
 import gzip
+import pickle
 import shutil
 import statistics
 import tempfile
@@ -348,9 +347,9 @@ class CPPRB(System):
         return self.rb.sample(B)["reward"].ravel()
 
 
-class NpyGzip(System):
-    name = "numpy ring + npy+gzip"
-    ragged_note = "Python list of int32 arrays (saved as values + lengths)"
+class PickleGzip(System):
+    name = "numpy ring + pickle+gzip"
+    ragged_note = "Python list of int32 arrays (object)"
     prioritized = False
 
     def build(self, per: bool = False) -> None:
@@ -374,17 +373,9 @@ class NpyGzip(System):
         s["cursor"], s["size"] = int((s["cursor"] + k) % self.cap), min(s["size"] + k, self.cap)
 
     def save(self, gen: int) -> Path:
-        path = self.scratch / f"ring-{gen}.npy.gz"
-        s = dict(self.state)
-        if isinstance(s["obs"], list):  # ragged: values + lengths (-1: an empty slot)
-            obs = s.pop("obs")
-            s["obs_lengths"] = np.array([-1 if o is None else len(o) for o in obs], np.int64)
-            s["obs_values"] = np.concatenate([o for o in obs if o is not None] or
-                                             [np.zeros(0, np.int32)])
-        with gzip.open(path, "wb") as f:  # .npy records one after the other: a stream
-            np.save(f, np.array(sorted(s)), allow_pickle=False)
-            for key in sorted(s):
-                np.save(f, np.asarray(s[key]), allow_pickle=False)
+        path = self.scratch / f"ring-{gen}.pkl.gz"
+        with gzip.open(path, "wb") as f:
+            pickle.dump(self.state, f)
         return path
 
     def drop(self) -> None:
@@ -392,15 +383,7 @@ class NpyGzip(System):
 
     def load(self, path: Path) -> None:
         with gzip.open(path, "rb") as f:
-            keys = np.load(f, allow_pickle=False).tolist()
-            s: dict[str, Any] = {k: np.load(f, allow_pickle=False) for k in keys}
-        s["cursor"], s["size"] = int(s["cursor"]), int(s["size"])
-        if "obs_lengths" in s:
-            lengths, values = s.pop("obs_lengths"), s.pop("obs_values")
-            stops = np.cumsum(np.maximum(lengths, 0))
-            s["obs"] = [None if n < 0 else values[e - n:e]
-                        for n, e in zip(lengths.tolist(), stops.tolist(), strict=True)]
-        self.state = s
+            self.state = pickle.load(f)
 
     def sample(self) -> Any:
         s = self.state
@@ -413,12 +396,12 @@ class NpyGzip(System):
         return self.sample()["reward"]
 
 
-SYSTEMS = [RLB, SB3, TorchRL, CPPRB, NpyGzip]
+SYSTEMS = [RLB, SB3, TorchRL, CPPRB, PickleGzip]
 PRIORITY_NOTES = {
     "SB3 ReplayBuffer": "no prioritized replay buffer",
     "TorchRL LazyMemmapStorage": "n/a: torchrl 0.14.1's C++ sum tree (`torchrl._torchrl`) fails"
     " to load against torch 2.13.0 (undefined symbol), so `PrioritizedSampler` cannot be built",
-    "numpy ring + npy+gzip": "none (plain arrays)",
+    "numpy ring + pickle+gzip": "none (plain arrays)",
 }
 
 
