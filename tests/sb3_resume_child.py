@@ -11,15 +11,14 @@ every 200 steps (model zip + buffer + RNG states), in one of two modes:
 from __future__ import annotations
 
 import os
-import signal
 import sys
 
 import numpy as np
 import torch as th
 from stable_baselines3 import DQN
-from stable_baselines3.common.callbacks import BaseCallback
 
-from rlbuffers.integrations.sb3 import CommitCallback, ZarrReplayBuffer
+from rlbuffers.integrations.sb3 import ZarrReplayBuffer
+from tests.sb3_child_common import run
 
 COMMIT_EVERY, RECORD_AT, KILL_AT, TOTAL = 200, 600, 700, 1_000
 BATCHES, BATCH_SIZE = 5, 32
@@ -45,34 +44,9 @@ def draw(model: DQN) -> dict[str, np.ndarray]:
     return out
 
 
-class Record(BaseCallback):
-    def __init__(self, run_dir: str) -> None:
-        super().__init__()
-        self.run_dir = run_dir
-
-    def _on_step(self) -> bool:
-        return True
-
-    def _on_rollout_end(self) -> None:   # after CommitCallback's, in the list's order
-        if self.model.num_timesteps == RECORD_AT:
-            np.savez(os.path.join(self.run_dir, "expected.npz"), **draw(self.model))
-            os._exit(0)
-
-
-class Kill(BaseCallback):
-    def _on_step(self) -> bool:
-        if self.model.num_timesteps == KILL_AT:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return True
-
-
 def main(mode: str, run_dir: str) -> None:
-    th.set_num_threads(1)
-    model = make_model(run_dir)
-    last = Record(run_dir) if mode == "record" else Kill()
-    model.learn(TOTAL, callback=[CommitCallback(COMMIT_EVERY, os.path.join(run_dir, "ckpt")),
-                                 last])
-    raise SystemExit(f"{mode}: training ended without reaching step {RECORD_AT}/{KILL_AT}")
+    run(mode, run_dir, make_model(run_dir), commit_every=COMMIT_EVERY, record_at=RECORD_AT,
+        kill_at=KILL_AT, total=TOTAL, draw=draw)
 
 
 if __name__ == "__main__":
