@@ -56,7 +56,7 @@ from rlbuffers.direct_io import DirectWriter
 from rlbuffers.errors import CorruptCheckpointError
 from rlbuffers.safe_load import load_json, open_regular
 from rlbuffers.storage.location import fsync_path
-from rlbuffers.storage.safe_files import open_inside, write_atomic_inside
+from rlbuffers.storage.safe_files import open_inside, remove_inside, write_atomic_inside
 
 log = logging.getLogger(__name__)
 
@@ -90,17 +90,7 @@ def file_crc32c(path: Path) -> int:
 def _remove(path: Path) -> None:
     """Remove ``path`` whatever it is, never following a symlink (a symlink is unlinked, a
     directory removed with what it holds); nothing when it is missing."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(mode):
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+    remove_inside(path.parent, path.name)
 
 
 def _is_real_dir(path: Path) -> bool:
