@@ -306,3 +306,29 @@ def test_regular_file_replacing_a_working_file_is_not_trusted(tmp_path, rel, cap
     assert any("replaced since state.json" in r.getMessage() for r in caplog.records)
     with ReplayBuffer.open(path, mode="r") as ro:
         _expect(ro, 11)
+
+
+@pytest.mark.parametrize("rel", [".working/tok.ragged/c2.bin", ".working/obs.npy"])
+def test_a_state_without_its_file_digest_is_not_trusted(tmp_path, rel, caplog):
+    """Fuzzer finding (tools/fuzz/fuzz_leases.py, 10-minute run): a ``state.json`` whose
+    ``files`` digest was removed was trusted as written by an older rlbuffers, so a file
+    planted in place of a working-tier file reached the next commit."""
+    import json
+
+    path = tmp_path / "buf"
+    _small(path, 10)
+    file = path / ".working" / "state.json"
+    state = json.loads(file.read_text())
+    del state["files"]
+    file.write_text(json.dumps(state))
+    data = bytearray((path / rel).read_bytes())
+    data[-8:] = b"\x07" * 8
+    (tmp_path / "planted").write_bytes(bytes(data))
+    os.replace(tmp_path / "planted", path / rel)
+    caplog.set_level(logging.INFO)
+    with ReplayBuffer.open(path) as buf:
+        buf.extend(_rows(10, 1))
+        buf.save()
+    assert any("records no digest" in r.getMessage() for r in caplog.records)
+    with ReplayBuffer.open(path, mode="r") as ro:
+        _expect(ro, 11)

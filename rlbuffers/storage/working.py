@@ -336,15 +336,19 @@ class WorkingTier:
 
     def trusted(self, buffer_id: str) -> bool:
         """Whether ``state.json`` speaks for this tier: same buffer, written in this boot, cut
-        by the same capacity and base chunk, and (when it records them: ``files``) the same
-        files as when it was written. A tier whose files were replaced is logged (WARNING)."""
+        by the same capacity and base chunk, and the same files as when it was written (its
+        ``files`` digest; a state without one is not trusted). A tier whose files were replaced is logged (WARNING)."""
         if not (self.state.get("buffer_id") == buffer_id
                 and self.state.get("boot_id", "") == BOOT_ID
                 and self.state.get("layout") == self.layout):
             return False
         files = self.state.get("files")
         dirty = set(self.state.get("dirty_chunks", []))
-        if files is not None and files != self.fingerprint(dirty):
+        if files is None:  # older rlbuffers, or a state.json someone wrote: not vouched for
+            log.info("%s: %s records no digest of the tier's files; the working tier is "
+                     "rebuilt from the last commit", self.path, STATE)
+            return False
+        if files != self.fingerprint(dirty):
             log.warning("%s: files of the working tier were replaced since %s was written; "
                         "the working tier is rebuilt from the last commit", self.path, STATE)
             return False
