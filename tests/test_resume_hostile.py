@@ -244,3 +244,18 @@ def test_the_undamaged_copy_resumes(pristine, tmp_path, monkeypatch, capsys):
     assert code in (0, None), lines
     assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] \
         == [1, 2]
+
+
+@pytest.mark.parametrize("env,needle", [
+    ("abc", "Environment `abc` doesn't exist"),
+    ("tests.no_such_module:Env", "no 'module:' prefix"),
+])
+def test_an_unknown_or_importing_env_id_in_config_json_is_one_line(pristine, env, needle,
+                                                                   tmp_path, monkeypatch,
+                                                                   capsys):
+    """fuzz_resume (10-minute run): ERL's ``env`` in config.json was handed to gym.make, whose
+    NameNotFound escaped as a traceback; a ``module:`` id would make gym.make import it."""
+    run, _ = damaged_copy(pristine, "erl", tmp_path)
+    _config(run, lambda s: json.dumps({**json.loads(s), "env": env}))
+    code, lines = resume("erl", run, monkeypatch, capsys)
+    assert_one_line(code, lines, "config.json", "--env: expected a registered Gymnasium", needle)

@@ -104,6 +104,7 @@ def check_config(c: Config) -> None:
         return 0 <= x <= 1, "in [0, 1]"
 
     check_rules(c, {
+        "env": _registered(c.env),
         "ray_address": (RAY_ADDRESS.fullmatch(c.ray_address) is not None,
                         "'', 'auto', 'local' or [ray://]host:port"),
         "generations": (c.generations >= 0, ">= 0"),
@@ -129,3 +130,19 @@ def check_config(c: Config) -> None:
         "train_threads": (c.train_threads >= 1, ">= 1"), "workers": (c.workers >= 1, ">= 1"),
         "rollout_backend": (c.rollout_backend in BACKENDS, "'', 'inprocess' or 'ray'"),
     })
+
+
+def _registered(env_id: str) -> tuple[bool, str]:
+    """Whether ``env_id`` names a registered Gymnasium environment, and what is expected. A
+    ``module:`` prefix (which makes Gymnasium import that module) is refused: on ``--resume``
+    the id comes from the run's ``config.json``, which must not choose code to import."""
+    import gymnasium as gym
+
+    expected = "a registered Gymnasium environment id such as HalfCheetah-v5"
+    if ":" in env_id:
+        return False, expected + " (no 'module:' prefix: nothing is imported for it)"
+    try:
+        gym.spec(env_id)
+    except gym.error.Error as e:
+        return False, f"{expected} ({e})"
+    return True, expected
