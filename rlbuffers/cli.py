@@ -141,15 +141,27 @@ def _inspect(args: argparse.Namespace) -> int:
     return 1 if report.get("corrupt") else 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse without prefix matching (``allow_abbrev=False``): a shortened or misspelt
+    flag is an error, never silently taken for another; subcommands' parsers inherit it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
-    parser = argparse.ArgumentParser(prog="rlbuffers",
+    from rlbuffers import __version__
+
+    parser = _Parser(prog="rlbuffers",
                                      description="Inspect, verify and convert replay buffers "
                                                  "stored on disk; write token shards.",
                                      epilog="Run 'rlbuffers COMMAND --help' for a command's "
                                             "options.")
     parser.add_argument("--debug", action="store_true",
                         help="on an error, show the Python traceback")
+    parser.add_argument("--version", action="version", version=f"rlbuffers {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 title="commands")
     p = sub.add_parser("inspect", help="describe a stored replay buffer",

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from rlbuffers import FieldSpec, PrioritizedSampler, ReplayBuffer
 from rlbuffers.cli import main
@@ -219,3 +220,38 @@ def test_every_command_and_option_has_a_help_line():
                 assert action.help, f"{name} {action.option_strings or action.dest}: no help"
 
     walk(build_parser(), "rlbuffers")
+
+
+def test_version_prints_the_package_version(capsys):
+    import rlbuffers
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"rlbuffers {rlbuffers.__version__}"
+
+
+@pytest.mark.parametrize("argv", [["inspect", "--jso", "x"], ["inspect", "x", "--verif"],
+                                  ["verify", "x", "--repai"]])
+def test_flags_are_never_abbreviated(tmp_path, argv, capsys):
+    """Issue 45: '--jso' was taken for '--json' silently; a prefix is now an unknown flag,
+    also in the subcommands' parsers."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert "unrecognized arguments: " + next(a for a in argv if a.startswith("--")) in \
+        capsys.readouterr().err
+
+
+def test_trainer_flags_are_never_abbreviated(capsys):
+    """Issue 45: 'python -m trainers.erl --generation 1' ran as --generations 1."""
+    from trainers.config import parse_config
+    from trainers.erl.config import RESUMABLE, Config
+
+    with pytest.raises(SystemExit) as e:
+        parse_config(Config, ["--generation", "1"], prog="python -m trainers.erl",
+                     description="", resumable=RESUMABLE)
+    assert e.value.code == 2
+    assert "unrecognized arguments: --generation 1" in capsys.readouterr().err
+    assert parse_config(Config, ["--generations", "1"], prog="p", description="",
+                        resumable=RESUMABLE).generations == 1

@@ -35,7 +35,12 @@ class ConfigError(ValueError):
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose errors are one line pointing at ``--help`` (not the usage block)."""
+    """argparse whose errors are one line pointing at ``--help`` (not the usage block), with
+    no prefix matching (``--generation 1`` is an error, not ``--generations 1``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> Any:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
