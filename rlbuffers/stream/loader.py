@@ -300,6 +300,13 @@ class StreamLoader:
             count += 1
             yield item
 
+    def _run_slot(self, slot: int) -> Iterator[tuple[Any, dict[str, Any]]]:
+        """``slot``'s pipeline through the quota runner, each item with the pipeline's state
+        after it: what a DataLoader worker runs (see :mod:`rlbuffers.stream.workers`)."""
+        pipe = self._build(slot)
+        for item in self._run(slot, iter(pipe)):
+            yield item, pipe.state_dict()
+
     def _iter_local(self) -> Iterator[Any]:
         if 0 not in self._live:
             pipe = self._build(0)
@@ -316,7 +323,7 @@ class StreamLoader:
 
     def _iter_workers(self) -> Iterator[Any]:
         offset = (self._last_slot + 1) % self._slots_n
-        for slot, item, state in worker_loader(self, offset, self.num_workers):
+        for slot, item, state in worker_loader(self._run_slot, offset, self.num_workers):
             self._states[slot] = state
             if not isinstance(item, Count):
                 self._slot_batches[slot] += 1

@@ -1,6 +1,7 @@
 """The DataLoader-worker path of :class:`~rlbuffers.stream.StreamLoader`: each worker runs one
-slot's pipeline through the loader's quota runner and sends ``(slot, item, state)``; and
-workers exit when the process that started them dies.
+slot through a *slot runner* the loader hands over (its pipeline through the loader's quota
+runner) and sends ``(slot, item, state)``; and workers exit when the process that started them
+dies. This module knows nothing of the loader: it takes the runner, a plain callable.
 
 Orphaned workers: after a SIGKILL of the consumer, a torch DataLoader worker can block for ever
 in ``multiprocessing`` queue finalisation (its feeder thread waits to flush a full pipe that
@@ -19,11 +20,12 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any
 
-if TYPE_CHECKING:
-    from rlbuffers.stream.loader import StreamLoader
+SlotRunner = Callable[[int], Iterator[tuple[Any, dict[str, Any]]]]
+"""``run(slot)``: yields ``(item, state)`` for one slot of this epoch, ``state`` the slot's
+pipeline state after ``item`` (picklable, e.g. a bound method of a picklable object)."""
 
 logger = logging.getLogger(__name__)
 
@@ -62,12 +64,13 @@ def _worker_init(parent_pid: int, worker_id: int) -> None:
 
 
 class _WorkerDataset:
-    """Runs one slot's pipeline inside a DataLoader worker; yields (slot, item, state).
-    Combined with ``torch.utils.data.IterableDataset`` by :func:`_worker_dataset_class`
-    (torch is imported only when workers are used)."""
+    """Runs one slot inside a DataLoader worker; yields (slot, item, state). Combined with
+    ``torch.utils.data.IterableDataset`` by :func:`_worker_dataset_class` (torch is imported
+    only when workers are used)."""
 
-    def __init__(self, loader: StreamLoader, offset: int) -> None:
-        self.loader = loader
+    def __init__(self, run_slot: SlotRunner, num_slots: int, offset: int) -> None:
+        self.run_slot = run_slot
+        self.num_slots = num_slots
         self.offset = offset
 
     def __iter__(self) -> Iterator[tuple[int, Any, dict[str, Any]]]:
@@ -75,10 +78,9 @@ class _WorkerDataset:
 
         info = torch.utils.data.get_worker_info()
         worker = info.id if info is not None else 0  # None: iterated outside a worker
-        slot = (worker + self.offset) % self.loader._slots_n
-        pipe = self.loader._build(slot)
-        for item in self.loader._run(slot, iter(pipe)):
-            yield slot, item, pipe.state_dict()
+        slot = (worker + self.offset) % self.num_slots
+        for item, state in self.run_slot(slot):
+            yield slot, item, state
 
 
 @functools.cache
@@ -92,12 +94,12 @@ def _identity(x: Any) -> Any:
     return x
 
 
-def worker_loader(loader: StreamLoader, offset: int, num_workers: int) -> Any:
+def worker_loader(run_slot: SlotRunner, offset: int, num_workers: int) -> Any:
     """A ``torch.utils.data.DataLoader`` over ``num_workers`` forked workers, worker ``i``
-    running slot ``(i + offset) % num_workers``; yields ``(slot, item, state)``."""
+    running ``run_slot((i + offset) % num_workers)``; yields ``(slot, item, state)``."""
     import torch.utils.data
 
-    dataset = _worker_dataset_class()(loader, offset)
+    dataset = _worker_dataset_class()(run_slot, num_workers, offset)
     return torch.utils.data.DataLoader(
         dataset, batch_size=None, num_workers=num_workers, collate_fn=_identity,
         worker_init_fn=functools.partial(_worker_init, os.getpid()))
