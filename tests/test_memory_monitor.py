@@ -241,7 +241,10 @@ def warnings_in(caplog):
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
 
 
-def test_fraction_warnings_fire_once_per_crossing(fake_cgroup, caplog):
+def test_fraction_warnings_fire_once_per_level_with_gib_figures_and_whose(fake_cgroup, caplog):
+    """Issue 45: a fraction that falls and rises again around a level (a neighbour filling
+    the memory) is warned once per level, with the cgroup's GiB figures and this process's
+    share; the cgroup here is made up, so the process's RSS is a small part of 900 MiB."""
     set_used, kw = fake_cgroup
     monitor = MemoryMonitor(warn_below_available_bytes=0, **kw)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
@@ -255,11 +258,28 @@ def test_fraction_warnings_fire_once_per_crossing(fake_cgroup, caplog):
         set_used(960)
         monitor.check()
         assert "level 95%" in warnings_in(caplog)[-1]
-        set_used(100)
+        for used in (100, 900, 960, 100, 980):  # down and up again: nothing more
+            set_used(used)
+            monitor.check()
+    said = warnings_in(caplog)
+    assert len(said) == 2, said
+    assert said[0].startswith("memory 90% full (warning level 85%, said once): this cgroup's "
+                              "memory limit (the container's, page cache included): 0.9 of "
+                              "1.0 GiB in use, this process's RSS ")
+    assert "other processes hold most of it" in said[0] or rss_bytes() > 450 * MIB
+    assert "0.9 of 1.0 GiB in use" in said[1] and "level 95%" in said[1]
+
+
+def test_a_warning_says_when_this_process_holds_the_memory(fake_cgroup, caplog):
+    """A cgroup of twice the process's RSS, 90% used: the process holds most of it."""
+    _, kw = fake_cgroup
+    rss = rss_bytes()
+    write_v2(kw["cgroup_root"], "job", 2 * rss, int(1.8 * rss))
+    monitor = MemoryMonitor(warn_below_available_bytes=0, log_capacity=False, **kw)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
         monitor.check()
-        set_used(900)
-        monitor.check()
-    assert len(warnings_in(caplog)) == 3
+    said = warnings_in(caplog)
+    assert len(said) == 1 and "this process holds most of it" in said[0], said
 
 
 def test_low_memory_warning_names_the_threshold(fake_cgroup, caplog):
@@ -269,7 +289,12 @@ def test_low_memory_warning_names_the_threshold(fake_cgroup, caplog):
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         snap = monitor.check()
     assert snap.low and snap.available_bytes == 50 * MIB
-    assert any("low memory" in m for m in warnings_in(caplog))
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        monitor.check()  # still low: not said again
+    said = warnings_in(caplog)
+    assert len(said) == 1 and said[0].startswith(
+        "low memory (said once): 0.05 GiB available, under the 0.06 GiB threshold; this "
+        "cgroup's memory limit"), said
 
 
 def test_phase_records_a_known_allocation_and_warns_before_oom(fake_cgroup, caplog):

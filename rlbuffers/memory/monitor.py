@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rlbuffers.memory.capacity import capacity
-from rlbuffers.memory.cgroup import CGROUP_ROOT, PROC_SELF_CGROUP
+from rlbuffers.memory.cgroup import CGROUP_ROOT, PROC_SELF_CGROUP, cgroup_limit_bytes
 from rlbuffers.memory.limits import available_bytes, memory_limit_bytes
 from rlbuffers.memory.peak import PeakMemory, _cuda_device
 from rlbuffers.memory.process import peak_rss_bytes, rss_bytes
@@ -48,6 +48,28 @@ class MemorySnapshot:
 
 
 @dataclass(frozen=True)
+class Usage:
+    """Whose memory is how full, for a warning: ``used_bytes`` of ``total_bytes`` of
+    ``whose`` (the machine's RAM, a cgroup's limit or a CUDA device), and this process's
+    share (``own_bytes``: its RSS, or on a CUDA device what torch reserved)."""
+
+    fraction: float
+    used_bytes: int
+    total_bytes: int
+    whose: str
+    own_bytes: int
+    own: str = "RSS"
+
+    def describe(self) -> str:
+        """``the machine's RAM: 21.9 of 24.0 GiB in use, this process's RSS 2.8 GiB: other
+        processes hold the rest`` (or ``...: this process holds most of it``)."""
+        mine = ("this process holds most of it" if self.own_bytes >= self.used_bytes / 2
+                else "other processes hold most of it")
+        return (f"{self.whose}: {self.used_bytes / GIB:.1f} of {self.total_bytes / GIB:.1f} "
+                f"GiB in use, this process's {self.own} {self.own_bytes / GIB:.1f} GiB: {mine}")
+
+
+@dataclass(frozen=True)
 class PhaseRecord:
     """Peak memory of one ``monitor.phase(name)`` block (bytes; CUDA 0 without a device)."""
 
@@ -69,12 +91,13 @@ class MemoryMonitor:
     """Memory figures, phase peaks and early warnings for a training loop.
 
     Args:
-        warn_below_available_bytes: :meth:`check` logs a warning whenever available memory
-            is under this many bytes (>= 0).
+        warn_below_available_bytes: :meth:`check` logs a warning (once in the monitor's
+            life) when available memory is under this many bytes (>= 0).
         warn_fractions: fractions of the memory limit (host RAM or cgroup limit; or of the
             CUDA ``device``'s memory, whichever is fuller) whose crossing logs a warning,
-            once per crossing, from :meth:`check` and from the sampling thread of each phase
-            (each in (0, 1]).
+            once per level in the monitor's life, from :meth:`check` and from the sampling
+            thread of each phase (each in (0, 1]). Warnings give the GiB figures, whose
+            memory it is and this process's share (other processes may be filling it).
         device: CUDA device whose ``max_memory_allocated`` each phase records (None: RSS only).
         sample_interval_s: seconds between RSS samples inside a phase.
         log_capacity: log :func:`capacity` (RAM, cgroup limit, CPUs, CUDA devices) now.
@@ -97,7 +120,8 @@ class MemoryMonitor:
         self._cuda = _cuda_device(device)
         self.sample_interval_s = sample_interval_s
         self._cgroup = (proc_cgroup, cgroup_root)
-        self._level = 0  # how many warn_fractions are crossed now
+        self._level = 0  # how many warn_fractions have been reached (each warned once)
+        self._warned_low = False  # the low-memory warning is said once
         self._lock = threading.Lock()
         self.phases: dict[str, PhaseRecord] = {}
         self.savings: dict[str, int] = {}
@@ -115,41 +139,62 @@ class MemoryMonitor:
             log.info("memory capacity: %s (%s) %.2f GiB total, %.2f GiB free", d["device"],
                      d["name"], d["total_bytes"] / GIB, d["free_bytes"] / GIB)
 
-    def _warn_fractions(self, used_fraction: float) -> None:
+    def _usage(self, avail: int) -> Usage:
+        """How full the memory is: the RAM limit's (host RAM, or the cgroup's limit when it is
+        smaller), or the CUDA device's when that is fuller."""
+        limit = memory_limit_bytes(*self._cgroup)
+        used = min(1.0, max(0.0, 1 - avail / limit)) if limit else 0.0
+        cgroup = cgroup_limit_bytes(*self._cgroup)
+        whose = "the machine's RAM" if cgroup is None or cgroup > limit else \
+            "this cgroup's memory limit (the container's, page cache included)"
+        usage = Usage(used, max(0, limit - avail), limit, whose, rss_bytes())
+        if self._cuda is not None:
+            torch = sys.modules["torch"]
+            free, total = torch.cuda.mem_get_info(self._cuda)
+            if total and 1 - free / total > used:
+                usage = Usage(1 - free / total, total - free, total,
+                              f"CUDA device {self._cuda}'s memory",
+                              int(torch.cuda.memory_reserved(self._cuda)),
+                              "memory reserved by torch")
+        return usage
+
+    def _warn_fractions(self, usage: Usage) -> None:
+        """Warn once per level of :attr:`warn_fractions` (the first time the used fraction
+        reaches it in this monitor's life: a fraction that goes down and up again around a
+        level is not repeated)."""
         with self._lock:
-            level = sum(used_fraction >= f for f in self.warn_fractions)
-            crossed, self._level = level > self._level, level
+            level = sum(usage.fraction >= f for f in self.warn_fractions)
+            crossed, self._level = level > self._level, max(level, self._level)
         if crossed:
-            log.warning("memory at %.0f%% of its limit (warning level %.0f%%): an "
-                        "out-of-memory error may follow", used_fraction * 100,
-                        self.warn_fractions[level - 1] * 100)
+            log.warning("memory %.0f%% full (warning level %.0f%%, said once): %s; an "
+                        "out-of-memory error may follow", usage.fraction * 100,
+                        self.warn_fractions[level - 1] * 100, usage.describe())
 
     def check(self) -> MemorySnapshot:
-        """Measure now; warn if available memory is under the threshold or a fraction of the
-        limit has been crossed since the last check."""
+        """Measure now; warn (once per monitor) if available memory is under the threshold,
+        and once per level of ``warn_fractions`` reached."""
         avail = available_bytes(*self._cgroup)
-        used = self._used_fraction(avail)
+        usage = self._usage(avail)
         snap = MemorySnapshot(rss_bytes=rss_bytes(), peak_rss_bytes=peak_rss_bytes(),
                               available_bytes=avail,
-                              low=avail < self.warn_below_available_bytes, used_fraction=used)
-        if snap.low:
-            log.warning("low memory: %.2f GiB available, under the %.2f GiB threshold "
-                        "(process RSS %.2f GiB)", avail / GIB,
-                        self.warn_below_available_bytes / GIB, snap.rss_bytes / GIB)
-        self._warn_fractions(used)
+                              low=avail < self.warn_below_available_bytes,
+                              used_fraction=usage.fraction)
+        with self._lock:
+            warn_low, self._warned_low = snap.low and not self._warned_low, \
+                self._warned_low or snap.low
+        if warn_low:
+            log.warning("low memory (said once): %.2f GiB available, under the %.2f GiB "
+                        "threshold; %s", avail / GIB, self.warn_below_available_bytes / GIB,
+                        usage.describe())
+        self._warn_fractions(usage)
         return snap
 
     def _used_fraction(self, avail: int) -> float:
         """Used fraction of the RAM limit, or of the CUDA device's memory if that is higher."""
-        limit = memory_limit_bytes(*self._cgroup)
-        used = min(1.0, max(0.0, 1 - avail / limit)) if limit else 0.0
-        if self._cuda is not None:
-            free, total = sys.modules["torch"].cuda.mem_get_info(self._cuda)
-            used = max(used, 1 - free / total)
-        return used
+        return self._usage(avail).fraction
 
     def _on_sample(self, _rss: int) -> None:
-        self._warn_fractions(self._used_fraction(available_bytes(*self._cgroup)))
+        self._warn_fractions(self._usage(available_bytes(*self._cgroup)))
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[PeakMemory]:
