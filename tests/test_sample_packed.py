@@ -23,13 +23,14 @@ def check_packed(packed: Packed, rows: list, dtype: str, row_shape: tuple[int, .
     """``packed`` is exactly ``rows`` (a list of arrays) end to end, offsets included."""
     assert isinstance(packed, Packed)
     assert packed.values.dtype == np.dtype(dtype) and packed.values.shape[1:] == row_shape
-    assert packed.cu_seqlens.dtype == np.int64 and packed.cu_seqlens.shape == (len(rows) + 1,)
+    assert packed.cu_seqlens.dtype == np.int32 and packed.cu_seqlens.shape == (len(rows) + 1,)
     want_cu = np.concatenate([[0], np.cumsum([len(r) for r in rows])])
     np.testing.assert_array_equal(packed.cu_seqlens, want_cu)
     want = (np.concatenate(rows) if rows else np.empty((0, *row_shape), dtype))
     np.testing.assert_array_equal(packed.values, want.reshape(-1, *row_shape))
     assert len(packed) == len(rows)
     np.testing.assert_array_equal(packed.seqlens, [len(r) for r in rows])
+    assert packed.seqlens.dtype == np.int32
     for i, r in enumerate(rows):
         np.testing.assert_array_equal(packed[i], r)
         assert packed[i].dtype == r.dtype and packed[i].shape == r.shape
@@ -170,4 +171,64 @@ def test_packed_values_are_a_copy(tmp_path, mode):
     got.values[:] = -1
     again = buf.sample(8, rng=np.random.default_rng(1), ragged="packed")
     check_packed(again["tok"], [rows[i] for i in again["indices"].tolist()], "int32", ())
+    buf.close()
+
+
+def test_cu_seqlens_is_int32_like_the_stream_batches():
+    """One ``cu_seqlens`` dtype across the library: the buffer's :class:`Packed` and the
+    streaming pipeline's batches (flash-attn varlen and HF's flattening collator take int32)."""
+    from rlbuffers.stream import collate
+
+    batch = collate([[np.arange(3), np.arange(2)], [np.arange(4)]], pad_token_id=0)
+    p = Packed(np.arange(5), [0, 2, 5])  # other integer offsets are converted on construction
+    assert p.cu_seqlens.dtype == batch["cu_seqlens"].dtype == np.int32
+    assert p.cu_seqlens.tolist() == [0, 2, 5]
+    same = np.array([0, 2, 5], dtype=np.int32)
+    assert Packed(np.arange(5), same).cu_seqlens is same  # int32 already: kept, not copied
+
+
+@pytest.mark.parametrize(("cu", "error", "message"), [
+    (np.array([0, 2**31], dtype=np.int64), ValueError,
+     "cu_seqlens[1]: expected an int32 offset (at most 2,147,483,647 values in one Packed), "
+     "got 2,147,483,648"),
+    (np.array([-(2**31) - 1, 0], dtype=np.int64), ValueError, "cu_seqlens[0]: expected an int32"),
+    (np.array([0.0, 2.0]), TypeError, "cu_seqlens: expected integer offsets (int32), got dtype "
+     "float64"),
+    (np.array([False, True]), TypeError, "got dtype bool"),
+])
+def test_packed_refuses_offsets_int32_cannot_hold(cu, error, message):
+    with pytest.raises(error) as e:
+        Packed(np.arange(5), cu)
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize("mode", ["r+", "r"])
+def test_a_packed_sample_over_int32_values_names_the_field(tmp_path, mode, monkeypatch):
+    """More values than int32 ``cu_seqlens`` address: a ValueError naming the field, raised
+    before anything is gathered; the list format (int64 offsets inside) is not limited. The
+    limit is lowered to 10 values here (the real one needs 2**31 values)."""
+    from rlbuffers import packed as packed_module
+
+    path = tmp_path / "b"
+    rows = make_rows([4, 6, 5], "tok", 0)
+    buf = ReplayBuffer.create(path, capacity=8, fields={"tok": FieldSpec((None,), "int32")},
+                              seed=3)
+    buf.extend({"tok": rows})
+    if mode == "r":
+        buf.save()
+        buf.close()
+        buf = ReplayBuffer.open(path, mode="r")
+    monkeypatch.setattr(packed_module, "MAX_PACKED_VALUES", 10)
+    state = buf.rng.bit_generator.state
+    listed = buf.sample(3, rng=np.random.default_rng(0))  # the same draw as a list
+    total = sum(len(rows[i]) for i in listed["indices"].tolist())
+    assert total > 10
+    with pytest.raises(ValueError) as e:
+        buf.sample(3, rng=np.random.default_rng(0), ragged="packed")
+    assert str(e.value) == (f"field 'tok': the 3 rows hold {total} values, more than "
+                            "ragged='packed' addresses with int32 cu_seqlens (10); sample fewer "
+                            "rows, or use ragged='list' or 'padded'")
+    for got, i in zip(listed["tok"], listed["indices"].tolist(), strict=True):
+        np.testing.assert_array_equal(got, rows[i])
+    assert buf.rng.bit_generator.state == state  # explicit generators: the buffer's untouched
     buf.close()

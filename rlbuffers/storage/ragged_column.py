@@ -5,9 +5,11 @@ or :class:`~rlbuffers.padded.Padded`."""
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +17,7 @@ import numpy as np
 from rlbuffers import ranges
 from rlbuffers.errors import UnsafePathError
 from rlbuffers.intmath import ceil_div
-from rlbuffers.packed import Packed, cu_seqlens, packed_from_bytes
+from rlbuffers.packed import Packed, packed_offsets, row_list, row_offsets
 from rlbuffers.padded import Padded, padded_from_pieces
 from rlbuffers.spec import FieldSpec
 from rlbuffers.storage.copy_threads import copy_parts, copy_pool
@@ -84,6 +86,8 @@ class RaggedColumn:
                  base_chunk_rows: int, *, create: bool) -> None:
         self.root, self.rel = root, rel
         self.path, self.spec, self.capacity = root / rel, spec, capacity
+        self.name = Path(rel).name.removesuffix(".ragged")
+        """The field's name (for error messages)."""
         self.base_chunk_rows = base_chunk_rows
         self._row_bytes = spec.item_bytes  # computed once: gather needs it on every call
         self._fds: dict[int, int] = {}
@@ -215,8 +219,9 @@ class RaggedColumn:
 
     def gather(self, slots: np.ndarray) -> list[np.ndarray]:
         """Values of ``slots`` (int64[N]) as a list of N arrays ``[len_i, *row]``: views into
-        the one new flat array of :meth:`gather_packed`."""
-        return self.gather_packed(slots).to_list()
+        one new flat array gathered as :meth:`gather_packed` does (with int64 offsets: no
+        int32 limit on the list format)."""
+        return row_list(*self._gather_flat(slots, row_offsets))
 
     def _ranges(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                    np.ndarray]:
@@ -245,20 +250,34 @@ class RaggedColumn:
         return [views[c][a:b] for c, a, b in
                 zip(chunk.tolist(), starts.tolist(), ends.tolist(), strict=True)], lengths
 
-    def gather_packed(self, slots: np.ndarray) -> Packed:
-        """Values of ``slots`` (int64[N]) packed: ``values [sum_len, *row]`` (a new array),
-        ``cu_seqlens`` int64[N + 1]; copied out of the memory-mapped values files in one C
-        call (:data:`ranges.copy_ranges`), or, without the C extension, one
+    def _gather_flat(self, slots: np.ndarray, offsets: Callable[[np.ndarray], np.ndarray]
+                     ) -> tuple[np.ndarray, np.ndarray]:
+        """Values of ``slots`` (int64[N]) end to end, ``[sum_len, *row]`` (a new array), and
+        their offsets ``offsets(lengths)`` (int64[N + 1], computed, and checked by
+        ``offsets``, before anything is copied); copied out of the memory-mapped values files
+        in one C call (:data:`ranges.copy_ranges`), or, without the C extension, one
         ``bytearray.join`` of the rows' byte ranges (no numpy call per row)."""
         if ranges.copy_ranges is not None:
             chunk, starts, ends, lengths = self._ranges(slots)
-            cu = cu_seqlens(lengths)
+            cu = offsets(lengths)
             values = np.empty((int(cu[-1]), *self.spec.row_shape), dtype=self.spec.dtype)
             copy_rows(values, self._views, chunk, starts, ends, cu * self._row_bytes)
-            return Packed(values, cu)
+            return values, cu
         pieces, lengths = self._pieces(slots)
-        return packed_from_bytes(bytearray().join(pieces), lengths, self.spec.dtype,
-                                 self.spec.row_shape)
+        cu = offsets(lengths)
+        flat = np.frombuffer(bytearray().join(pieces), dtype=self.spec.dtype)
+        return flat.reshape(-1, *self.spec.row_shape), cu
+
+    def gather_packed(self, slots: np.ndarray) -> Packed:
+        """Values of ``slots`` (int64[N]) packed: ``values [sum_len, *row]`` (a new array),
+        ``cu_seqlens`` int32[N + 1] (see :meth:`_gather_flat`).
+
+        Raises:
+            ValueError: the rows hold more values than int32 ``cu_seqlens`` address (the field
+                named; see :func:`~rlbuffers.packed.packed_offsets`).
+        """
+        return Packed(*self._gather_flat(slots, functools.partial(packed_offsets,
+                                                                  field=self.name)))
 
     def gather_padded(self, slots: np.ndarray) -> Padded:
         """Values of ``slots`` (int64[N]) padded: ``values [N, L, *row]`` (a new array, zeros
