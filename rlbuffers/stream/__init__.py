@@ -12,6 +12,7 @@ from rlbuffers.lazy import lazy_attributes
 
 #: name -> module of every public name.
 _LAZY = {
+    "StreamBatch": "rlbuffers.stream.batch",
     "Pack": "rlbuffers.stream.batching",
     "PadBatch": "rlbuffers.stream.batching",
     "Row": "rlbuffers.stream.batching",
@@ -67,7 +68,7 @@ __all__ = [
     "IGNORE_INDEX", "BlockShuffle", "IndexSource", "ShardManifestError", "MapStage", "Pack",
     "Packing", "PadBatch",
     "Padding", "RecordTooLargeError", "Row",
-    "RowBatch", "ShardError", "ShardSource", "Stage", "StreamConfig", "StreamLoader",
+    "RowBatch", "ShardError", "ShardSource", "Stage", "StreamBatch", "StreamConfig", "StreamLoader",
     "StreamStateError", "TarFormatError", "TextTokenizer", "TokenStore", "TokenStoreError",
     "TokenStoreWriter",
     "Tokenize", "WindowStage", "block_causal_mask", "budget_batches", "build_pipeline",

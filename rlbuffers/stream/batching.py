@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from rlbuffers.intmath import round_up
+from rlbuffers.stream.batch import StreamBatch
 from rlbuffers.stream.packing import fit_sequences, pack_bfd
 from rlbuffers.stream.stages import Stage, WindowStage
 
@@ -94,7 +95,7 @@ class RowBatch(WindowStage):
     cut_at_pass_end = False  # keeps order: a batch may hold the last and first rows of 2 passes
 
     def __init__(self, upstream: Stage, rows_per_batch: int,
-                 collate_fn: Callable[[list[list[np.ndarray]], dict[str, int]], dict[str, Any]]
+                 collate_fn: Callable[[list[list[np.ndarray]], dict[str, int]], StreamBatch]
                  ) -> None:
         super().__init__(upstream, rows_per_batch, salt=4)
         self.collate_fn = collate_fn
@@ -102,7 +103,7 @@ class RowBatch(WindowStage):
     def process(self, items: list[Any], rng: np.random.Generator) -> list[Any]:
         return [items]
 
-    def emit(self, output: list[Row]) -> dict[str, Any]:
+    def emit(self, output: list[Row]) -> StreamBatch:
         counts: dict[str, int] = {}
         for r in output:
             add_counts(counts, r.counts())
@@ -147,7 +148,7 @@ class PadBatch(WindowStage):
     def __init__(self, upstream: Stage, *, max_length: int, bucket_window_sequences: int,
                  batch_size: int | None, max_tokens: int | None, sort_by_length: bool,
                  overflow: str, pad_to_multiple_of: int | None,
-                 collate_fn: Callable[[list[list[np.ndarray]], dict[str, int]], dict[str, Any]],
+                 collate_fn: Callable[[list[list[np.ndarray]], dict[str, int]], StreamBatch],
                  seed: int = 0, epoch: int = 0, read_ahead_windows: int = 0) -> None:
         super().__init__(upstream, bucket_window_sequences, seed=seed, epoch=epoch, salt=5,
                          read_ahead_windows=read_ahead_windows)
@@ -173,5 +174,5 @@ class PadBatch(WindowStage):
             out.append(([[seqs[i]] for i in members], _notes_of(members, notes)))
         return out
 
-    def emit(self, output: tuple[list[list[np.ndarray]], dict[str, int]]) -> dict[str, Any]:
+    def emit(self, output: tuple[list[list[np.ndarray]], dict[str, int]]) -> StreamBatch:
         return self.collate_fn(*output)

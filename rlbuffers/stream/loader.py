@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rlbuffers.stream.batch import StreamBatch
 from rlbuffers.stream.batching import Pack, PadBatch, RowBatch, add_counts
 from rlbuffers.stream.config import Packing, Padding, StreamConfig
 from rlbuffers.stream.errors import StreamStateError
@@ -42,7 +43,7 @@ COUNTERS = (*SKIP_COUNTERS, "documents_split", "split_extra_pieces", "truncated_
 
 
 def _collate(cfg: StreamConfig, rows: list[list[Any]], counts: dict[str, int]
-             ) -> dict[str, Any]:
+             ) -> StreamBatch:
     pad = cfg.batching if isinstance(cfg.batching, Padding) else None
     return collate(rows, pad_token_id=cfg.pad_token_id, max_length=cfg.max_length,
                    pad_to=cfg.max_length if pad is not None and pad.fixed_padding else None,
@@ -54,9 +55,9 @@ def build_pipeline(source: Stage, tokenizer: TextTokenizer | None, cfg: StreamCo
                    epoch: int = 0) -> Stage:
     """The batch stages over ``source``: tokenize -> block shuffle (of token arrays) -> pack +
     row batches, or pad batches. Tokenizing before the shuffle feeds the tokenizer texts in
-    shard order, which its word cache serves faster. Yields batch dicts (see
-    :mod:`rlbuffers.stream.padding`). Read-ahead threads are set in the stages' constructors
-    from ``cfg.read_ahead_*``."""
+    shard order, which its word cache serves faster. Yields batches
+    (:class:`~rlbuffers.stream.batch.StreamBatch`, see :mod:`rlbuffers.stream.padding`).
+    Read-ahead threads are set in the stages' constructors from ``cfg.read_ahead_*``."""
     stage: Stage = Tokenize(source, tokenizer, text_field=cfg.text_field,
                             tokenize_batch_texts=cfg.tokenize_batch_texts,
                             read_ahead_windows=cfg.read_ahead_tokenize_batches,
@@ -144,10 +145,12 @@ def _data_difference(mine: dict[str, Any], theirs: Any) -> str | None:
 class StreamLoader:
     """Batches of token ids streamed from shards (or any indexable sequence), resumable.
 
-    Use :meth:`from_shards` or :meth:`from_sequence`. Iterating yields one epoch of batch
-    dicts (``input_ids: int64[B, T]`` etc., see :mod:`rlbuffers.stream.padding`; torch tensors
-    when ``as_torch``). With ``num_workers > 0`` a ``torch.utils.data.DataLoader`` runs the
-    pipeline in forked worker processes, each worker on its own shards.
+    Use :meth:`from_shards` or :meth:`from_sequence`. Iterating yields one epoch of batches
+    (:class:`~rlbuffers.stream.batch.StreamBatch`): dicts of arrays only (``input_ids:
+    int64[B, T]`` etc., see :mod:`rlbuffers.stream.padding`; torch tensors when ``as_torch``)
+    with ``max_seqlen`` and ``stats`` as attributes. With ``num_workers > 0`` a
+    ``torch.utils.data.DataLoader`` runs the pipeline in forked worker processes, each worker
+    on its own shards.
 
     Args:
         rank, world_size: this process's data-parallel rank; shards are split over
@@ -226,13 +229,13 @@ class StreamLoader:
             pipe.load_state_dict(state)
         return pipe
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[StreamBatch]:
         items = self._iter_workers() if self.num_workers else self._iter_local()
         for item in items:
             if isinstance(item, Count):  # counted after the epoch's last batch
                 self._count(item.counts)
                 continue
-            self._count(item["stats"])
+            self._count(item.stats)
             self._batches += 1
             yield self._to_torch(item) if self.as_torch else item
         self._end_epoch()
@@ -294,7 +297,7 @@ class StreamLoader:
                 if pending:
                     yield Count(pending)
                 return
-            stats = item["stats"]
+            stats = item.stats
             for key in SKIP_COUNTERS:
                 stats[key] = stats.get(key, 0) + pending.pop(key, 0)
             count += 1
@@ -331,10 +334,8 @@ class StreamLoader:
             yield item
 
     @staticmethod
-    def _to_torch(batch: dict[str, Any]) -> dict[str, Any]:
-        import torch
-
-        return {k: torch.from_numpy(v) if hasattr(v, "dtype") else v for k, v in batch.items()}
+    def _to_torch(batch: StreamBatch) -> StreamBatch:
+        return batch.to("cpu")  # torch.from_numpy: no copy
 
     # -- state -------------------------------------------------------------------------
     def _fingerprint(self) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Collate rows of token sequences into padded arrays (dynamic padding, packed rows) and the
 block-diagonal causal mask for attention implementations without varlen support.
 
-Layout of a batch of ``B`` rows padded to ``T`` tokens (a row holds one sequence when padding,
+Layout of a batch (a :class:`~rlbuffers.stream.batch.StreamBatch`: a dict of arrays, plus
+two attributes) of ``B`` rows padded to ``T`` tokens (a row holds one sequence when padding,
 several when packing):
 
 - ``input_ids: int64[B, T]``: the row's sequences back to back, then ``pad_token_id``.
@@ -14,21 +15,27 @@ several when packing):
   (flash-attention varlen layout); segments are the sequences plus each row's padding tail, so
   ``cu_seqlens[-1] == B * T`` and ``cu_seqlens[:-1]`` are exactly the flat positions where
   ``position_ids == 0``.
-- ``max_seqlen: int``: the longest segment in ``cu_seqlens`` (padding tails included).
 - ``attention_mask`` (optional): ``int64[B, T]`` 1 = token, 0 = padding (``"padding"``), or
   ``bool[B, 1, T, T]`` block-diagonal causal, True = may attend (``"block_causal"``).
-- ``stats``: ``num_sequences``, ``num_tokens`` (real tokens), ``padding_fraction`` (padding /
-  ``B * T``), ``packing_efficiency`` (real tokens / (``B * max_length``)), ``truncated_tokens``.
+
+Attributes, not entries (so every entry is an array and ``{k: v.to(device) for k, v in
+batch.items()}`` works):
+
+- ``batch.max_seqlen: int``: the longest segment in ``cu_seqlens`` (padding tails included).
+- ``batch.stats: dict``: ``num_sequences``, ``num_tokens`` (real tokens), ``padding_fraction``
+  (padding / ``B * T``), ``packing_efficiency`` (real tokens / (``B * max_length``)),
+  ``truncated_tokens``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
 from rlbuffers.intmath import round_up
+from rlbuffers.stream.batch import StreamBatch
 
 AttentionKind = Literal["none", "padding", "block_causal"]
 IGNORE_INDEX = -100
@@ -54,9 +61,10 @@ def collate(rows: Sequence[Sequence[np.ndarray]], *, pad_token_id: int,
             max_length: int | None = None, pad_to: int | None = None,
             pad_to_multiple_of: int | None = None, attention: AttentionKind = "none",
             truncated_tokens: int = 0, counters: dict[str, int] | None = None
-            ) -> dict[str, Any]:
+            ) -> StreamBatch:
     """One batch from ``rows`` (each a list of ``int[n]`` token arrays placed back to back);
-    see the module docstring for the keys, shapes and dtypes.
+    see the module docstring for the keys, shapes and dtypes, and the attributes
+    ``max_seqlen`` and ``stats``.
 
     Args:
         max_length: the row capacity used for ``packing_efficiency`` (default: ``T``).
@@ -91,10 +99,8 @@ def collate(rows: Sequence[Sequence[np.ndarray]], *, pad_token_id: int,
     cu = np.zeros(len(seg_lens) + 1, dtype=np.int32)
     np.cumsum(seg_lens, out=cu[1:])
     real = int(sum(totals))
-    batch: dict[str, Any] = {
-        "input_ids": input_ids, "labels": labels, "position_ids": position_ids,
-        "cu_seqlens": cu, "max_seqlen": int(max(seg_lens)),
-    }
+    batch = StreamBatch({"input_ids": input_ids, "labels": labels, "position_ids": position_ids,
+                         "cu_seqlens": cu}, max_seqlen=max(seg_lens))
     if attention == "padding":
         batch["attention_mask"] = (~is_pad).astype(np.int64)
     elif attention == "block_causal":
@@ -102,14 +108,14 @@ def collate(rows: Sequence[Sequence[np.ndarray]], *, pad_token_id: int,
     elif attention != "none":
         raise ValueError("attention: expected 'none', 'padding' or 'block_causal', "
                          f"got {attention!r}")
-    batch["stats"] = {
+    batch.stats = {
         "num_sequences": int(sum(len(r) for r in rows)), "num_tokens": real,
         "padding_fraction": 1.0 - real / (b * t),
         "packing_efficiency": real / (b * (max_length or t)),
         "truncated_tokens": int(truncated_tokens),
     }
     if counters:
-        batch["stats"].update(counters)
+        batch.stats.update(counters)
     return batch
 
 

@@ -31,7 +31,7 @@ PAD = StreamConfig(max_length=128, batching=Padding(max_tokens=600, bucket_windo
 
 def fingerprint(batch: dict) -> tuple:
     return tuple(batch[k].tobytes() for k in ("input_ids", "labels", "position_ids",
-                                               "cu_seqlens")) + (batch["max_seqlen"],)
+                                               "cu_seqlens")) + (batch.max_seqlen,)
 
 
 def sequences_of(batch: dict) -> list[tuple[int, ...]]:
@@ -94,12 +94,12 @@ def test_pack_places_every_token_once_per_epoch(shard_dir, tokenizer, tokenizer_
         assert got == Counter(tuple(r) for r in reference(tokenizer_json, texts))
         for b in batches:
             assert b["input_ids"].shape[1] <= PACK.max_length
-            assert b["stats"]["num_tokens"] == int((b["input_ids"] != 0).sum())
+            assert b.stats["num_tokens"] == int((b["input_ids"] != 0).sum())
 
 
 def test_packing_efficiency_beats_padding(shard_dir, tokenizer):
     packed = list(StreamLoader.from_shards(shard_dir, tokenizer, PACK))
-    eff = sum(b["stats"]["num_tokens"] for b in packed) / sum(b["input_ids"].size for b in packed)
+    eff = sum(b.stats["num_tokens"] for b in packed) / sum(b["input_ids"].size for b in packed)
     assert eff > 0.9
 
 
@@ -110,9 +110,9 @@ def test_pad_token_budget_and_resume(shard_dir, tokenizer, tokenizer_json, texts
     for b in batches:
         B, T = b["input_ids"].shape
         assert T % 8 == 0 and (B * T <= PAD.batching.max_tokens or B == 1)
-        assert b["attention_mask"].sum() == b["stats"]["num_tokens"]
+        assert b["attention_mask"].sum() == b.stats["num_tokens"]
     ref = reference(tokenizer_json, texts)
-    assert sum(b["stats"]["truncated_tokens"] for b in batches) == sum(
+    assert sum(b.stats["truncated_tokens"] for b in batches) == sum(
         max(0, len(r) - 128) for r in ref)
     full = [fingerprint(b) for b in batches]
     for k in (0, 3, len(full) - 1):
@@ -124,7 +124,7 @@ def test_fixed_padding_pads_to_max_length(shard_dir, tokenizer):
                        batching=Padding(batch_size=4, fixed_padding=True, sort_by_length=False))
     b = next(iter(StreamLoader.from_shards(shard_dir, tokenizer, cfg)))
     assert b["input_ids"].shape == (4, 128)
-    assert b["stats"]["padding_fraction"] == 1 - b["stats"]["num_tokens"] / 512
+    assert b.stats["padding_fraction"] == 1 - b.stats["num_tokens"] / 512
 
 
 def test_workers_resume_is_exact(shard_dir, tokenizer, tokenizer_json, texts):
@@ -349,7 +349,7 @@ def test_malformed_records_are_named_or_skipped_and_counted(tmp_path: Path, shar
     got = Counter(s for b in batches for s in sequences_of(b))
     good = texts + ["the shard", "a batch of packing"]
     assert got == Counter(tuple(r) for r in reference(tokenizer_json, good))
-    assert sum(b["stats"]["skipped_malformed"] for b in batches) == 2
+    assert sum(b.stats["skipped_malformed"] for b in batches) == 2
     assert loader.counters["total"]["skipped_malformed"] == 2
     assert "'k2' of" in caplog.text and "UnicodeDecodeError" in caplog.text
     assert "skipped 2 malformed samples" in caplog.text
@@ -372,20 +372,20 @@ def test_counters_are_in_batches_and_state_and_survive_resume(tmp_path: Path, sh
         return StreamLoader.from_shards(tmp_path, tokenizer, cfg)
     loader = make()
     batches = list(loader)
-    per_batch = {k: sum(b["stats"][k] for b in batches) for k in expected}
+    per_batch = {k: sum(b.stats[k] for b in batches) for k in expected}
     assert per_batch == expected
     totals = loader.counters["total"]
     assert {k: totals[k] for k in expected} == expected
     for k in (1, len(batches) // 2, len(batches) - 1):
         first = make()
         it = iter(first)
-        head = [next(it)["stats"] for _ in range(k)]
+        head = [next(it).stats for _ in range(k)]
         state = json.loads(json.dumps(first.state_dict()))
         assert state["counters"]["epoch"]["documents_split"] == sum(
             s["documents_split"] for s in head)
         again = make()
         again.load_state_dict(state)
-        rest = [b["stats"] for b in again]
+        rest = [b.stats for b in again]
         assert {key: sum(s[key] for s in head + rest) for key in expected} == expected
         assert {key: again.counters["total"][key] for key in expected} == expected
 
@@ -394,11 +394,11 @@ def test_truncated_tokens_go_to_the_batches_that_hold_them(shard_dir, tokenizer,
                                                             tokenizer_json, texts):
     batches = list(StreamLoader.from_shards(shard_dir, tokenizer, PAD))
     ref = reference(tokenizer_json, texts)
-    assert sum(b["stats"]["truncated_tokens"] for b in batches) == sum(
+    assert sum(b.stats["truncated_tokens"] for b in batches) == sum(
         max(0, len(r) - 128) for r in ref)
     for b in batches:  # a batch reports truncation only if it holds a max-length sequence
         longest = int(b["attention_mask"].sum(axis=1).max())
-        assert b["stats"]["truncated_tokens"] == 0 or longest == 128
+        assert b.stats["truncated_tokens"] == 0 or longest == 128
 
 
 def test_ranks_never_deliver_the_next_pass_within_an_epoch(shard_dir, tokenizer,
@@ -470,5 +470,5 @@ def test_counters_cross_from_workers(tmp_path: Path, shard_dir, tokenizer):
     cfg = dataclasses.replace(PACK, on_error="warn")
     loader = StreamLoader.from_shards(tmp_path, tokenizer, cfg, num_workers=2)
     batches = list(loader)
-    assert sum(b["stats"]["skipped_malformed"] for b in batches) <= 2
+    assert sum(b.stats["skipped_malformed"] for b in batches) <= 2
     assert loader.counters["total"]["skipped_malformed"] == 2  # trailing ones included

@@ -60,10 +60,11 @@ def test_collate_packed_rows_hand_example():
     assert b["labels"].tolist() == [[-100, 6, 7, -100, 9, -100, -100, -100], [-100] * 8]
     assert b["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0, 1, 2], [0, 0, 1, 2, 3, 4, 5, 6]]
     assert b["cu_seqlens"].tolist() == [0, 3, 5, 8, 9, 16] and b["cu_seqlens"].dtype == np.int32
-    assert b["max_seqlen"] == 7
+    assert b.max_seqlen == 7
     assert b["input_ids"].dtype == np.int64 and "attention_mask" not in b
-    assert b["stats"] == {"num_sequences": 3, "num_tokens": 6, "padding_fraction": 10 / 16,
-                          "packing_efficiency": 6 / 12, "truncated_tokens": 2}
+    assert b.stats == {"num_sequences": 3, "num_tokens": 6, "padding_fraction": 10 / 16,
+                       "packing_efficiency": 6 / 12, "truncated_tokens": 2}
+    assert set(b) == {"input_ids", "labels", "position_ids", "cu_seqlens"}  # arrays only
 
 
 def test_collate_padding_mask_and_fixed_padding():
@@ -107,7 +108,7 @@ def test_packed_batch_invariants(case):
         assert cu[0] == 0 and cu[-1] == B * T
         assert np.flatnonzero(pos.reshape(-1) == 0).tolist() == cu[:-1].tolist()
         seg = np.diff(cu)
-        assert b["max_seqlen"] == seg.max()
+        assert b.max_seqlen == seg.max()
         assert pos.reshape(-1).tolist() == [p for n in seg for p in range(n)]
         # labels: -100 exactly at sequence starts and at padding, token ids elsewhere
         starts = np.zeros((B, T), bool)
@@ -119,5 +120,5 @@ def test_packed_batch_invariants(case):
         assert ((lab == IGNORE_INDEX) == (starts | pad)).all()
         assert (lab[~(starts | pad)] == ids[~(starts | pad)]).all()
         real = sum(len(s) for row in rows for s in row)
-        assert b["stats"]["num_tokens"] == real
-        assert b["stats"]["packing_efficiency"] == real / (B * max_length)
+        assert b.stats["num_tokens"] == real
+        assert b.stats["packing_efficiency"] == real / (B * max_length)
