@@ -130,11 +130,21 @@ def test_smoke_two_generations_write_every_artifact(tmp_path):
     run = tmp_path / "run"
     out = proc.stdout
     assert "low memory" in proc.stderr  # the MemoryMonitor warning, through logging
-    assert out.startswith("start: rss ")
+    assert out.startswith("memory at start: this process's RSS ")  # a labelled line
     lines = [line for line in out.splitlines() if line.startswith("gen ")]
     assert len(lines) == 2
-    for word in ("best", "mean", "learner", "steps", "buffer", "commit", "rss", "peak"):
+    for word in ("best", "mean", "learner", "steps", "buffer", "rss", "peak"):
         assert word in lines[-1]
+    # Issue 45: one human line per commit, the only one giving the commit's time; the
+    # buffer's own per-save line (a SaveReport repr) is not on the trainer's console.
+    commits = [line for line in proc.stderr.splitlines() if " committed in " in line]
+    assert len(commits) == 2 and "SaveReport" not in proc.stderr
+    assert re.fullmatch(r"INFO trainers\.common: generation 2 committed in \d+\.\d s: "
+                        r"checkpoint, buffer commit 2 \(\d+ chunks, [\d.]+ [KM]iB written\), "
+                        r"curve", commits[1]), commits
+    assert "commit" not in lines[-1]
+    phase_line = next(line for line in proc.stderr.splitlines() if "generation 2: " in line)
+    assert re.search(r"\| commit [\d,]+ MiB$", phase_line), phase_line  # a peak, no seconds
     rows = metrics(run)
     assert [r["generation"] for r in rows] == [1, 2]
     assert rows[-1]["env_steps"] == rows[-1]["buffer_size"] == 2 * STEPS_PER_GEN
@@ -166,7 +176,9 @@ def test_a_default_run_logs_its_memory_plan_and_per_phase_line(tmp_path):
             in err)
     phase = r"{} \d+\.\d s [\d,]+ MiB"
     line = "INFO trainers.phases: generation 1: " + r" \| ".join(
-        phase.format(p) for p in ("rollout", "update", "evolve", "commit"))
+        phase.format(p) for p in ("rollout", "update", "evolve")) + r" \| commit [\d,]+ MiB"
+    for p in ("rollout", "update", "evolve", "commit"):  # each phase says when it starts
+        assert f"INFO trainers.phases: {p} (generation 1)..." in err, p
     assert re.search(line, err), err[-3000:]
     row = metrics(tmp_path / "run")[0]
     assert row["transition_bytes"] == transition and row["buffer_capacity"] == 1_000_000

@@ -27,7 +27,10 @@ from tests.test_guidance import (  # noqa: E402
     make_tiny_bert,
 )
 from tests.tiny_lm import make_tiny_lm_dir  # noqa: E402
-from trainers.config import parse_config  # noqa: E402
+from trainers.config import (
+    ConfigError,  # noqa: E402
+    parse_config,  # noqa: E402
+)
 from trainers.grpo import train as grpo_train  # noqa: E402
 from trainers.guidance import agent_init, train  # noqa: E402
 from trainers.guidance.config import RESUMABLE, Config  # noqa: E402
@@ -125,7 +128,7 @@ def test_other_alpha_missing_file_full_weights_and_other_names_are_refused(
         tiny, grpo_ckpt, tmp_path):
     refused(tiny, tmp_path / "a", grpo_ckpt, ValueError,
             r"--agent-init: expected --lora-alpha 16 .*got 32", "--lora-alpha", "16")
-    refused(tiny, tmp_path / "m", tmp_path / "nowhere", FileNotFoundError,
+    refused(tiny, tmp_path / "m", tmp_path / "nowhere", ConfigError,  # one line on the console
             r"--agent-init: expected a GRPO checkpoint directory .*nowhere")
     half = lone_file(grpo_ckpt, tmp_path / "half",
                      rename=lambda k: k.replace("layers.0.", "layers.9."))

@@ -1,5 +1,5 @@
 """Issue 35, what a newcomer sees: one-line errors (flags, --task, --task-config), inspect on a
-run directory, curves readable at 1 and 1,000 points for every trainer, `rlbuffers plot`,
+run directory, curves readable at 1 and 1,000 points for every trainer, `python3 -m trainers.plot`,
 TensorBoard events and the closing summary of ERL and guidance, the process's peak RSS, and a
 tiny run whose every phase says when it starts (tools/check_output_gaps.py)."""
 
@@ -34,6 +34,7 @@ from trainers.config import ConfigError  # noqa: E402
 from trainers.grpo import train as grpo_train  # noqa: E402
 from trainers.guidance import train as guidance_train  # noqa: E402
 from trainers.plot import TRAINERS, draw, plot_run, which_trainer  # noqa: E402
+from trainers.plot import main as plot_main  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
@@ -48,8 +49,8 @@ def test_a_mistyped_flag_is_one_line_pointing_at_help(tmp_path):
                          capture_output=True, text=True, env=ENV, timeout=300)
     assert out.returncode == 2 and "usage:" not in out.stderr
     errors = [line for line in out.stderr.splitlines() if "error" in line]
-    assert errors == ["python -m trainers.grpo: error: unrecognized arguments: --stepz 3 (see "
-                      "python -m trainers.grpo --help)"]
+    assert errors == ["python3 -m trainers.grpo: error: unrecognized arguments: --stepz 3 (see "
+                      "python3 -m trainers.grpo --help)"]
 
 
 @pytest.mark.parametrize("flags, match", [
@@ -77,6 +78,91 @@ def test_a_setting_error_is_one_line_on_the_console(tmp_path):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.splitlines()[-1].startswith("error: --task: 'basic_arithmatic' is not a "
                                                   "reasoning-gym task; did you mean")
+
+
+#: (trainer, flag, bad value, the start of the one-line error) found by trying every flag of
+#: every trainer with a wrong type, an out-of-range value, an unknown name and a missing path
+#: (issue 45: each of these escaped as a traceback or was accepted).
+BAD_VALUES = [
+    ("erl", "--seed", "-1", "--seed: expected in [0, 2**63), got -1"),
+    ("erl", "--seed", str(10**23), "--seed: expected in [0, 2**63)"),
+    ("erl", "--train-threads", "99999999999", "--train-threads: expected in [1, 1024]"),
+    ("erl", "--env", "Halfcheetah-v5", "--env: expected a registered Gymnasium environment"),
+    ("grpo", "--model", "/nonexistent/model", "--model: expected a model directory holding "
+                                              "config.json (or '' for the default)"),
+    ("grpo", "--lora-alpha", "0", "--lora-alpha: expected >= 1, got 0"),
+    ("grpo", "--max-prompt-tokens", "-1", "--max-prompt-tokens: expected >= 1, got -1"),
+    ("grpo", "--eval-asdiv", "-2", "--eval-asdiv: expected >= 0, or -1 for all, got -2"),
+    ("grpo", "--reuse-groups", "-1", "--reuse-groups: expected >= 0, got -1"),
+    ("grpo", "--format-reward", "-1", "--format-reward: expected >= 0, got -1.0"),
+    ("grpo", "--generate-threads", "99999999999", "--generate-threads: expected in [1, 1024]"),
+    ("crsp", "--sketch-perm", "0", "--sketch-perm: expected >= 1, got 0"),
+    ("crsp", "--sketch-capacity", "-1", "--sketch-capacity: expected >= 1, got -1"),
+    ("crsp", "--buffer-capacity", "0", "--buffer-capacity: expected >= 1, got 0"),
+    ("crsp", "--alpha0", "-1", "--alpha0: expected >= 0, got -1.0"),
+    ("crsp", "--prompt-cache-bytes", "-1", "--prompt-cache-bytes: expected >= 0, got -1"),
+    ("crsp", "--max-prompt-tokens", "0", "--max-prompt-tokens: expected >= 1, got 0"),
+    ("guidance", "--actor-lr", "0", "--actor-lr: expected > 0, got 0.0"),
+    ("guidance", "--guidance-lr", "-1", "--guidance-lr: expected > 0, got -1.0"),
+    ("guidance", "--critic-lr", "0", "--critic-lr: expected > 0, got 0.0"),
+    ("guidance", "--critic-hidden", "0", "--critic-hidden: expected >= 1, got 0"),
+    ("guidance", "--critic-max-tokens", "1", "--critic-max-tokens: expected >= 2, got 1"),
+    ("guidance", "--critic-model", "/nonexistent/encoder", "--critic-model: expected an encoder "
+                                                         "directory holding config.json"),
+]
+
+
+def checked(trainer, argv):
+    """The trainer's config from ``argv`` (with a fresh --run-dir), checked as ``main`` checks
+    it before anything loads."""
+    import importlib
+
+    from trainers.config import check_finite, parse_config
+
+    mod = importlib.import_module(f"trainers.{trainer}.config")
+    cfg = parse_config(mod.Config, argv, prog="p", description="", resumable=set())
+    check_finite(cfg)
+    mod.check_config(cfg)
+    return cfg
+
+
+@pytest.mark.parametrize("trainer, flag, value, expected", BAD_VALUES)
+def test_a_bad_flag_value_is_refused_naming_the_flag(trainer, flag, value, expected, tmp_path):
+    with pytest.raises(ConfigError) as refused:
+        checked(trainer, ["--run-dir", str(tmp_path / "run"), flag, value])
+    assert str(refused.value).startswith(expected), str(refused.value)
+
+
+def test_no_bad_value_of_any_flag_escapes_as_another_error(tmp_path, capsys):
+    """Every flag of every trainer with a wrong type, negative, zero, huge and non-finite
+    values: refused by argparse (exit 2, one line) or as a ConfigError, or valid; never
+    another exception (which the console would print as a traceback)."""
+    import dataclasses
+    import importlib
+
+    escaped = []
+    for trainer in TRAINERS:
+        for f in dataclasses.fields(importlib.import_module(f"trainers.{trainer}.config").Config):
+            if isinstance(f.default, bool) or f.name in ("run_dir",):
+                continue
+            values = (["abc", "-1", "0", "1.5", "99999999999", str(10**30)]
+                      if isinstance(f.default, int) else
+                      ["abc", "-1", "0", "-1e9", "1e9", "nan", "inf"]
+                      if isinstance(f.default, float) else
+                      ["zzz-nonsense", "/nonexistent/path", "-1"])
+            for v in values:
+                try:
+                    checked(trainer, ["--run-dir", str(tmp_path / "r"),
+                                      "--" + f.name.replace("_", "-"), v])
+                except SystemExit as e:
+                    err = capsys.readouterr().err.strip().splitlines()
+                    if e.code != 2 or len(err) != 1:
+                        escaped.append((trainer, f.name, v, e.code, err))
+                except ConfigError:
+                    pass
+                except Exception as e:  # noqa: BLE001 - what the test looks for
+                    escaped.append((trainer, f.name, v, type(e).__name__, str(e)[:100]))
+    assert escaped == []
 
 
 def test_inspect_on_a_run_directory_names_its_buffer(tmp_path, capsys):
@@ -145,17 +231,77 @@ def test_each_trainers_curve_is_readable_at_1_and_at_1000_points(trainer, tmp_pa
     assert which_trainer({}, synthetic_rows(trainer, 1)[0]) == trainer
 
 
-def test_rlbuffers_plot_draws_a_run_from_its_metrics(tmp_path, capsys):
+def test_trainers_plot_draws_a_run_from_its_metrics(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n"
                                                for r in synthetic_rows("guidance", 5)))
-    assert cli_main(["plot", str(run), "-o", str(tmp_path / "c.png")]) == 0
+    assert plot_main([str(run), "-o", str(tmp_path / "c.png")]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "c.png")
     assert (tmp_path / "c.png").stat().st_size > 0
     assert plot_run(run) == run / "curve.png" and (run / "curve.png").exists()
-    assert cli_main(["plot", str(tmp_path)]) == 2
-    assert "no metrics.jsonl" in capsys.readouterr().err
+
+
+def plot_errors(tmp_path):
+    """``(argv, the one error line expected)`` for each way ``trainers.plot`` is refused."""
+    run, empty, bad, badcfg = (tmp_path / n for n in ("run", "empty", "bad", "badcfg"))
+    for d in (run, empty, bad, badcfg):
+        d.mkdir()
+    rows = "".join(json.dumps(r) + "\n" for r in synthetic_rows("grpo", 2))
+    (run / "metrics.jsonl").write_text(rows)
+    (empty / "metrics.jsonl").write_text("")
+    (bad / "metrics.jsonl").write_text(rows + "{not json\n")
+    (badcfg / "metrics.jsonl").write_text(rows)
+    (badcfg / "config.json").write_text("[1]")
+    ReplayBuffer.create(tmp_path / "buf", capacity=4, fields={"x": FieldSpec((), "float32")}
+                        ).close()
+    return [
+        ([str(tmp_path / "none")], f"{tmp_path / 'none'}: no such directory"),
+        ([str(run / "metrics.jsonl")], f"{run / 'metrics.jsonl'}: not a directory (give a run "
+                                       "directory)"),
+        ([str(tmp_path / "buf")], f"{tmp_path / 'buf'}: no metrics.jsonl, not a trainer's run "
+                                  "directory (a buffer: give its run directory)"),
+        ([str(empty)], f"{empty / 'metrics.jsonl'}: no rows yet (the first unit has not "
+                       "completed)"),
+        ([str(bad)], f"{bad / 'metrics.jsonl'}: line 3: expected a JSON object, got Expecting "
+                     "property name enclosed in double quotes"),
+        ([str(badcfg)], f"{badcfg / 'config.json'}: "),
+        ([str(run), "-o", str(tmp_path / "no" / "c.png")],
+         f"-o {tmp_path / 'no' / 'c.png'}: no directory {tmp_path / 'no'} to write it in"),
+        ([str(run), "-o", str(tmp_path / "c.jpg")], f"-o {tmp_path / 'c.jpg'}: expected a .png "
+                                                    "file name"),
+        ([str(run), "--o", "x.png"], "unrecognized arguments: --o x.png (see python3 -m "
+                                     "trainers.plot --help)"),
+    ]
+
+
+def test_trainers_plot_errors_are_one_line_naming_what_is_wrong(tmp_path, capsys):
+    """Issue 45: every refusal is one line, exit code 2, naming the directory or file (the
+    old ``rlbuffers plot`` ended its errors in "(while working on ?)")."""
+    for argv, expected in plot_errors(tmp_path):
+        try:
+            code = plot_main(argv)
+        except SystemExit as e:  # argparse's errors
+            code = e.code
+        err = capsys.readouterr().err.splitlines()
+        assert code == 2 and len(err) == 1, (argv, err)
+        assert err[0].startswith(f"python3 -m trainers.plot: error: {expected}"), (argv, err)
+        assert "?" not in err[0] and "Traceback" not in err[0]
+
+
+def test_python3_m_trainers_plot_runs_from_the_checkout(tmp_path):
+    """The command the run's summary prints, in a process of its own (the library does not
+    import the trainers: the command is theirs)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps(synthetic_rows("erl", 1)[0]) + "\n")
+    out = subprocess.run([sys.executable, "-m", "trainers.plot", str(run)], capture_output=True,
+                         text=True, env=ENV, timeout=120, cwd=REPO)
+    assert out.returncode == 0 and out.stdout.strip() == str(run / "curve.png"), out.stderr
+    out = subprocess.run([sys.executable, "-m", "trainers.plot", str(tmp_path / "none")],
+                         capture_output=True, text=True, env=ENV, timeout=120, cwd=REPO)
+    assert out.returncode == 2 and out.stderr.splitlines() == [
+        f"python3 -m trainers.plot: error: {tmp_path / 'none'}: no such directory"]
 
 
 # ----- TensorBoard, summary, quiet output: ERL and guidance ------------------------------------

@@ -87,12 +87,14 @@ def test_grpo_resume_keeps_the_new_target_and_the_interrupt_command_finishes_it(
     monkeypatch.setattr(train, "update", interrupt_in_step_3)
     with pytest.raises(SystemExit) as stop:
         train.main(["--resume", "--run-dir", str(run), "--steps", "3"])
-    message = str(stop.value.code)
+    message = str(stop.value)
+    assert stop.value.code == 130  # Ctrl-C's exit code, after the line saying how to resume
     assert "step 2 is the last complete one (of 3)" in message
+    assert message in capsys.readouterr().err.splitlines()
     assert json.loads((run / "config.json").read_text())["steps"] == 3
     assert len(rows(run)) == 2 and fake_evaluate == [2, 2]
     command = shlex.split(message.split("continue with ", 1)[1])
-    assert command[:3] == ["python", "-m", "trainers.grpo"]
+    assert command[:3] == ["python3", "-m", "trainers.grpo"]
     monkeypatch.setattr(train, "update", real_update)
     train.main(command[3:])  # verbatim
     assert [r["step"] for r in rows(run)] == [1, 2, 3]

@@ -138,6 +138,28 @@ def restore_metrics(path: Path, history: list[dict[str, Any]], key: str) -> None
     write_atomic(path, "".join(line + "\n" for line in lines).encode())
 
 
+class Interrupted(SystemExit):
+    """Ctrl-C: exit code 130 (128 + SIGINT, as a shell reports it) after the line saying how
+    to resume (``str()`` of the exception, already printed)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(130)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def commit_line(unit: str, n: int, report: Any, seconds: float) -> str:
+    """The one line a unit's commit logs: ``generation 3 committed in 0.8 s: checkpoint,
+    buffer commit 3 (12 chunks, 4.1 MiB written), curve`` (``report``: the buffer's
+    ``SaveReport``)."""
+    b = report.bytes_written
+    size = f"{b / 2**20:,.1f} MiB" if b >= 2**20 / 10 else f"{b / 2**10:,.1f} KiB"
+    return (f"{unit} {n} committed in {seconds:.1f} s: checkpoint, buffer commit "
+            f"{report.commit} ({report.chunks_written} chunks, {size} written), curve")
+
+
 @dataclass
 class Run:
     """An open run directory (see the module docstring); made by :func:`open_run`.
@@ -152,7 +174,7 @@ class Run:
         checkpoint: the checkpoint directory of ``done`` (None: nothing to restore).
         history: the metrics rows of the complete units, oldest first.
         curve: draws ``curve.png`` from ``history`` after each commit (None: no curve).
-        command: the trainer's command (``python -m trainers.grpo``).
+        command: the trainer's command (``python3 -m trainers.grpo``).
         target: the unit the run trains to (``--steps`` ...; None: unknown).
     """
 
@@ -211,9 +233,10 @@ class Run:
         """Complete unit ``n``: checkpoint (``torch_files``: ``torch.save``d objects;
         ``writers``: ``{file name: write(path)}``; ``state``: plain data, saved as JSON with
         ``history`` added), buffer commit naming ``n`` (plus ``metadata``), prune, then
-        ``row`` (with ``seconds_commit``, ``commit_bytes`` and ``process_peak_rss_bytes``, the
-        process's true peak RSS so far, added) into the history, ``metrics.jsonl``,
-        TensorBoard (:meth:`tensorboard`) and the curve."""
+        ``row`` (with ``seconds_commit``: the whole commit's, curve included; ``commit_bytes``
+        and ``process_peak_rss_bytes``, the process's true peak RSS so far, added) into the
+        history, the curve, ``metrics.jsonl`` and TensorBoard (:meth:`tensorboard`); logs
+        the commit's one line (:func:`commit_line`, INFO)."""
         t0 = time.perf_counter()
         self.ckpts.write(n, torch_files=torch_files or {}, writers=writers or {},
                          state={**state, "history": self.history + [row]})
@@ -221,14 +244,15 @@ class Run:
         report = self.buf.save(metadata={self.key: n, **(metadata or {})})
         self.ckpts.prune(n)
         self.done = n
-        row["seconds_commit"] = time.perf_counter() - t0
         row["commit_bytes"] = report.bytes_written
         row["process_peak_rss_bytes"] = process_peak_rss_bytes()
         self.history.append(row)
-        append_inside(self.dir, "metrics.jsonl", (json.dumps(row) + "\n").encode())
-        self.tensorboard(n, row)
         if self.curve is not None:
             self.curve(self.dir / "curve.png", self.history)
+        row["seconds_commit"] = time.perf_counter() - t0
+        append_inside(self.dir, "metrics.jsonl", (json.dumps(row) + "\n").encode())
+        self.tensorboard(n, row)
+        log.info("%s", commit_line(self.unit, n, report, row["seconds_commit"]))
 
     def tensorboard(self, n: int, row: dict[str, Any]) -> None:
         """Write every numeric value of ``row`` (not bools, lists or dicts) as a scalar of
@@ -275,8 +299,8 @@ class Run:
 
     def exit_interrupted(self) -> NoReturn:
         """On Ctrl-C: wait for a background commit, close the progress bars (so nothing
-        redraws over the message), print :meth:`interrupted_message` on its own line and
-        exit (code 1)."""
+        redraws over the message), print :meth:`interrupted_message` on its own line (stderr)
+        and exit with code 130 (:class:`Interrupted`)."""
         from tqdm import tqdm
 
         try:
@@ -284,7 +308,9 @@ class Run:
         finally:
             for bar in list(getattr(tqdm, "_instances", ())):
                 bar.close()
-        sys.exit(self.interrupted_message())
+        message = self.interrupted_message()
+        print(message, file=sys.stderr, flush=True)
+        raise Interrupted(message)
 
     def close(self) -> None:
         """Wait for a background commit, then close the buffer."""
@@ -344,7 +370,7 @@ def open_run(cfg: Any, *, unit: str, create: Callable[[Path], None],
                   None)
     package = type(cfg).__module__.rsplit(".", 1)[0]
     run = Run(run_dir, unit, buf if owner else None, ckpts, done, ckpts.latest(done),
-              curve=curve, command=f"python -m {package}", target=target)
+              curve=curve, command=f"python3 -m {package}", target=target)
     if run.resumed:
         log.info("resuming %s at %s %d", run_dir, unit, done)
     return run

@@ -25,13 +25,24 @@ from typing import Any, TypeVar
 C = TypeVar("C")
 log = logging.getLogger("trainers.config")
 
+#: The most threads a ``--*-threads`` flag takes (torch's thread count is a C int).
+MAX_THREADS = 1024
+
 #: The field naming a trainer's target and the loop unit it counts.
 TARGETS = {"steps": "step", "iterations": "iteration", "generations": "generation"}
 
 
 class ConfigError(ValueError):
     """A setting out of range, named by its flag (``--flag: expected ..., got ...``); the
-    console entry (:func:`run_main`) prints it as one line."""
+    console entry (:func:`run_main`) prints it as one line (with :attr:`hint`)."""
+
+    hint = " (see --help)"
+
+
+class TargetError(ConfigError):
+    """``--resume`` with a target (``--steps`` ...) below the run's last complete unit."""
+
+    hint = ""
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -66,12 +77,43 @@ def run_main(module: str) -> None:
         main()
     except ConfigError as e:
         _close_bars()
-        print(f"error: {one_line(str(e), 1000)} (see --help)", file=sys.stderr)
+        print(f"error: {one_line(str(e), 1000)}{e.hint}", file=sys.stderr)
         sys.exit(2)
+    except Exception as e:  # an allocation a setting made too large: one line, not a trace
+        from rlbuffers.memory.oom import is_out_of_memory
+
+        if not is_out_of_memory(e):
+            raise
+        _close_bars()
+        print(f"error: out of memory ({one_line(str(e) or type(e).__name__, 300)}): a size "
+              "setting may be too large for this machine (see the memory plan above, and "
+              "--help)", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:  # before a run's loop (its loop says how to resume itself)
+        _close_bars()
+        print(f"interrupted before any unit completed: {_rerun_hint(module)}", file=sys.stderr,
+              flush=True)
+        sys.exit(130)
     except RLBuffersError as e:  # a run directory's file refused or damaged: one line
         _close_bars()
         print(f"error: {one_line(str(e), 1000)}", file=sys.stderr)
         sys.exit(2)
+
+
+def _rerun_hint(module: str) -> str:
+    """How to go on after Ctrl-C during a run's setup: the same command (``--resume`` added
+    when ``--run-dir`` now holds a run)."""
+    import shlex
+
+    argv = sys.argv[1:]
+    run_dir = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--run-dir"), None)
+    if run_dir is None:
+        run_dir = next((a.split("=", 1)[1] for a in argv if a.startswith("--run-dir=")), None)
+    resume = "--resume" not in argv and run_dir is not None \
+        and os.path.lexists(Path(run_dir) / "config.json")
+    command = " ".join(["python3", "-m", module.rsplit(".", 1)[0],
+                        *(shlex.quote(a) for a in argv), *(["--resume"] if resume else [])])
+    return f"run {command}"
 
 
 def _close_bars() -> None:
@@ -85,7 +127,10 @@ def _close_bars() -> None:
 
 #: Loggers of libraries the trainers use, kept at WARNING whatever the trainer's level.
 QUIET_LOGGERS = ("transformers", "peft", "urllib3", "filelock", "matplotlib", "PIL", "ray",
-                 "torch", "datasets", "fsspec", "httpx", "numcodecs", "zarr", "asyncio", "OpenGL")
+                 "torch", "datasets", "fsspec", "httpx", "numcodecs", "zarr", "asyncio", "OpenGL",
+                 # the buffer's own per-save line: a trainer logs one line per commit instead
+                 # (trainers.common.commit_line); the saver's warnings still show
+                 "rlbuffers.storage.saver")
 
 
 @dataclass
@@ -143,7 +188,8 @@ RAY_ADDRESS = re.compile(r"(|auto|local|((ray|https?)://)?[^\s/]+:\d+)")
 
 def check_run(c: RunConfig) -> None:
     """Validate the :class:`RunConfig` fields (ValueError naming the flag)."""
-    check_rules(c, {"keep_checkpoints": (c.keep_checkpoints >= 1, ">= 1"),
+    check_rules(c, {"seed": (0 <= c.seed < 2**63, "in [0, 2**63)"),
+                    "keep_checkpoints": (c.keep_checkpoints >= 1, ">= 1"),
                     "quiet": (not (c.quiet and c.verbose), "not both --quiet and --verbose")})
 
 
@@ -259,7 +305,7 @@ def start(cls: type[C], argv: list[str] | None, *, module: str, doc: str,
           resumable: set[str] | frozenset[str], check: Callable[[C], None],
           evaluates: Callable[[C], bool] | None = None) -> C:
     """A trainer's ``main`` preamble: the config from the command line (:func:`parse_config`,
-    ``python -m <module>``, the first paragraph of ``doc`` as description), ``check(cfg)``
+    ``python3 -m <module>``, the first paragraph of ``doc`` as description), ``check(cfg)``
     (raises ValueError naming a flag), the log level of ``--quiet`` / ``--verbose``.
 
     On ``--resume``, a new target (``--steps`` ...) is written to the run's ``config.json``
@@ -267,7 +313,7 @@ def start(cls: type[C], argv: list[str] | None, *, module: str, doc: str,
     final evaluation (``evaluates(cfg)``: whether the trainer evaluates at the end) is
     written for its last unit, prints one line and exits 0 (``SystemExit(None)``) unless
     ``--evaluate-again``. Returns the config."""
-    cfg = parse_config(cls, argv, prog=f"python -m {module}", description=doc.split("\n\n")[0],
+    cfg = parse_config(cls, argv, prog=f"python3 -m {module}", description=doc.split("\n\n")[0],
                        resumable=resumable)
     try:
         check_finite(cfg)
@@ -283,10 +329,13 @@ def start(cls: type[C], argv: list[str] | None, *, module: str, doc: str,
     if target is None:
         return cfg
     run_dir = Path(cfg.run_dir)
-    keep_target(run_dir, target, getattr(cfg, target))
     unit, n = TARGETS[target], getattr(cfg, target)
     done = last_complete(run_dir, unit)
+    if n < done:
+        raise TargetError(f"--{target} {n}: {run_dir} has already completed {unit} {done}; a "
+                          f"target below it is refused (config.json is unchanged)")
     if done < n:
+        keep_target(run_dir, target, n)
         return cfg
     again = bool(getattr(cfg, "evaluate_again", False))
     if evaluates is not None and evaluates(cfg) and (again or not evaluated(run_dir, unit, done)):

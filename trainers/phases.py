@@ -60,6 +60,7 @@ class Phases:
     def __init__(self, monitor: MemoryMonitor, row: dict[str, Any]) -> None:
         self.monitor, self.row = monitor, row
         self.names: list[str] = []
+        self.untimed: set[str] = set()  # phases whose seconds another line gives
 
     def label(self, name: str) -> str:
         """``generate (step 3)`` (the row's unit when it has one: step, iteration,
@@ -68,7 +69,12 @@ class Phases:
         return f"{name} ({unit} {self.row[unit]})" if unit else name
 
     @contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
+    def __call__(self, name: str, *, timed: bool = True) -> Iterator[None]:
+        """``timed=False``: the unit's line (:meth:`log`) gives this phase's peak but not its
+        seconds, which a line of its own gives (a commit's: ``trainers.common.commit_line``),
+        so a unit never prints two times for one thing."""
+        if not timed:
+            self.untimed.add(name)
         t0 = time.perf_counter()
         with heartbeat(self.label(name), self.heartbeat_s), self.monitor.phase(name) as pk:
             yield
@@ -92,7 +98,8 @@ class Phases:
         parts = []
         for name in self.names:
             cuda = self.row.get(f"cuda_peak_{name}_bytes")
-            parts.append(f"{name} {self.row[f'seconds_{name}']:.1f} s "
+            seconds = "" if name in self.untimed else f"{self.row[f'seconds_{name}']:.1f} s "
+            parts.append(f"{name} {seconds}"
                          f"{self.row[f'peak_rss_{name}_bytes'] / MIB:,.0f} MiB"
                          + (f" (cuda {cuda / MIB:,.0f} MiB)" if cuda else ""))
         line = f"{unit} {n}: " + " | ".join(parts)

@@ -1,11 +1,19 @@
-"""Draw a run's curve from its ``metrics.jsonl`` (``rlbuffers plot RUN_DIR``): the trainer is
-read from ``config.json`` (its fields) or, without one, from the metrics' keys, and its own
-curve function draws it."""
+"""Draw a run's curve from its ``metrics.jsonl``: the trainer is read from ``config.json``
+(its fields) or, without one, from the metrics' keys, and its own curve function draws it.
+
+    python3 -m trainers.plot RUN_DIR [-o PNG]
+
+prints the PNG's path; a run directory it cannot draw is one line on stderr (exit code 2).
+"""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Any
+
+PROG = "python3 -m trainers.plot"
 
 TRAINERS = ("erl", "grpo", "crsp", "guidance")
 
@@ -63,7 +71,10 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """
     d = Path(run_dir)
     metrics = d / "metrics.jsonl"
-    if not metrics.exists():
+    if not d.is_dir():
+        raise FileNotFoundError(f"{d}: no such directory" if not os.path.lexists(d)
+                                else f"{d}: not a directory (give a run directory)")
+    if not os.path.lexists(metrics):
         hint = " (a buffer: give its run directory)" if (d / "manifest.json").exists() else ""
         raise FileNotFoundError(f"{d}: no metrics.jsonl, not a trainer's run directory{hint}")
     from rlbuffers.safe_load import load_json
@@ -74,5 +85,38 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         raise ValueError(f"{metrics}: no rows yet (the first unit has not completed)")
     config = load_json(d / "config.json", dict) if (d / "config.json").exists() else {}
     path = Path(out) if out is not None else d / "curve.png"
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"-o {path}: no directory {path.parent} to write it in")
+    if path.suffix.lower() != ".png":
+        raise ValueError(f"-o {path}: expected a .png file name")
     draw(which_trainer(config, history[0]), path, history, config)
     return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python3 -m trainers.plot RUN_DIR [-o PNG]``: draw the run's curve, print the PNG's
+    path (exit 0); an error is one line on stderr naming the run directory or the file
+    (exit 2)."""
+    from rlbuffers.errors import RLBuffersError
+    from rlbuffers.safe_load import one_line
+    from trainers.config import ArgumentParser
+
+    p = ArgumentParser(prog=PROG, description="Draw the curve of a run written by python3 -m "
+                       "trainers.* (the trainer is read from config.json or the metrics' "
+                       "keys) and print the PNG's path.")
+    p.add_argument("run_dir", help="the run directory (holds metrics.jsonl)")
+    p.add_argument("-o", "--out", default=None, metavar="PNG",
+                   help="where to write the PNG (default: RUN_DIR/curve.png)")
+    args = p.parse_args(argv)
+    try:
+        print(plot_run(args.run_dir, args.out))
+    except (RLBuffersError, OSError, ValueError) as e:
+        text = str(e) if not isinstance(e, OSError) or e.filename is None else \
+            f"{e.filename}: {e.strerror}"
+        print(f"{PROG}: error: {one_line(text, 1000)}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -79,7 +79,7 @@ def summary(run: Run, keys: Sequence[str], evals: dict[str, Any] | None = None) 
              ("tensorboard", d / "tb")]
     lines += [f"  {name:<12}{path}" for name, path in paths if path.exists()]
     lines.append(f"  inspect:    rlbuffers inspect {shlex.quote(str(d / 'buffer'))}")
-    lines.append(f"  plot:       rlbuffers plot {shlex.quote(str(d))}")
+    lines.append(f"  plot:       python3 -m trainers.plot {shlex.quote(str(d))}")
     return "\n".join(lines)
 
 

@@ -148,6 +148,7 @@ def check_config(c: Config) -> None:
     longest = c.max_prompt_tokens + longest_completion(c)
     check_rules(c, {
         "steps": (c.steps >= 1, ">= 1"),
+        "max_prompt_tokens": (c.max_prompt_tokens >= 1, ">= 1"),
         "seeds_per_step": (c.seeds_per_step >= 1, ">= 1"),
         "seed_shuffle_buffer": (c.seed_shuffle_buffer >= 0, ">= 0"),
         "solver_samples": (c.solver_samples >= 2, ">= 2 (the solvability band)"),
@@ -172,7 +173,12 @@ def check_config(c: Config) -> None:
                                  f"one of {', '.join(CLASS_WEIGHTS)}"),
         "critic_class_window": (c.critic_class_window >= 1, ">= 1"),
         "lora_rank": (c.lora_rank >= 1, ">= 1 (roles are adapters)"),
+        "alpha0": (c.alpha0 >= 0, ">= 0"),
         "alpha_decay": (0 < c.alpha_decay <= 1, "in (0, 1]"),
+        "sketch_capacity": (c.sketch_capacity >= 1, ">= 1"),
+        "sketch_perm": (c.sketch_perm >= 1, ">= 1"),
+        "prompt_cache_bytes": (c.prompt_cache_bytes >= 0, ">= 0"),
+        "buffer_capacity": (c.buffer_capacity >= 1, ">= 1"),
         "micro_batch_tokens": (c.micro_batch_tokens >= 0, ">= 0 (0: planned)"),
         "pack_tokens": (c.pack_tokens >= longest,
                         f">= --max-prompt-tokens + the longest completion ({longest})"),

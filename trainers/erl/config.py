@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainers.config import RAY_ADDRESS, RUN_RESUMABLE, RunConfig, check_rules, check_run
+from trainers.config import (
+    MAX_THREADS,
+    RAY_ADDRESS,
+    RUN_RESUMABLE,
+    RunConfig,
+    check_rules,
+    check_run,
+)
 
 #: Values of ``--rollout-backend`` ('': chosen from ``--workers`` and ``--ray-address``).
 BACKENDS = ("", "inprocess", "ray")
@@ -127,7 +134,8 @@ def check_config(c: Config) -> None:
         "policy_delay": (c.policy_delay >= 1, ">= 1"),
         "exploration_noise": (c.exploration_noise >= 0, ">= 0"),
         "warn_below_available_mib": (c.warn_below_available_mib >= 0, ">= 0"),
-        "train_threads": (c.train_threads >= 1, ">= 1"), "workers": (c.workers >= 1, ">= 1"),
+        "train_threads": (1 <= c.train_threads <= MAX_THREADS, f"in [1, {MAX_THREADS}]"),
+        "workers": (c.workers >= 1, ">= 1"),
         "rollout_backend": (c.rollout_backend in BACKENDS, "'', 'inprocess' or 'ray'"),
     })
 

@@ -176,11 +176,10 @@ def memory_plan(cfg: Config, fields: dict[str, FieldSpec], population: list[Acto
 
 def progress_line(row: dict[str, Any], cfg: Config, seconds: float) -> str:
     """The one-line progress print of a generation (``seconds``: the generation's, commit
-    included)."""
+    included; the commit's own figures are its log line, ``trainers.common.commit_line``)."""
     return (f"gen {row['generation']:4d}/{cfg.generations} | best {row['best_fitness']:9.1f} "
             f"mean {row['mean_fitness']:9.1f} | learner {row['learner_return']:9.1f} | "
             f"steps {row['env_steps']:>9,} | buffer {row['buffer_size']:>9,} | "
-            f"commit {row['seconds_commit']:.2f}s {row['commit_bytes'] / MIB:.1f}MiB | "
             f"rss {row['rss_bytes'] / MIB:.0f}MiB peak {row['peak_rss_bytes'] / MIB:.0f}MiB | "
             f"{seconds:.1f}s")
 
@@ -229,8 +228,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(cfg.train_threads)
     monitor = MemoryMonitor(warn_below_available_bytes=cfg.warn_below_available_mib * MIB)
     mem = monitor.check()
-    print(f"start: rss {mem.rss_bytes / MIB:.0f}MiB, available {mem.available_bytes / MIB:,.0f}MiB",
-          flush=True)
+    print(f"memory at start: this process's RSS {mem.rss_bytes / MIB:,.0f} MiB, "
+          f"{mem.available_bytes / MIB:,.0f} MiB available to it", flush=True)
 
     env = make_env(cfg.env, cfg.max_episode_steps)  # its spaces only
     obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
@@ -267,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             for gen in range(trainer["generation"] + 1, cfg.generations + 1):
                 t0 = time.perf_counter()
-                figures: dict[str, Any] = {}
+                figures: dict[str, Any] = {"generation": gen}  # phases say "(generation N)"
                 phases = Phases(monitor, figures)
                 # 1-2. Evaluate the population, and one exploration episode of the learner
                 # (uniformly random before learning_starts), on the rollout workers; every
@@ -304,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
                        "rollout_nodes": nodes, **figures, "rss_bytes": mem.rss_bytes,
                        "peak_rss_bytes": mem.peak_rss_bytes,
                        "available_bytes": mem.available_bytes, **plan}
-                with phases("commit"):  # its figures reach the log line, not the row
+                with phases("commit", timed=False):  # its seconds: the commit's own line
                     run.commit(gen, row, state={"trainer": dict(trainer)},
                                torch_files={"population.pt": [a.state_dict() for a in population],
                                             "learner.pt": learner.full_state(),

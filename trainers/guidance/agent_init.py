@@ -16,6 +16,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from trainers.config import ConfigError
+
 log = logging.getLogger(__name__)
 
 FLAG = "--agent-init"
@@ -27,11 +29,12 @@ def checkpoint_file(path: str | Path) -> Path:
     its ``weights.safetensors``) or that file itself.
 
     Raises:
-        FileNotFoundError: ``--agent-init: expected ...``, naming what is missing."""
+        trainers.config.ConfigError: ``--agent-init: expected ...``, naming what is missing
+            (one line on the console)."""
     p = Path(path)
     f = p / "weights.safetensors" if p.is_dir() else p
     if not f.is_file():
-        raise FileNotFoundError(f"{FLAG}: expected a GRPO checkpoint directory holding "
+        raise ConfigError(f"{FLAG}: expected a GRPO checkpoint directory holding "
                                 f"weights.safetensors (or that file), got {str(path)!r} "
                                 f"({f} does not exist)")
     return f
@@ -58,8 +61,8 @@ def check_run_config(file: Path, cfg: Any) -> dict[str, Any]:
     in the weights, so they must match here. Returns the compared settings ({} without it).
 
     Raises:
-        ValueError: ``--agent-init: expected --lora-alpha ..., got ...`` (or --lora-rank,
-            --model) for a setting that differs."""
+        trainers.config.ConfigError: (a ValueError) ``--agent-init: expected --lora-alpha
+            ..., got ...`` (or --lora-rank, --model) for a setting that differs."""
     path = file.parent.parent.parent / "config.json"
     if not path.is_file():
         return {}
@@ -72,7 +75,7 @@ def check_run_config(file: Path, cfg: Any) -> dict[str, Any]:
             seen[name] = saved[name]
             if saved[name] != getattr(cfg, name):
                 flag = "--" + name.replace("_", "-")
-                raise ValueError(f"{FLAG}: expected {flag} {getattr(cfg, name)!r} (this run's), "
+                raise ConfigError(f"{FLAG}: expected {flag} {getattr(cfg, name)!r} (this run's), "
                                  f"got {saved[name]!r} in {path}: pass {flag} {saved[name]!r}")
     return seen
 
@@ -88,10 +91,10 @@ def load_agent_init(policies: Any, path: str | Path, cfg: Any) -> dict[str, Any]
         number of tensors and the GRPO settings compared.
 
     Raises:
-        FileNotFoundError: no such checkpoint file.
-        ValueError: ``--agent-init: expected ..., got ...`` for a full-weights checkpoint
-            (no LoRA tensors), names that do not match the agent adapter's, a shape (rank)
-            that differs, or a GRPO setting that differs.
+        trainers.config.ConfigError: (a ValueError) ``--agent-init: expected ..., got ...``
+            for no such checkpoint file, a full-weights checkpoint (no LoRA tensors), names
+            that do not match the agent adapter's, a shape (rank) that differs, or a GRPO
+            setting that differs.
     """
     from rlbuffers.safe_load import load_safetensors
 
@@ -100,19 +103,19 @@ def load_agent_init(policies: Any, path: str | Path, cfg: Any) -> dict[str, Any]
     state = load_safetensors(file)
     names = adapter_names(state)
     if not names:
-        raise ValueError(f"{FLAG}: expected a LoRA checkpoint (lora_A/lora_B tensors), got "
+        raise ConfigError(f"{FLAG}: expected a LoRA checkpoint (lora_A/lora_B tensors), got "
                          f"{len(state)} tensors without any in {file} (a full-weights "
                          f"checkpoint, e.g. {sorted(state)[:2]}?)")
     want = policies.adapter_state("agent")
     missing, extra = sorted(set(want) - set(names)), sorted(set(names) - set(want))
     if missing or extra:
-        raise ValueError(f"{FLAG}: expected the agent adapter's {len(want)} LoRA tensors, got "
+        raise ConfigError(f"{FLAG}: expected the agent adapter's {len(want)} LoRA tensors, got "
                          f"{len(names)} in {file}; missing {missing[:3]}, unexpected "
                          f"{extra[:3]}")
     for k, v in want.items():
         got = tuple(state[names[k]].shape)
         if got != v.shape:
-            raise ValueError(f"{FLAG}: expected {k} of shape {v.shape} (--lora-rank "
+            raise ConfigError(f"{FLAG}: expected {k} of shape {v.shape} (--lora-rank "
                              f"{cfg.lora_rank}), got {got} in {file}")
     policies.load_adapter_state("agent", {
         k: state[names[k]].float().numpy().astype(v.dtype, copy=False) for k, v in want.items()})

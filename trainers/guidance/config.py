@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainers.config import RAY_ADDRESS, check_rules
-from trainers.llm.config import LLM_RESUMABLE, LLMConfig, check_llm
+from trainers.llm.config import LLM_RESUMABLE, LLMConfig, check_llm, model_dir_ok
 from trainers.llm.settings import Sampling
 
 
@@ -135,7 +135,13 @@ def check_config(c: Config) -> None:
     check_rules(c, {
         "ray_address": (RAY_ADDRESS.fullmatch(c.ray_address) is not None,
                         "'', 'auto', 'local' or [ray://]host:port"),
+        "critic_model": model_dir_ok(c.critic_model, "an encoder directory holding "
+                                                     "config.json"),
         "iterations": (c.iterations >= 1, ">= 1"),
+        "actor_lr": (c.actor_lr > 0, "> 0"), "guidance_lr": (c.guidance_lr > 0, "> 0"),
+        "critic_lr": (c.critic_lr > 0, "> 0"),
+        "critic_hidden": (c.critic_hidden >= 1, ">= 1"),
+        "critic_max_tokens": (c.critic_max_tokens >= 2, ">= 2"),
         "episodes_per_iteration": (c.episodes_per_iteration >= 1, ">= 1"),
         "episodes_per_job": (c.episodes_per_job >= 1, ">= 1"),
         "train_size": (c.train_size >= c.episodes_per_iteration, ">= --episodes-per-iteration"),

@@ -5,9 +5,10 @@ sets its defaults by declaring a field again."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from trainers.config import RUN_RESUMABLE, RunConfig, check_rules, check_run
+from trainers.config import MAX_THREADS, RUN_RESUMABLE, RunConfig, check_rules, check_run
 from trainers.llm.checkpointing import MODES
 from trainers.llm.settings import Packing, PolicyLoss, Sampling, parse_budget
 from trainers.llm.tasks import check_task
@@ -114,7 +115,9 @@ def check_llm(c: LLMConfig) -> None:
             c.device.startswith("cuda:") and c.device[5:].isdigit()),
             "'auto', 'cpu', 'cuda' or 'cuda:N'"),
         "temperature": (c.temperature > 0, "> 0"), "top_p": (0 < c.top_p <= 1, "in (0, 1]"),
+        "model": model_dir_ok(c.model),
         "lora_rank": (c.lora_rank >= 0, ">= 0"), "lr": (c.lr > 0, "> 0"),
+        "lora_alpha": (c.lora_alpha >= 1, ">= 1"),
         "max_grad_norm": (c.max_grad_norm >= 0, ">= 0"),
         "beta": (c.beta >= 0, ">= 0"), "epsilon": (c.epsilon > 0, "> 0"),
         "epsilon_high": (c.epsilon_high >= 0, ">= 0"),
@@ -126,10 +129,18 @@ def check_llm(c: LLMConfig) -> None:
                                    "'auto', 'off', 'all' or 'selective'"),
         "checkpoint_layers": (layers_ok, "'auto' or comma-separated layer indices"),
         "activation_fraction": (0 <= c.activation_fraction <= 1, "in [0, 1]"),
-        "generate_threads": (c.generate_threads >= 1, ">= 1"),
-        "train_threads": (c.train_threads >= 0, ">= 0"),
+        "generate_threads": (1 <= c.generate_threads <= MAX_THREADS, f"in [1, {MAX_THREADS}]"),
+        "train_threads": (0 <= c.train_threads <= MAX_THREADS, f"in [0, {MAX_THREADS}]"),
     })
     check_task(c.task, c.task_config)
+
+
+def model_dir_ok(path: str, what: str = "a model directory holding config.json"
+                 ) -> tuple[bool, str]:
+    """``(ok, expected)`` of a ``--model``-like flag: '' (the default model) or a directory
+    holding ``config.json`` (checked before anything loads)."""
+    return (not path or (Path(path) / "config.json").is_file(),
+            f"{what} (or '' for the default)")
 
 
 def check_dtype(c: Any, name: str) -> None:
