@@ -7,8 +7,9 @@ pastes them one after another does).
     python3 tools/time_readme.py [--out runs/readme_times] [--only erl grpo]
 
 For each command: wall seconds, exit code, the longest silence between two output lines (a
-progress bar's redraw counts as a line), the system's load average at start and end (the
-machine may be shared: say so beside the figures), and the transcript in ``OUT/NAME.log``.
+progress bar's redraw counts as a line), the system's 1-minute load average at start and end
+and its mean and maximum over the command (sampled every 5 s: the machine may be shared, so
+say so beside the figures), and the transcript in ``OUT/NAME.log``.
 Writes ``OUT/times.json`` and prints a table. Command 2 (the test suite) is what CI times.
 """
 
@@ -20,6 +21,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -59,6 +61,27 @@ def readme_commands(readme: Path) -> dict[str, str]:
     return out
 
 
+class LoadSampler:
+    """The 1-minute load average every ``every_s`` seconds, in a thread, until :meth:`stop`."""
+
+    def __init__(self, every_s: float = 5.0) -> None:
+        self.samples = [os.getloadavg()[0]]
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every_s,), daemon=True)
+        self._thread.start()
+
+    def _run(self, every_s: float) -> None:
+        while not self._done.wait(every_s):
+            self.samples.append(os.getloadavg()[0])
+
+    def stop(self) -> tuple[float, float]:
+        """(mean, max) of the samples, the last one taken now."""
+        self._done.set()
+        self._thread.join()
+        self.samples.append(os.getloadavg()[0])
+        return sum(self.samples) / len(self.samples), max(self.samples)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "readme_times")
@@ -80,10 +103,12 @@ def main() -> int:
     rows = []
     for name in args.only:
         load0 = os.getloadavg()[0]
+        sampler = LoadSampler()
         start = time.monotonic()
         code, lines = timed_lines(["bash", "-c", commands[name]], timeout_s=args.timeout_s,
                                   env=env, cwd=clone)
         wall = time.monotonic() - start
+        load_mean, load_max = sampler.stop()
         tail = (wall - lines[-1][0], "(exit)") if lines else (wall, "(exit)")
         gap, after = max([*gaps(lines)[:1], tail])
         (args.out / f"{name}.log").write_text(
@@ -91,9 +116,11 @@ def main() -> int:
         rows.append({"command": name, "exit_code": code, "wall_s": round(wall, 1),
                      "longest_silence_s": round(gap, 1), "silence_ended_by": after[:120],
                      "load_start": round(load0, 2), "load_end": round(os.getloadavg()[0], 2),
+                     "load_mean": round(load_mean, 2), "load_max": round(load_max, 2),
                      "lines": len(lines)})
         print(f"{name:9s} exit {code}  {wall / 60:5.1f} min  longest silence {gap:5.1f} s  "
-              f"load {load0:.1f} -> {os.getloadavg()[0]:.1f}", flush=True)
+              f"load {load0:.1f} -> {os.getloadavg()[0]:.1f} (mean {load_mean:.1f}, "
+              f"max {load_max:.1f})", flush=True)
     report = {"head": head, "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M %Z"),
               "commands": {r["command"]: commands[r["command"]] for r in rows}, "rows": rows}
     (args.out / "times.json").write_text(json.dumps(report, indent=1))
