@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from rlbuffers.buffer import ReplayBuffer, SaveReport
     from rlbuffers.packed import Packed
     from rlbuffers.padded import Padded
-    from rlbuffers.samplers import (
+    from rlbuffers.sampling.samplers import (
         GroupSampler,
         PrioritizedSampler,
         Sampler,
@@ -51,7 +51,7 @@ _LAZY = {
     "ReplayBuffer": "rlbuffers.buffer", "SaveReport": "rlbuffers.buffer",
     "FieldSpec": "rlbuffers.spec", "Packed": "rlbuffers.packed",
     "Padded": "rlbuffers.padded",
-    **{n: "rlbuffers.samplers" for n in ("GroupSampler", "PrioritizedSampler", "Sampler",
+    **{n: "rlbuffers.sampling.samplers" for n in ("GroupSampler", "PrioritizedSampler", "Sampler",
                                          "SequenceSampler", "UniformSampler",
                                          "register_sampler")},
 }

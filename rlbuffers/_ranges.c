@@ -1,7 +1,7 @@
 /* rlbuffers._ranges: copy many byte ranges of a few source buffers into one output buffer,
  * with the GIL released (the ragged gathers of rlbuffers/storage/ragged_column.py), make the
  * row views of packed values (rlbuffers/packed.py: Packed.to_list), and search a sum tree
- * (rlbuffers/segment_tree.py: SegmentTree.find_prefix).
+ * (rlbuffers/sampling/segment_tree.py: SegmentTree.find_prefix).
  *
  * Optional: rlbuffers/ranges.py falls back to Python when this module is not built.
  * Everything is checked before the first byte is written or the first view made: a failed

@@ -19,7 +19,7 @@ page costs a host fault: 1.5 GiB written afresh took 3.2-4.6 s of kernel time he
 VM, 2 cores), the same bytes written over the cached pages of an existing file 0.4 s, and
 written after deleting such a file (its pages freed and taken again at once) 0.7-1.2 s. So the
 ``torch_files`` (the optimizer state: the bulk) bypass the page cache
-(:mod:`rlbuffers.direct_io`, ``O_DIRECT``). With ``recycle=True``, ``writers`` (e.g.
+(:mod:`rlbuffers.storage.direct_io`, ``O_DIRECT``). With ``recycle=True``, ``writers`` (e.g.
 safetensors, which opens the file itself) write over the spare's file of the same name, whose
 pages are cached, at the price of one more checkpoint's bytes on disk; it is off by default:
 once the torch files bypassed the page cache it measured no gain (0.62 s per write + prune
@@ -52,9 +52,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlbuffers.direct_io import DirectWriter
 from rlbuffers.errors import CorruptCheckpointError
 from rlbuffers.safe_load import load_json, open_regular
+from rlbuffers.storage.direct_io import DirectWriter
 from rlbuffers.storage.location import fsync_path
 from rlbuffers.storage.safe_files import open_inside, remove_inside, write_atomic_inside
 
@@ -204,7 +204,8 @@ class Checkpoints:
         safetensors save), and ``state`` (plain JSON data) as ``state.json``; the crc32c of
         each in ``checksums.json``; every file and the directory fsynced, then renamed over
         any older ``<prefix>-<step>``. The ``torch_files`` bypass the page cache
-        (:class:`rlbuffers.direct_io.DirectWriter`, their crc32c taken as they are written). A
+        (:class:`rlbuffers.storage.direct_io.DirectWriter`, their crc32c taken as they are
+        written). A
         spare left by :meth:`prune` becomes the temporary directory: ``writers`` write over its
         files, and the ones not written again are removed.
 

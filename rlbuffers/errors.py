@@ -64,7 +64,8 @@ class CorruptCheckpointError(RLBuffersError, OSError):
 
 
 class UnsafePickleError(RLBuffersError, ValueError):
-    """A pickle asks the restricted unpickler (:mod:`rlbuffers.inert_pickle`) for something it
+    """A pickle asks the restricted unpickler (:mod:`rlbuffers.integrations.sb3.inert_pickle`) for
+    something it
     refuses: an object dtype or a dtype state that differs from what numpy computes, a scalar
     or array whose bytes do not match its dtype and shape, an array without its data or with
     other strides than numpy's own, a length beyond the bytes left in the file, more memory

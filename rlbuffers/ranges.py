@@ -3,7 +3,7 @@ optional extension, else ``None`` and their callers do the same in Python: many 
 a few buffers copied into one (the ragged gathers of ``rlbuffers/storage/ragged_column.py``),
 the row views of packed values (:meth:`rlbuffers.packed.Packed.to_list`, the
 ``ragged="list"`` format), and the prefix-sum search of a sum tree
-(:meth:`rlbuffers.segment_tree.SegmentTree.find_prefix`, prioritized draws).
+(:meth:`rlbuffers.sampling.segment_tree.SegmentTree.find_prefix`, prioritized draws).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ copy_ranges: Callable[[Any, Sequence[Any], Any, Any, Any, Any, Any], None] | Non
 row_views: Callable[[np.ndarray, np.ndarray], list[np.ndarray]] | None = _row_views
 
 #: ``prefix_search(tree, first, mass, out)``, or ``None`` where the C extension is not built:
-#: ``out[i]`` (int64[m]) = the leaf that :meth:`~rlbuffers.segment_tree.SegmentTree.find_prefix`
+#: ``out[i]`` (int64[m]) = the leaf that
+#: :meth:`~rlbuffers.sampling.segment_tree.SegmentTree.find_prefix`
 #: finds for ``mass[i]`` (float64[m], each >= 0) in the sum tree ``tree`` (float64[2n], root
 #: in (0, inf)), its running-sum step at the ``first`` nodes ``[first, 2 first)``; the same
 #: floating-point operations in the same order as the numpy path, so the same leaves, each in

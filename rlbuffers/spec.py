@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +42,7 @@ class FieldSpec:
         stack_axis: the axis of ``shape`` along which the field is a stack of the last
             ``k = shape[stack_axis]`` frames of an episode (oldest first), e.g.
             ``FieldSpec((4, 84, 84), "uint8", stack_axis=0)``. The buffer then stores each
-            frame once (:mod:`rlbuffers.framestack`); ``None`` (default): a plain field.
+            frame once (:mod:`rlbuffers.core.framestack`); ``None`` (default): a plain field.
 
     Raises:
         FieldError: ``None`` anywhere but the first axis, a size < 1, a dtype the tiers do
@@ -279,6 +279,35 @@ def check_batch(name: str, spec: FieldSpec, value: Any, batch_size: int | None) 
     if batch_size is not None and n != batch_size:
         raise FieldError(f"field {name!r}: expected batch size {batch_size}, got {n}")
     return rows
+
+
+def transition_rows(fields: dict[str, FieldSpec], transition: Mapping[str, Any]
+                    ) -> dict[str, Any]:
+    """One transition (``{field: value}``, shapes as in ``fields``) checked against ``fields``
+    as a batch of one: ``{field: [1, *shape]}`` (ragged: a list of one array).
+
+    Raises:
+        FieldError: an unknown or missing field, or a wrong shape or dtype.
+    """
+    check_names(list(fields), list(transition))
+    out: dict[str, Any] = {}
+    for n, s in fields.items():
+        row = check_row(n, s, transition[n])
+        out[n] = [row] if s.ragged else row[None]
+    return out
+
+
+def batch_of_rows(fields: dict[str, FieldSpec], batch: Mapping[str, Any]
+                  ) -> tuple[dict[str, Any], int]:
+    """A batch (``{field: [B, *shape]}``, ragged: B arrays) checked against ``fields``, and B.
+
+    Raises:
+        FieldError: an unknown or missing field, a wrong shape or dtype, or unequal batch
+        sizes.
+    """
+    check_names(list(fields), list(batch))
+    size = len(batch[next(iter(fields))])
+    return {n: check_batch(n, s, batch[n], size) for n, s in fields.items()}, size
 
 
 def check_names(fields: Sequence[str], given: Sequence[str]) -> None:

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from rlbuffers.compression import DEFAULT_CODEC, check_codec
 from rlbuffers.errors import BufferExistsError
 from rlbuffers.ring import RingState
 from rlbuffers.spec import FieldSpec
+from rlbuffers.storage.compression import DEFAULT_CODEC, check_codec
 from rlbuffers.storage.engine import new_tier, tier_of
 from rlbuffers.storage.layout import ChunkLayout, plan_stored_chunk_rows
 from rlbuffers.storage.location import LocalLocation, Location, fsync_path

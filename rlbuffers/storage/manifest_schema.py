@@ -15,12 +15,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rlbuffers import samplers
-from rlbuffers.compression import check_codec
 from rlbuffers.errors import FieldError, FormatVersionError, ManifestError, NotABufferError
-from rlbuffers.framestack_columns import manifest_problem
 from rlbuffers.intmath import ceil_div
 from rlbuffers.spec import FieldSpec, field_name_problem
+from rlbuffers.storage.compression import check_codec
+from rlbuffers.storage.framestack_columns import manifest_problem
 
 #: Most slots of a buffer (a working tier of capacity x row bytes is allocated on open).
 MAX_CAPACITY = 2**40
@@ -199,13 +198,6 @@ def _check_records(data: dict[str, Any], where: str) -> None:
     if data["rng"].get("bit_generator") not in BIT_GENERATORS:
         raise _fail(where, "rng.bit_generator", f"one of {BIT_GENERATORS}",
                     data["rng"].get("bit_generator"))
-    for key, rebuild in (("sampler", samplers.sampler_from_state),
-                         ("rng", samplers.generator_from_state)):
-        try:
-            rebuild(data[key])
-        except Exception as e:  # whatever a sampler's from_state_dict raises on bad state
-            raise _fail(where, key, f"a state the {key} accepts ({type(e).__name__}: "
-                        f"{str(e)[:160]})", data[key]) from None
 
 
 def _check_stored(data: dict[str, Any], where: str, specs: dict[str, FieldSpec], capacity: int,

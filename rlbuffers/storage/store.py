@@ -153,7 +153,7 @@ class WritableStorage:
         self._own = Path(working_dir) == default_working_dir(tier.loc)
         if fresh:
             clear_working_dir(working_dir, tier.manifest.specs, own=self._own)
-        self.working = self._attach(working_dir)
+        self.working = self._attach(working_dir, fresh)
         self.saver = Saver(tier, self.working)
 
     @property
@@ -161,11 +161,15 @@ class WritableStorage:
         """The last commit."""
         return self.tier.manifest
 
-    def _attach(self, wdir: Path) -> WorkingTier:
+    def _attach(self, wdir: Path, fresh: bool = False) -> WorkingTier:
         m, tier = self.tier.manifest, self.tier
         tier.apply(m.commit)  # drops uncommitted chunks and commits no longer kept
         args = (wdir, m.specs, m.capacity, self.layout.base_chunk_rows)
         everything = set(range(self.layout.n_base_chunks))
+        if fresh:  # a new buffer (commit 0, nothing stored): a new, empty tier, nothing to read
+            working = WorkingTier(*args, create=True, buffer_id=m.buffer_id, own=self._own)
+            working.write_state(m.commit, [])
+            return working
         try:
             working = WorkingTier(*args, create=False, buffer_id=m.buffer_id)
             state = working.state
@@ -188,8 +192,8 @@ class WritableStorage:
         stored chunks rewrite the whole stored chunk: the rest of it is unchanged since the
         commit, so rewriting it is harmless)."""
         size = self.tier.manifest.ring.size
-        log.info("rebuilding %d chunk(s) of the working tier from %s", len(base_chunks),
-                 self.tier.loc)
+        log.info("%s: restoring %d chunk(s) of the working tier from commit %d",
+                 self.tier.loc, len(base_chunks), self.tier.manifest.commit)
         for name, col in working.columns.items():
             for c in base_chunks:
                 col.reset_chunk(c)

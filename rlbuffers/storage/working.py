@@ -337,7 +337,8 @@ class WorkingTier:
     def trusted(self, buffer_id: str) -> bool:
         """Whether ``state.json`` speaks for this tier: same buffer, written in this boot, cut
         by the same capacity and base chunk, and the same files as when it was written (its
-        ``files`` digest; a state without one is not trusted). A tier whose files were replaced is logged (WARNING)."""
+        ``files`` digest; a state without one is not trusted). A tier whose files were
+        replaced is logged (WARNING)."""
         if not (self.state.get("buffer_id") == buffer_id
                 and self.state.get("boot_id", "") == BOOT_ID
                 and self.state.get("layout") == self.layout):

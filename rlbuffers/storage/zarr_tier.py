@@ -22,22 +22,20 @@ of the chunk table, and the first save writes a format-3 manifest.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zarr
 
-from rlbuffers.compression import DEFAULT_CODEC, zarr_compressors
 from rlbuffers.errors import (
     CorruptChunkError,
     ManifestError,
     NotABufferError,
     SnapshotReclaimedError,
-    UnsafePathError,
 )
 from rlbuffers.intmath import ceil_div
+from rlbuffers.storage.compression import DEFAULT_CODEC, zarr_compressors
 from rlbuffers.storage.lease import leased_commits
 from rlbuffers.storage.location import Location
 from rlbuffers.storage.manifest import (
@@ -49,10 +47,15 @@ from rlbuffers.storage.manifest import (
     Manifest,
     history_file,
     read_manifest,
-    upgrade,
     write_manifest,
 )
-from rlbuffers.storage.manifest_schema import check_arrays
+from rlbuffers.storage.zarr_arrays import (
+    VERSIONS,
+    array_path,
+    check_against_arrays,
+    check_kept,
+    decode_chunk,
+)
 from rlbuffers.storage.zarr_helpers import DECODE_ERRORS, check_array_meta
 from rlbuffers.storage.zarr_helpers import naming as _naming
 from rlbuffers.storage.zarr_helpers import numbers as _numbers
@@ -63,39 +66,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-VERSIONS = "versions"
 #: Staging of format-2 saves (moved into ``<field>/`` after their commit); finished on open.
 LEGACY_STAGING = ".staging"
 #: A chunk of zeros must still be written (the manifest lists it).
 _CONFIG: ArrayConfigParams = {"write_empty_chunks": True}
 #: Reads of the manifest while a writer keeps committing, before giving up on consistency.
 READ_ATTEMPTS = 20
-
-
-def _check_against_arrays(loc: Location, m: Manifest, rel: str) -> None:
-    """:func:`check_arrays` of manifest ``m`` (read from ``rel``) against the arrays at
-    ``loc``."""
-    if m.chunks is None and m.format_version >= 3:
-        return
-    check_arrays({n: _array_meta(loc, n) for n in m.specs},
-                 upgrade(json.loads(json.dumps(m.to_json()))), f"{loc}/{rel}")
-
-
-def _array_meta(loc: Location, name: str) -> Any:
-    """The ``zarr.json`` object of column ``name``'s array, or None if missing or unreadable."""
-    try:
-        return json.loads(loc.read_bytes(f"{name}/zarr.json"))
-    except UnsafePathError:  # a symlink or FIFO there: say so, not "missing"
-        raise
-    except (OSError, ValueError, RecursionError):
-        return None
-
-
-def array_path(name: str, commit: int) -> str:
-    """The array (relative to the buffer) holding chunks of ``name`` written by
-    ``commit``: ``versions/g<N>/<name>``; commit 0 is ``<name>`` itself (the chunks of
-    format 1-2 buffers)."""
-    return name if commit == 0 else f"{VERSIONS}/g{commit}/{name}"
 
 
 class ZarrTier:
@@ -134,7 +110,7 @@ class ZarrTier:
             return cls(loc, head)
         try:
             kept = read_manifest(loc, history_file(commit))
-            _check_against_arrays(loc, kept, history_file(commit))
+            check_against_arrays(loc, kept, history_file(commit))
             return cls(loc, kept)
         except ManifestError:
             raise
@@ -165,7 +141,7 @@ class ZarrTier:
                                                                      ".json")
             newest = max(on_disk, default=0)
             if newest <= head.commit + 1:
-                _check_against_arrays(loc, head, MANIFEST)
+                check_against_arrays(loc, head, MANIFEST)
                 return head
             if read_manifest(loc).commit == head.commit:  # not a writer moving on
                 raise ManifestError(
@@ -412,14 +388,14 @@ class ZarrTier:
         a, b = self.layout.stored_slots(name, c)
         table = (self.manifest.chunks or {}).get(name, {})
         if c not in table:
-            return self._decode(name, self._array(name)[a:b])
+            return decode_chunk(self.specs[name], self._array(name)[a:b])
         commit, size = table[c]
         path = f"{array_path(name, commit)}/{self.chunk_key(name, c)}"
         self._check_present(name, c, path, size)
         try:
             data = self._array(array_path(name, commit))[a:b]
         except FileNotFoundError as e:  # zarr's ArrayNotFoundError too: removed after the check
-            self._check_kept()
+            check_kept(self.loc, self.manifest)
             raise CorruptChunkError(name, c, f"missing: {path} ({type(e).__name__})") from e
         except OSError:
             raise
@@ -428,36 +404,17 @@ class ZarrTier:
         # Chunk files are immutable: present after the read means the read saw it (zarr reads
         # a missing chunk as the fill value, so this rules out a deletion during the read).
         self._check_present(name, c, path, size)
-        return self._decode(name, data)
-
-    def _decode(self, name: str, data: Any) -> Any:
-        spec = self.specs[name]
-        if spec.ragged:
-            return [np.frombuffer(v, dtype=spec.dtype).reshape(-1, *spec.row_shape)
-                    for v in np.asarray(data, dtype=object)]
-        return data
+        return decode_chunk(self.specs[name], data)
 
     def _check_present(self, name: str, c: int, path: str, size: int) -> None:
         try:
             actual = self.loc.size(path)
         except FileNotFoundError:
-            self._check_kept()
+            check_kept(self.loc, self.manifest)
             raise CorruptChunkError(name, c, f"missing: {path} ({size} bytes committed)") from None
         if actual != size:
             raise CorruptChunkError(name, c, f"truncated or rewritten: {path} has {actual} "
                                              f"bytes, {size} committed")
-
-    def _check_kept(self) -> None:
-        """Raise :class:`SnapshotReclaimedError` if the writer has dropped this commit."""
-        m = self.manifest
-        try:
-            head = read_manifest(self.loc)
-        except NotABufferError:
-            return
-        if m.commit <= head.commit - head.keep_commits:
-            raise SnapshotReclaimedError(
-                f"{self.loc}: commit {m.commit} is no longer kept (the latest is "
-                f"{head.commit}, keep_commits={head.keep_commits}); call refresh()")
 
     def _listed_chunks(self, name: str) -> dict[int, int]:
         """Chunk index -> bytes of the chunk files in ``<name>/`` (format 1-2 buffers)."""
