@@ -9,8 +9,8 @@ import pytest
 import zarr
 
 from rlbuffers import FieldSpec, ReplayBuffer
-from rlbuffers.export import export_commit
-from rlbuffers.inspection import inspect_path
+from rlbuffers.maintenance.export import export_commit
+from rlbuffers.maintenance.inspection import inspect_path
 from tests.conftest import assert_rows_are, make_batch
 
 

@@ -170,15 +170,15 @@ def test_io_errors_name_the_path(tmp_path, capsys, monkeypatch):
     def no_space(*a, **k):
         raise OSError(28, "No space left on device")
 
-    import rlbuffers.inspection
-    monkeypatch.setattr(rlbuffers.inspection, "inspect_path", no_space)
+    import rlbuffers.maintenance.inspection
+    monkeypatch.setattr(rlbuffers.maintenance.inspection, "inspect_path", no_space)
     err = _polite(["inspect", str(tmp_path / "b")], capsys, "No space left on device")
     assert f"while working on {tmp_path / 'b'}" in err
 
     def named(*a, **k):
         raise OSError(28, "No space left on device", "/data/b/versions/g3/obs/c/0")
 
-    monkeypatch.setattr(rlbuffers.inspection, "inspect_path", named)
+    monkeypatch.setattr(rlbuffers.maintenance.inspection, "inspect_path", named)
     err = _polite(["inspect", str(tmp_path / "b")], capsys, "'/data/b/versions/g3/obs/c/0'")
     assert "while working on" not in err
 

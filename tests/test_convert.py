@@ -26,8 +26,8 @@ from stable_baselines3.common.save_util import save_to_pkl
 from rlbuffers import BufferExistsError
 from rlbuffers import ReplayBuffer as RLBuffer
 from rlbuffers.cli import main as cli_main
-from rlbuffers.convert import ConvertError, convert_sb3, load_sb3_pickle
-from rlbuffers.convert_cli import add_convert_parser
+from rlbuffers.cli.convert import add_convert_parser
+from rlbuffers.integrations.sb3.convert import ConvertError, convert_sb3, load_sb3_pickle
 
 OBS_SPACE = spaces.Box(0, 255, (2, 3), np.uint8)
 

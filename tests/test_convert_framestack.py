@@ -20,7 +20,7 @@ from stable_baselines3.common.save_util import save_to_pkl  # noqa: E402
 
 from rlbuffers import FieldError, ReplayBuffer  # noqa: E402
 from rlbuffers.cli import main as cli_main  # noqa: E402
-from rlbuffers.convert import convert_sb3  # noqa: E402
+from rlbuffers.integrations.sb3.convert import convert_sb3  # noqa: E402
 from tests.test_sb3_framestack import frame_stacked_env, steps  # noqa: E402
 
 

@@ -18,9 +18,9 @@ import pytest
 
 from rlbuffers import BufferExistsError, ReplayBuffer
 from rlbuffers.cli import main as cli_main
-from rlbuffers.convert import ConvertError, convert_sb3
 from rlbuffers.errors import UnsafePickleError
-from rlbuffers.inert_pickle import MappingUnpickler
+from rlbuffers.integrations.sb3.convert import ConvertError, convert_sb3
+from rlbuffers.integrations.sb3.inert_pickle import MappingUnpickler
 from tests import hostile_inputs as h
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 _CHILD = r"""
 import json, resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (3 * 2**29, 3 * 2**29))
-from rlbuffers.convert import load_sb3_pickle
+from rlbuffers.integrations.sb3.convert import load_sb3_pickle
 path = sys.argv[1]
 try:
     b = load_sb3_pickle(path)

@@ -32,7 +32,7 @@ from stable_baselines3.common.save_util import save_to_pkl  # noqa: E402
 
 from rlbuffers import ReplayBuffer  # noqa: E402
 from rlbuffers.cli import main as cli_main  # noqa: E402
-from rlbuffers.convert import ConvertError, convert_sb3, load_sb3_pickle  # noqa: E402
+from rlbuffers.integrations.sb3.convert import ConvertError, convert_sb3, load_sb3_pickle  # noqa: E402
 
 NET = {"net_arch": [16]}  # copied per model: SB3 adds to the policy_kwargs it gets
 

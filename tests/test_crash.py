@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from rlbuffers import ReplayBuffer
-from rlbuffers.inspection import inspect_path
+from rlbuffers.maintenance.inspection import inspect_path
 from rlbuffers.storage.manifest import COMMIT_KEY
 from tests.crash_writer import CAPACITY, batch
 

@@ -9,8 +9,8 @@ import pytest
 
 from rlbuffers import ReplayBuffer
 from rlbuffers.cli import main
-from rlbuffers.export import export_commit
-from rlbuffers.inspection import inspect_path
+from rlbuffers.maintenance.export import export_commit
+from rlbuffers.maintenance.inspection import inspect_path
 from rlbuffers.storage import store
 from rlbuffers.storage.manifest import COMMIT_KEY, KEEP_COMMITS_KEY
 from tests.conftest import assert_rows_are, make_batch

@@ -1,4 +1,5 @@
-"""rlbuffers.direct_io.DirectWriter: the file holds exactly the bytes written, in any pieces,
+"""rlbuffers.storage.direct_io.DirectWriter: the file holds exactly the bytes written, in any
+pieces,
 with O_DIRECT or through the page cache, and its crc32c is that of those bytes."""
 
 import os
@@ -9,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlbuffers import direct_io
-from rlbuffers.direct_io import ALIGN, DirectWriter
+from rlbuffers.storage import direct_io
+from rlbuffers.storage.direct_io import ALIGN, DirectWriter
 
 
 @settings(max_examples=40, deadline=None)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rlbuffers import FieldSpec, NotABufferError, PrioritizedSampler, ReplayBuffer
-from rlbuffers.inspection import inspect_path
+from rlbuffers.maintenance.inspection import inspect_path
 from tests.faults import FaultInjector, SimulatedCrash
 
 FIELDS = {"x": FieldSpec((2,), "int64"), "tokens": FieldSpec((None,), "int32"),

@@ -11,11 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlbuffers import FieldSpec, ReplayBuffer
-from rlbuffers.cli import render
+from rlbuffers.cli.inspect import render
 from rlbuffers.errors import FieldError, FormatVersionError, ManifestError
-from rlbuffers.export import export_commit
-from rlbuffers.inspection import inspect_path
-from rlbuffers.samplers import PrioritizedSampler, SequenceSampler
+from rlbuffers.maintenance.export import export_commit
+from rlbuffers.maintenance.inspection import inspect_path
+from rlbuffers.sampling.samplers import PrioritizedSampler, SequenceSampler
 from rlbuffers.storage.manifest_schema import check_version
 
 FRAME = (2, 3)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from rlbuffers import FieldSpec, ReplayBuffer
 from rlbuffers.errors import BufferEmptyError
-from rlbuffers.samplers import GroupSampler
+from rlbuffers.sampling.samplers import GroupSampler
 
 FIELDS = {"group": FieldSpec((), "int64"), "member": FieldSpec((), "int64"),
           "done": FieldSpec((), "bool")}

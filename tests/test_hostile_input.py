@@ -23,8 +23,8 @@ from rlbuffers import (
     UnsafePathError,
 )
 from rlbuffers.cli import main
-from rlbuffers.inspection import inspect_path
-from rlbuffers.repair import repair
+from rlbuffers.maintenance.inspection import inspect_path
+from rlbuffers.maintenance.repair import repair
 
 FIELDS = {"obs": FieldSpec((3,), "float32"), "done": FieldSpec((), "bool")}
 

@@ -4,7 +4,7 @@ only on the shared layers.
 The import graph is built statically with :mod:`ast` (nothing is imported). Every ``import``
 and ``from ... import`` counts as an edge, at module level and inside functions alike: a
 function-level import only defers a circular dependency to the first call, it does not remove
-it (``rlbuffers.cli`` <-> ``rlbuffers.verify_cli`` was such a cycle). Imports under
+it (``rlbuffers.cli`` <-> ``rlbuffers.cli.verify`` was such a cycle). Imports under
 ``if TYPE_CHECKING:`` are left out: they never run and exist for annotations only.
 ``from pkg import name`` is an edge to ``pkg.name`` when that is one of the project's modules,
 else to ``pkg`` (its ``__init__``); importing ``a.b.c`` does not add edges to ``a`` and ``a.b``

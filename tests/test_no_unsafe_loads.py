@@ -3,8 +3,8 @@ run code: every ``torch.load`` passes ``weights_only=True`` literally, and there
 ``pickle.load``/``loads``/``Unpickler``, ``np.load(allow_pickle=True)``, ``yaml.load``,
 ``dill``, ``cloudpickle``, ``marshal``, ``joblib.load``, ``shelve``, ``eval`` or ``exec``
 outside the few modules allowed below by name, each with its reason
-(``rlbuffers/sb3_pickle.py`` needs none: it reads SB3 pickles only through
-``rlbuffers.inert_pickle``'s restricted unpickler). The scanner reads
+(``rlbuffers/integrations/sb3/pickle_reader.py`` needs none: it reads SB3 pickles only through
+``rlbuffers.integrations.sb3.inert_pickle``'s restricted unpickler). The scanner reads
 the source with :mod:`ast` (no import) and is checked on planted calls too."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ ROOTS = ("rlbuffers", "trainers", "tools")
 
 #: (file, rule) pairs allowed, with the reason.
 ALLOWED = {
-    ("rlbuffers/inert_pickle.py", "pickle.Unpickler"):
+    ("rlbuffers/integrations/sb3/inert_pickle.py", "pickle.Unpickler"):
         "rlbuffers' restricted unpickler: it subclasses the pure-Python pickle._Unpickler to "
         "override its opcodes; find_class returns inert stand-ins (InertObject) or numpy's "
         "own array/dtype paths after checks, so no code named by the pickle runs",

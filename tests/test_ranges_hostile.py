@@ -20,9 +20,10 @@ from tests.heavy import require
 
 require("rlbuffers._ranges")
 
-from rlbuffers import ranges, segment_tree  # noqa: E402
+from rlbuffers import ranges  # noqa: E402
 from rlbuffers.packed import Packed  # noqa: E402
-from rlbuffers.segment_tree import SegmentTree  # noqa: E402
+from rlbuffers.sampling import segment_tree  # noqa: E402
+from rlbuffers.sampling.segment_tree import SegmentTree  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

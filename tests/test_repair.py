@@ -7,8 +7,8 @@ import shutil
 import numpy as np
 
 from rlbuffers import ReplayBuffer
-from rlbuffers.inspection import inspect_path
-from rlbuffers.repair import repair
+from rlbuffers.maintenance.inspection import inspect_path
+from rlbuffers.maintenance.repair import repair
 from rlbuffers.storage.location import make_location
 from rlbuffers.storage.zarr_tier import ZarrTier
 from tests.conftest import assert_rows_are, make_batch

@@ -14,8 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlbuffers import FieldSpec, PrioritizedSampler, ReplayBuffer, ranges, segment_tree
-from rlbuffers.segment_tree import SegmentTree
+from rlbuffers import FieldSpec, PrioritizedSampler, ReplayBuffer, ranges
+from rlbuffers.sampling import segment_tree
+from rlbuffers.sampling.segment_tree import SegmentTree
 
 #: Each search test runs twice: with the C search (``rlbuffers.ranges.prefix_search``, where
 #: the extension is built; tests/test_ranges.py requires it under CI) and with the numpy path.

@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 
 from rlbuffers import FieldSpec, PrioritizedSampler, ReplayBuffer, SequenceSampler
 from rlbuffers.errors import NotPrioritizedError
-from rlbuffers.samplers import PRIORITY, Draw, Sampler, register_sampler, sampler_from_state
+from rlbuffers.sampling.samplers import (
+    PRIORITY,
+    Draw,
+    Sampler,
+    register_sampler,
+    sampler_from_state,
+)
 
 FIELDS = {"x": FieldSpec((), "int64"), "terminated": FieldSpec((), "bool")}
 

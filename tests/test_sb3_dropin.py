@@ -394,7 +394,7 @@ def test_a_pointer_is_checked_before_anything_is_closed_or_opened(tmp_path, name
     buffer is handed over (a ``class`` that is not ours used to close it, then fail in
     ``ReplayBuffer.open`` naming no field; a class or spaces that do not match the buffer
     are found on a read-only view, before the holder is closed)."""
-    from rlbuffers.integrations.sb3_pointer import pointer, reopen
+    from rlbuffers.integrations.sb3.pointer import pointer, reopen
 
     model = dqn(tmp_path)
     model.learn(60)
@@ -415,7 +415,7 @@ def test_a_pointers_working_dir_is_not_used_unless_this_process_made_it(tmp_path
     default place unless the instance of this process holding the buffer uses that one."""
     import pickle
 
-    from rlbuffers.integrations.sb3_pointer import pointer, reopen
+    from rlbuffers.integrations.sb3.pointer import pointer, reopen
 
     model = dqn(tmp_path)
     model.learn(60)

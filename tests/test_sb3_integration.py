@@ -324,12 +324,14 @@ def test_samples_equal_sb3_property(buffer_size, n_envs, mode, steps, reset_at, 
 
 
 def test_missing_sb3_names_the_extra():
-    """Without SB3 the integration raises an ImportError naming the extra; rlbuffers itself
-    never imports SB3."""
+    """Without SB3 the drop-in names raise an ImportError naming the extra; rlbuffers itself
+    never imports SB3, and the SB3 pickle conversion (which reads SB3's files as data) works
+    without it."""
     code = ("import sys; sys.modules['stable_baselines3'] = None\n"
-            "import rlbuffers, rlbuffers.buffer\n"
+            "import rlbuffers, rlbuffers.buffer, rlbuffers.integrations.sb3\n"
+            "import rlbuffers.integrations.sb3.convert\n"
             "assert 'stable_baselines3' not in [m for m in sys.modules if sys.modules[m]]\n"
-            "try:\n    import rlbuffers.integrations.sb3\n"
+            "try:\n    from rlbuffers.integrations.sb3 import ZarrReplayBuffer\n"
             "except ImportError as e:\n    print(e)\n")
     root = Path(__file__).resolve().parent.parent
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,

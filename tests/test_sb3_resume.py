@@ -28,9 +28,9 @@ from stable_baselines3.common.env_util import make_vec_env
 from rlbuffers import ReplayBuffer
 from rlbuffers.cli import main as cli_main
 from rlbuffers.errors import UnsafePathError
-from rlbuffers.integrations import sb3_pointer
 from rlbuffers.integrations.sb3 import CommitCallback, ZarrReplayBuffer, restore_rng, resume
-from rlbuffers.integrations.sb3_layout import rows_to_json
+from rlbuffers.integrations.sb3 import pointer as sb3_pointer
+from rlbuffers.integrations.sb3.layout import rows_to_json
 from tests import sb3_resume_child as child
 
 ROOT = Path(__file__).resolve().parent.parent

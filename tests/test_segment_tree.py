@@ -2,7 +2,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlbuffers.segment_tree import SegmentTree
+from rlbuffers.sampling.segment_tree import SegmentTree
 
 updates = st.lists(
     st.tuples(st.integers(0, 40), st.floats(0, 100, allow_nan=False)), min_size=1, max_size=60

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from rlbuffers import BufferExistsError, BufferLockedError, FieldSpec, ReplayBuffer
-from rlbuffers.repair import repair
+from rlbuffers.maintenance.repair import repair
 
 FIELDS = {"x": FieldSpec((), "int64")}
 REPO = Path(__file__).resolve().parents[1]

@@ -4,8 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rlbuffers.cli.shards import add_shards_parser
 from rlbuffers.stream import iter_shard, resolve_shards
-from rlbuffers.stream.cli import add_shards_parser
 
 
 def run(argv: list[str]) -> int:
@@ -46,7 +46,7 @@ def test_shards_write_reports_errors(tmp_path: Path, capsys):
 def test_module_entry_point(tmp_path: Path):
     src = tmp_path / "a.txt"
     src.write_text("hello")
-    proc = subprocess.run([sys.executable, "-m", "rlbuffers.stream.cli", "shards", "write",
+    proc = subprocess.run([sys.executable, "-m", "rlbuffers.cli.shards", "shards", "write",
                            str(src), "--out", str(tmp_path / "o"), "--no-progress"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -294,7 +294,7 @@ def test_import_does_not_pull_in_torch_or_webdataset():
     import subprocess
     import sys
 
-    code = ("import sys, rlbuffers.stream, rlbuffers.stream.cli; "
+    code = ("import sys, rlbuffers.stream, rlbuffers.cli.shards; "
             "print(sorted(m for m in ('torch', 'webdataset') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120).stdout

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from rlbuffers.cli.shards import main as shards_main
 from rlbuffers.errors import RLBuffersError
 from rlbuffers.stream import ShardError, ShardManifestError, StreamLoader, StreamStateError
-from rlbuffers.stream.cli import main as shards_main
 
 from .test_loader import PACK, fingerprint
 

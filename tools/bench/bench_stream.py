@@ -130,7 +130,7 @@ def raw_tokenize_s(tok: TextTokenizer, docs: list[str], batch: int) -> tuple[flo
 def loader_epoch_s(shards: Path, tok: TextTokenizer, cfg: StreamConfig) -> tuple[float, int]:
     loader = StreamLoader.from_shards(shards, tok, cfg)
     start = time.perf_counter()
-    n = sum(b["stats"]["num_tokens"] for b in loader)
+    n = sum(b.stats["num_tokens"] for b in loader)
     return time.perf_counter() - start, n
 
 
@@ -264,7 +264,7 @@ def padding_rows(store: TokenStore, max_length: int) -> list[list[object]]:
     for name, cfg in variants:
         real = total = 0
         for b in StreamLoader.from_sequence(store, None, cfg):
-            real += b["stats"]["num_tokens"]
+            real += b.stats["num_tokens"]
             total += b["input_ids"].size
         rows.append([max_length, name, f"{100 * (1 - real / total):.1f}%"])
     return rows

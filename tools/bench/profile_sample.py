@@ -43,9 +43,9 @@ import numpy as np
 from tools.bench.bench_peers import CPPRB, RLB, B, Workload, atari, big_float, padded, tokens
 
 #: (module, class, method) of the functions on the sampling path that ``--baseline`` swaps.
-PATCHED = [("rlbuffers.segment_tree", "SegmentTree", "find_prefix"),
-           ("rlbuffers.segment_tree", "SegmentTree", "_descend"),
-           ("rlbuffers.samplers", "PrioritizedSampler", "sample"),
+PATCHED = [("rlbuffers.sampling.segment_tree", "SegmentTree", "find_prefix"),
+           ("rlbuffers.sampling.segment_tree", "SegmentTree", "_descend"),
+           ("rlbuffers.sampling.samplers", "PrioritizedSampler", "sample"),
            ("rlbuffers.storage.working", "FixedColumn", "gather"),
            ("rlbuffers.storage.working", "RaggedColumn", "gather"),
            ("rlbuffers.storage.working", "RaggedColumn", "gather_packed"),

@@ -133,7 +133,7 @@ class Fuzz:
 
     def check(self, data: bytes) -> None:
         from rlbuffers import ReplayBuffer
-        from rlbuffers.verify_cli import _verify
+        from rlbuffers.cli.verify import _verify
 
         plan = json.loads(data)
         case = self.work / "case"

@@ -34,7 +34,7 @@ class Fuzz:
         return mutate_bytes(rng.choice(self.seeds), rng)
 
     def check(self, data: bytes) -> None:
-        from rlbuffers.convert import convert_sb3
+        from rlbuffers.integrations.sb3.convert import convert_sb3
 
         case = self.work / "case"
         shutil.rmtree(case, ignore_errors=True)

@@ -194,14 +194,14 @@ class _Pointer:
         self.ptr = ptr
 
     def __reduce__(self) -> tuple[Any, ...]:
-        from rlbuffers.integrations.sb3_pointer import reopen
+        from rlbuffers.integrations.sb3.pointer import reopen
 
         return reopen, (self.ptr,)
 
 
 #: module prefixes a pointer pickle may name besides ``reopen``: its buffer class, its spaces
 #: and their arrays
-_POINTER_MODULES = ("rlbuffers.integrations.sb3_buffer", "rlbuffers.integrations.sb3_her",
+_POINTER_MODULES = ("rlbuffers.integrations.sb3.buffer", "rlbuffers.integrations.sb3.her",
                     "gymnasium.spaces", "numpy", "builtins", "collections")
 
 
@@ -212,7 +212,7 @@ def read_pointer(data: bytes) -> dict[str, Any]:
         and dtype reconstructors: what a pointer holds; anything else is refused."""
 
         def find_class(self, module: str, name: str) -> Any:
-            if (module, name) == ("rlbuffers.integrations.sb3_pointer", "reopen"):
+            if (module, name) == ("rlbuffers.integrations.sb3.pointer", "reopen"):
                 return lambda ptr: ptr
             if module.startswith(_POINTER_MODULES):
                 return super().find_class(module, name)
@@ -694,14 +694,14 @@ class Fuzz:
     @staticmethod
     def _held(root: Path) -> list[str]:
         """Buffers of the sandbox that an instance of this process holds open."""
-        from rlbuffers.integrations import sb3_pointer
+        from rlbuffers.integrations.sb3 import pointer as sb3_pointer
 
         return [k for k, v in list(sb3_pointer._HOLDERS.items()) if k.startswith(str(root))
                 and not getattr(getattr(v, "_rb", None), "_closed", True)]
 
     def _release(self, root: Path) -> None:
         """Close what a failed call left holding a buffer of the sandbox."""
-        from rlbuffers.integrations import sb3_pointer
+        from rlbuffers.integrations.sb3 import pointer as sb3_pointer
 
         for key in list(sb3_pointer._HOLDERS.keys()):
             if key.startswith(str(root)):

@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 
 from rlbuffers import FieldSpec, PrioritizedSampler, ReplayBuffer
 from rlbuffers.errors import RLBuffersError
-from rlbuffers.inspection import inspect_path
-from rlbuffers.repair import repair
+from rlbuffers.maintenance.inspection import inspect_path
+from rlbuffers.maintenance.repair import repair
 
 #: One input taking longer than this is a finding (seconds).
 HANG_SECONDS = 20
