@@ -74,8 +74,9 @@ class BufferReads:
             (``[B, L]``) transition ids, ``weights`` float32[B] importance weights.
 
         Raises:
-            BufferEmptyError: too few transitions. ValueError: batch_size < 1 or an unknown
-            ``ragged`` (nothing drawn: the generator does not move).
+            BufferEmptyError: too few transitions.
+            ValueError: batch_size < 1 or an unknown ``ragged`` (nothing is drawn: the
+                generator does not move).
         """
         batch_size = positive_int("batch_size", batch_size)
         ragged = check_ragged_format(ragged)
