@@ -8,6 +8,7 @@ The intended layering is written in ``docs/internals.md`` ("Layout")."""
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -106,12 +107,18 @@ def test_upward_imports_are_found(tmp_path):
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    """The wheel ``pip wheel .`` builds from this checkout (offline: the build requirements,
-    setuptools and numpy, are those installed)."""
-    out = tmp_path_factory.mktemp("wheel")
+    """The wheel ``pip wheel .`` builds from this checkout's tracked files, copied elsewhere
+    (offline: the build requirements, setuptools and numpy, are those installed)."""
+    out, src = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("source")
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True,
+                             check=True).stdout.decode().split("\0")
+    for rel in filter(None, tracked):  # the checkout's files, built away from it (no build/)
+        if (REPO / rel).is_file():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, src / rel)
     res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
                           "--no-build-isolation", "--no-cache-dir", "-q", "-w", str(out),
-                          str(REPO)], capture_output=True, text=True, timeout=600)
+                          str(src)], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     (whl,) = out.glob("rlbuffers-*.whl")
     return whl
