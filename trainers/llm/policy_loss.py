@@ -53,17 +53,40 @@ def token_weights(comp_lens: list[int], norm: str, max_completion_tokens: int
 
 def accumulate_gradients(model: Any, amb: AdaptiveMicroBatch, batch: dict[str, torch.Tensor],
                          loss: PolicyLoss, packing: Packing, n_tokens: int,
-                         record_behaviour: bool) -> dict[str, Any]:
+                         record_behaviour: bool, is_truncation: float = 0.0) -> dict[str, Any]:
     """Backpropagate the clipped surrogate + ``beta`` * k3 KL of packed rows into ``.grad``,
     micro-batch by micro-batch under ``amb`` (no optimizer step). ``batch``: packed rows
     (``trainers.llm.packed_logprobs.packed_batch``) with per-token ``advantage``, ``weight``,
     ``old`` (behaviour log-probs; unless ``record_behaviour``: then the current log-probs
     are the behaviour ones, ratio 1) and ``ref`` (reference log-probs, with ``beta``).
 
+    ``is_truncation`` C > 0 (``--is-truncation``): truncated importance sampling of stale
+    groups, per token (TIS: Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
+    Off-Policy RL Training"; NeMo-RL's ``ClippedPGLossFn`` with
+    ``use_importance_sampling_correction`` and ``truncated_importance_sampling_type="tis"``,
+    ``nemo_rl/algorithms/loss_functions.py``). ``batch['generation']`` (float32, per token
+    like ``old``) holds the log-probs of the weights that generated the tokens (a generation
+    worker's, possibly K versions old); each token's clipped surrogate is multiplied by the
+    constant ``w = min(exp(old - generation), C)`` (no gradient through ``w``), ``old`` being
+    the ratio's denominator above; the KL term is not weighted (as NeMo-RL's). The returned
+    statistics then add ``is_ratio_mean`` (the mean of ``exp(old - generation)`` over the
+    tokens, before truncation) and ``is_clipped_fraction`` (the fraction of tokens whose
+    ratio exceeded C). ``is_truncation`` 0 computes exactly the loss without it (the same
+    operations) and adds no statistics.
+
     Returns the loss, mean KL, clip fraction, micro-batch statistics and, with
-    ``record_behaviour``, the current log-probs (float32[n_tokens], CPU)."""
+    ``record_behaviour``, the current log-probs (float32[n_tokens], CPU).
+
+    Raises:
+        ValueError: ``is_truncation`` < 0, or > 0 without ``batch['generation']``.
+    """
+    if is_truncation < 0 or (is_truncation > 0 and "generation" not in batch):
+        raise ValueError(f"is_truncation: expected 0 (off) or > 0 with batch['generation'] "
+                         f"(the generating weights' log-probs), got {is_truncation!r} and "
+                         f"keys {sorted(batch)}")
     eps_lo, eps_hi = loss.epsilon, loss.epsilon_high or loss.epsilon
-    flat = {k: torch.zeros(n_tokens) for k in ("logprob", "kl", "clipped")}
+    names = ("logprob", "kl", "clipped") + (("is_ratio", "is_clipped") if is_truncation else ())
+    flat = {k: torch.zeros(n_tokens) for k in names}
     rows = len(batch["input_ids"])
     model.train()
 
@@ -76,6 +99,11 @@ def accumulate_gradients(model: Any, amb: AdaptiveMicroBatch, batch: dict[str, t
         clipped = ratio.clamp(1 - eps_lo, 1 + eps_hi)
         per_token = -torch.minimum(ratio * adv, clipped * adv)
         idx = micro["index"][m].cpu()
+        if is_truncation:  # TIS: the surrogate times min(pi_old / pi_generation, C)
+            is_ratio = torch.exp(old.detach() - micro["generation"][m])
+            per_token = per_token * is_ratio.clamp(max=is_truncation)
+            flat["is_ratio"][idx] = is_ratio.detach().float().cpu()
+            flat["is_clipped"][idx] = (is_ratio > is_truncation).float().detach().cpu()
         if loss.beta:
             d = micro["ref"][m] - lp
             kl = torch.exp(d) - d - 1
@@ -87,10 +115,14 @@ def accumulate_gradients(model: Any, amb: AdaptiveMicroBatch, batch: dict[str, t
         return (per_token * micro["weight"][m]).sum() * rows / len(m)
 
     stats = amb.run(batch, step_fn)
-    return {"loss": stats.loss, "kl": float(flat["kl"].mean()),
-            "clip_fraction": float(flat["clipped"].mean()),
-            "micro_batch": stats.micro_batch, "retries": stats.retries,
-            "behaviour": flat["logprob"] if record_behaviour else None}
+    out = {"loss": stats.loss, "kl": float(flat["kl"].mean()),
+           "clip_fraction": float(flat["clipped"].mean()),
+           "micro_batch": stats.micro_batch, "retries": stats.retries,
+           "behaviour": flat["logprob"] if record_behaviour else None}
+    if is_truncation:
+        out.update(is_ratio_mean=float(flat["is_ratio"].mean()),
+                   is_clipped_fraction=float(flat["is_clipped"].mean()))
+    return out
 
 
 def clip_and_step(params: list[torch.nn.Parameter], opt: torch.optim.Optimizer,
