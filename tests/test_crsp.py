@@ -118,14 +118,20 @@ def test_optimised_and_naive_paths_give_the_same_losses_and_gradients(tiny_dir):
             torch.testing.assert_close(grads[n], naive[n], rtol=1e-4, atol=atol, msg=n)
 
 
-def test_selective_checkpointing_from_the_profile_keeps_the_gradients(tiny_dir):
+def test_selective_checkpointing_from_the_profile_keeps_the_gradients(tiny_dir, caplog):
     cfg = small_config(tiny_dir)
     plain, tok, _ = roles.make_model(cfg)
     assert roles.set_checkpointing(plain, cfg, None)["layers"] == []  # off: none
     sel_cfg = dataclasses.replace(cfg, gradient_checkpointing="selective",
                                   checkpoint_layers="auto", activation_fraction=0.75)
     selective, _, _ = roles.make_model(sel_cfg)
-    plan = roles.set_checkpointing(selective, sel_cfg, None)
+    with caplog.at_level("INFO"):
+        plan = roles.set_checkpointing(selective, sel_cfg, None)
+    said = [r.getMessage() for r in caplog.records]
+    # Issue 45: the profile is announced before it runs (GRPO sat 23 s silent in it)
+    assert said.index("profiling each decoder layer's activations (one forward pass) to "
+                      "choose the checkpointed layers...") < next(
+        i for i, m in enumerate(said) if m.startswith("activation profile ("))
     layers = plan["profile"]["layers"]
     assert len(layers) == 2 and all(x["saved_bytes"] > 0 for x in layers)
     # One of the two identical layers is enough to keep <= 75% of the saved bytes.
@@ -313,6 +319,13 @@ def test_one_step_run_logs_the_memory_plan_and_each_phase(tiny_dir, tmp_path, ca
     assert "memory saved by shared_reference" in err
     step = next(line for line in err.splitlines() if "step 1: rollout" in line)
     assert all(f"{p} " in step and " s " in step for p in ("rollout", "update", "buffer"))
+    # Issue 45: the update announces each role's part (it was silent 11 s on SmolLM2)
+    lines = err.splitlines()
+    start = lines.index("INFO trainers.phases: update (step 1)...")
+    prefix = "INFO trainers.crsp.update: update: "
+    roles_said = [line[len(prefix):].split(",")[0] for line in lines[start:]
+                  if line.startswith(prefix)]
+    assert roles_said == list(roles.ROLES), lines[start:start + 8]
     # one "<seconds> s <peak> MiB" per phase (on CUDA each is followed by "(cuda N MiB)")
     assert len(re.findall(r"\d+\.\d s [\d,]+ MiB", step)) == 3
     (row,) = rows(tmp_path / "run")

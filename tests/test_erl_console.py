@@ -92,3 +92,42 @@ def test_an_allocation_too_large_for_the_machine_is_one_line(tmp_path):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("error: out of memory (") and "too large for this machine" in last
+
+
+@pytest.mark.parametrize("made", [False, True])
+def test_ctrl_c_during_setup_exits_130_saying_what_to_run(tmp_path, monkeypatch, capsys, made):
+    """Before the loop (loading, placing, opening the run) there is no unit to name: the
+    line gives the same command, with --resume once the run directory holds a run."""
+    import types
+
+    from trainers.config import run_main
+
+    def main():
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(sys.modules, "fake_trainer.train", types.SimpleNamespace(main=main))
+    run_dir = tmp_path / "my run"
+    if made:
+        run_dir.mkdir()
+        (run_dir / "config.json").write_text("{}")
+    monkeypatch.setattr(sys, "argv", ["x", "--run-dir", str(run_dir), "--steps", "3"])
+    with pytest.raises(SystemExit) as stop:
+        run_main("fake_trainer.train")
+    assert stop.value.code == 130
+    resume = " --resume" if made else ""
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "interrupted during setup, before the training loop; to go on: run python3 -m "
+        f"fake_trainer --run-dir {shlex.quote(str(run_dir))} --steps 3{resume}")
+
+
+def test_a_damaged_run_directory_file_is_one_line_on_the_console(tmp_path):
+    """An rlbuffers error (here config.json is not a JSON object) through the console entry:
+    one line, exit code 2 (the out-of-memory net must not swallow it into a traceback)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text("[1]")
+    out = run(trainer_cmd(run_dir, "--resume"))
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"error: {run_dir / 'config.json'}: top level: expected a JSON object, got a JSON list "
+        "([1])")

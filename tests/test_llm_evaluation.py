@@ -109,7 +109,7 @@ def test_evaluate_counts_right_answers_with_wilson_interval(monkeypatch):
              "6", "8"]
     calls = []
 
-    def fake_generate(model, tok, prompts, sampling, *, n_per_prompt, greedy):
+    def fake_generate(model, tok, prompts, sampling, *, n_per_prompt, greedy, on_finished):
         assert greedy and n_per_prompt == 1
         calls.append(len(prompts))
         start = sum(calls[:-1])
@@ -128,6 +128,64 @@ def test_evaluate_counts_right_answers_with_wilson_interval(monkeypatch):
     assert got["accuracy"] == k / n and got["n"] == n
     assert got["ci95"] == pytest.approx([lo, hi], abs=1e-6)
     assert got["overlap"] == 1 and got["answered"] == 6 / 7 and got["formatted"] == 2 / 7
+
+
+def test_evaluation_heartbeats_say_how_many_problems_are_done(monkeypatch):
+    """Issue 45: the lines logged while an evaluation runs say "k of n problems done"; the
+    fake generation waits until a heartbeat has said 3 of 5 (it waits on the log, not on a
+    clock: heartbeats every 10 ms here)."""
+    import functools
+    import logging
+    import threading
+
+    from trainers import phases
+
+    said, seen = [], threading.Event()
+
+    class Watch(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage())
+            if "3 of 5 problems done" in said[-1]:
+                seen.set()
+
+    def fake_generate(model, tok, prompts, sampling, *, n_per_prompt, greedy, on_finished):
+        on_finished(3)
+        assert seen.wait(30), said
+        on_finished(len(prompts) - 3)
+        return [(np.array([i]), False) for i in range(len(prompts))]
+
+    monkeypatch.setattr(evaluation, "generate", fake_generate)
+    monkeypatch.setattr(phases, "heartbeat", functools.partial(phases.heartbeat, every_s=0.01))
+    logger = logging.getLogger("trainers.phases")
+    watch = Watch(logging.INFO)
+    logger.addHandler(watch)
+    monkeypatch.setattr(logger, "level", logging.INFO)
+    try:
+        problems = [{"question": f"Calculate {a} + 1.", "answer": str(a + 1)} for a in range(5)]
+        got = evaluate(None, FakeTok(["1"] * 5), problems, Sampling(max_completion_tokens=8),
+                       numeric_correct, progress="held-out evaluation before: 5 task problems")
+    finally:
+        logger.removeHandler(watch)
+    assert got["n"] == 5
+    assert said[0] == "held-out evaluation before: 5 task problems..."
+    assert any(line.startswith("held-out evaluation before: 5 task problems ")
+               and line.endswith(" s: 3 of 5 problems done...") for line in said), said
+
+
+def test_wilson_intervals_print_and_save_no_negative_zero(tmp_path):
+    """Issue 45: 0 of n right gave a low end of -1e-17, printed as -0.000 and saved as -0.0."""
+    from trainers.summary import fixed, format_eval, json_bytes
+
+    result = evaluation.accuracy({"correct": np.zeros(20), "answered": np.ones(20, bool),
+                                  "formatted": np.ones(20, bool)},
+                                 [{"question": "q"}] * 20, completion_tokens=[1] * 20)
+    assert result["ci95"][0] == 0.0 and str(result["ci95"][0]) == "0.0"
+    assert format_eval({"task": result}).startswith("task 0.000 [0.000, 0.161] (n=20)")
+    text = json_bytes({"a": -0.0, "b": [-0.0, (0.0, -0.0)], "c": {"d": -0.0}}).decode()
+    assert "-0" not in text
+    assert fixed(-0.0004) == "0.000" and fixed(-0.0006) == "-0.001"
+    assert fixed(-0.0, 2) == "0.00"
+    assert 0.99 < evaluation.wilson(20, 20)[1] <= 1.0
 
 
 def test_task_correct_gives_a_wrong_number_zero():

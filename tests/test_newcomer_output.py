@@ -63,7 +63,10 @@ def test_a_mistyped_flag_is_one_line_pointing_at_help(tmp_path):
     (["--task-config", "[1]"], r"--task-config: expected a JSON object"),
 ])
 def test_task_and_task_config_are_checked_before_any_model_loads(tmp_path, flags, match):
-    """The model path does not exist: the error comes before any load."""
+    """The model directory holds no model (a config.json only, so --model itself passes its
+    check): the error comes before any load."""
+    (tmp_path / "none").mkdir()
+    (tmp_path / "none" / "config.json").write_text("{}")
     argv = ["--task", "basic_arithmetic", *flags, "--model", str(tmp_path / "none"),
             "--run-dir", str(tmp_path / "run")]
     with pytest.raises(ConfigError, match=match):
@@ -359,6 +362,10 @@ def test_every_phase_of_a_tiny_grpo_run_says_when_it_starts(tmp_path):
             assert any(f"{phase} (step {step})..." in line for line in text), (phase, step)
     assert any("loading trainers.grpo" in line for line in text)
     assert any("loading the model from" in line for line in text)
-    assert sum("held-out evaluation: 4 task problems..." in line for line in text) == 2
+    assert any("held-out evaluations: 4 task problems before step 1 and after step 2 (greedy, "
+               "up to 12 tokens each; --no-evaluate skips them)" in line for line in text)
+    for when in ("before", "after"):  # announced with their size, as they start
+        assert sum(f"held-out evaluation {when}: 4 task problems..." in line
+                   for line in text) == 1, when
     assert any("done: step 2 of 2" in line for line in text)
     assert len(gaps(lines)) == len(lines)

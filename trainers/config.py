@@ -57,12 +57,20 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def run_main(module: str) -> None:
+def _prog(module: str) -> str:
+    """``python3 -m trainers.grpo`` of ``trainers.grpo.train``."""
+    return f"python3 -m {module.rsplit('.', 1)[0]}"
+
+
+def run_main(module: str, prog: str | None = None, resumable: bool = True) -> None:
     """A trainer's ``__main__``: say what loads (torch and transformers take seconds to import;
     not with ``--quiet``), import ``module`` and run its ``main()``; a :class:`ConfigError`
     or an rlbuffers error (a run directory's file missing, damaged or refused:
     ``rlbuffers.safe_load.RunFileError``, ``CorruptCheckpointError``, ``UnsafePathError``,
-    a buffer error) is printed as one line (exit code 2) instead of a traceback."""
+    a buffer error) or an allocation too large for the machine is printed as one line (exit
+    code 2) instead of a traceback; Ctrl-C before the loop (which handles its own) exits 130
+    with the command to run again (``prog``, default ``python3 -m <package>``; ``--resume``
+    added when ``resumable`` and the run directory now holds a run)."""
     import importlib
 
     from trainers.phases import heartbeat
@@ -79,6 +87,10 @@ def run_main(module: str) -> None:
         _close_bars()
         print(f"error: {one_line(str(e), 1000)}{e.hint}", file=sys.stderr)
         sys.exit(2)
+    except RLBuffersError as e:  # a run directory's file refused or damaged: one line
+        _close_bars()
+        print(f"error: {one_line(str(e), 1000)}", file=sys.stderr)
+        sys.exit(2)
     except Exception as e:  # an allocation a setting made too large: one line, not a trace
         from rlbuffers.memory.oom import is_out_of_memory
 
@@ -91,28 +103,24 @@ def run_main(module: str) -> None:
         sys.exit(2)
     except KeyboardInterrupt:  # before a run's loop (its loop says how to resume itself)
         _close_bars()
-        print(f"interrupted before any unit completed: {_rerun_hint(module)}", file=sys.stderr,
-              flush=True)
+        print(f"interrupted during setup, before the training loop; to go on: "
+              f"{_rerun_hint(prog or _prog(module), resumable)}", file=sys.stderr, flush=True)
         sys.exit(130)
-    except RLBuffersError as e:  # a run directory's file refused or damaged: one line
-        _close_bars()
-        print(f"error: {one_line(str(e), 1000)}", file=sys.stderr)
-        sys.exit(2)
 
 
-def _rerun_hint(module: str) -> str:
+def _rerun_hint(prog: str, resumable: bool = True) -> str:
     """How to go on after Ctrl-C during a run's setup: the same command (``--resume`` added
-    when ``--run-dir`` now holds a run)."""
+    when ``resumable`` and ``--run-dir`` now holds a run)."""
     import shlex
 
     argv = sys.argv[1:]
     run_dir = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--run-dir"), None)
     if run_dir is None:
         run_dir = next((a.split("=", 1)[1] for a in argv if a.startswith("--run-dir=")), None)
-    resume = "--resume" not in argv and run_dir is not None \
+    resume = resumable and "--resume" not in argv and run_dir is not None \
         and os.path.lexists(Path(run_dir) / "config.json")
-    command = " ".join(["python3", "-m", module.rsplit(".", 1)[0],
-                        *(shlex.quote(a) for a in argv), *(["--resume"] if resume else [])])
+    command = " ".join([prog, *(shlex.quote(a) for a in argv),
+                        *(["--resume"] if resume else [])])
     return f"run {command}"
 
 

@@ -28,17 +28,35 @@ log = logging.getLogger("trainers.phases")
 MIB = 2**20
 
 
+class Count:
+    """A "k of n" figure for a :func:`heartbeat` (``add`` from any thread; ``k`` never passes
+    ``total``): ``7 of 20 problems done``."""
+
+    def __init__(self, total: int, what: str = "done") -> None:
+        self.k, self.total, self.what = 0, int(total), what
+        self._lock = threading.Lock()
+
+    def add(self, k: int = 1) -> None:
+        with self._lock:
+            self.k = min(self.total, self.k + int(k))
+
+    def __str__(self) -> str:
+        return f"{self.k} of {self.total} {self.what}"
+
+
 @contextmanager
-def heartbeat(label: str, every_s: float = 8.0) -> Iterator[None]:
+def heartbeat(label: str, every_s: float = 8.0, count: Count | None = None) -> Iterator[None]:
     """Log (INFO) ``<label>...`` now and ``<label> <seconds> s...`` every ``every_s`` seconds
-    until the block ends (a thread waits on an event: no cost while the block runs)."""
+    until the block ends (a thread waits on an event: no cost while the block runs); with a
+    ``count``, each of those lines says it too: ``<label> 16 s: 7 of 20 problems done...``."""
     t0 = time.perf_counter()
     log.info("%s...", label)
     done = threading.Event()
 
     def beat() -> None:
         while not done.wait(every_s):
-            log.info("%s %.0f s...", label, time.perf_counter() - t0)
+            log.info("%s %.0f s%s...", label, time.perf_counter() - t0,
+                     "" if count is None else f": {count}")
 
     beater = threading.Thread(target=beat, name="heartbeat", daemon=True)
     beater.start()

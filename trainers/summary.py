@@ -30,7 +30,30 @@ def figure(value: Any) -> str:
         return str(value)
     if isinstance(value, int):
         return f"{value:,}"
-    return f"{value:.3g}"
+    return "0" if value == 0 else f"{value:.3g}"
+
+
+def no_negative_zero(value: Any) -> Any:
+    """``value`` with every float that is zero made ``0.0`` (``-0.0`` prints as ``-0.0``),
+    through dicts, lists and tuples (tuples become lists, as JSON has them)."""
+    if isinstance(value, float):
+        return 0.0 if value == 0 else value
+    if isinstance(value, dict):
+        return {k: no_negative_zero(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [no_negative_zero(v) for v in value]
+    return value
+
+
+def json_bytes(value: Any) -> bytes:
+    """``value`` as indented JSON, without ``-0.0`` (:func:`no_negative_zero`)."""
+    return json.dumps(no_negative_zero(value), indent=1).encode()
+
+
+def fixed(value: float, digits: int = 3) -> str:
+    """``value`` with ``digits`` decimals, never ``-0.000`` (a value that rounds to zero)."""
+    text = f"{value:.{digits}f}"
+    return text[1:] if text.startswith("-") and float(text) == 0 else text
 
 
 def format_eval(result: dict[str, Any]) -> str:
@@ -40,7 +63,7 @@ def format_eval(result: dict[str, Any]) -> str:
     for name, value in result.items():
         if isinstance(value, dict) and "accuracy" in value:
             lo, hi = value.get("ci95", (value["accuracy"], value["accuracy"]))
-            parts.append(f"{name} {value['accuracy']:.3f} [{lo:.3f}, {hi:.3f}] "
+            parts.append(f"{name} {fixed(value['accuracy'])} [{fixed(lo)}, {fixed(hi)}] "
                          f"(n={value.get('n', '?')})")
         elif isinstance(value, int | float) and name not in UNITS:
             parts.append(f"{name} {figure(value)}")
@@ -56,7 +79,7 @@ def write_eval(run: Run, evals: dict[str, Any], n: int) -> Path:
     if "after" in evals:
         evals["after"][run.unit] = n
     path = run.dir / "eval.json"
-    write_atomic(path, json.dumps(evals, indent=1).encode())
+    write_atomic(path, json_bytes(evals))
     return path
 
 

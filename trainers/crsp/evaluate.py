@@ -29,7 +29,6 @@ by default ``DIR/eval.json``)."""
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +45,8 @@ from trainers.crsp.rollout import verdict_logprobs
 from trainers.llm.evaluation import HELD_OUT_SEED, held_out, task_correct
 from trainers.llm.generation import generate
 from trainers.llm.tasks import extract_answer, task_problems, wilson
+from trainers.phases import Count, heartbeat
+from trainers.summary import json_bytes
 
 
 def proportion(k: float, n: int) -> dict[str, Any]:
@@ -192,8 +193,12 @@ def solver_attempts(cfg: Config, model: Any, tok: Any, problems: list[dict[str, 
     sampling = cfg.sampling(cfg.solver_tokens, generate_dtype=cfg.generate_dtype)
     activate(model, "solver")
     torch.manual_seed(seed)
-    sampled = generate(model, tok, [prompts("solver", p["question"]) for p in problems],
-                       sampling, n_per_prompt=attempts, max_new=cfg.solver_tokens)
+    count = Count(len(problems) * attempts, "attempts done")
+    with heartbeat(f"solver attempts: {attempts} per problem on {len(problems)} problems",
+                   count=count):
+        sampled = generate(model, tok, [prompts("solver", p["question"]) for p in problems],
+                           sampling, n_per_prompt=attempts, max_new=cfg.solver_tokens,
+                           on_finished=count.add)
     texts = [tok.decode(c, skip_special_tokens=True) for c, _ in sampled]
     labels = [correct_fn(extract_answer(t)[0] or None, problems[i // attempts]) == 1.0
               for i, t in enumerate(texts)]
@@ -209,7 +214,9 @@ def margins(cfg: Config, model: Any, tok: Any, problems: list[dict[str, Any]],
     prompts = Prompts(tok, cfg.max_prompt_tokens, _cache())
     c_prompts = [prompts("critic", f"Problem:\n{problems[i // k]['question']}\n\n"
                                    f"Solution:\n{t}") for i, t in enumerate(texts)]
-    lp = verdict_logprobs(model, tok, c_prompts, cfg.packing(cfg.pack_tokens, cfg.train_dtype))
+    with heartbeat(f"critic verdicts on {len(c_prompts)} attempts"):
+        lp = verdict_logprobs(model, tok, c_prompts,
+                              cfg.packing(cfg.pack_tokens, cfg.train_dtype))
     return (lp[:, 0] - lp[:, 1]).reshape(labels.shape)
 
 
@@ -225,8 +232,12 @@ def evaluate_checkpoint(cfg: Config, model: Any, tok: Any, step: int,
     prompts = Prompts(tok, cfg.max_prompt_tokens, _cache())
     sampling = cfg.sampling(cfg.solver_tokens, generate_dtype=cfg.generate_dtype)
     activate(model, "solver")
-    greedy = generate(model, tok, [prompts("solver", p["question"]) for p in problems],
-                      sampling, n_per_prompt=1, greedy=True, max_new=cfg.solver_tokens)
+    count = Count(len(problems), "problems done")
+    with heartbeat(f"step {step}: greedy solver on {len(problems)} held-out problems",
+                   count=count):
+        greedy = generate(model, tok, [prompts("solver", p["question"]) for p in problems],
+                          sampling, n_per_prompt=1, greedy=True, max_new=cfg.solver_tokens,
+                          on_finished=count.add)
     solved = [correct_fn(extract_answer(tok.decode(c, skip_special_tokens=True))[0] or None,
                          p) == 1.0 for (c, _), p in zip(greedy, problems, strict=True)]
     labels = pool[1]
@@ -271,8 +282,38 @@ def proposer_windows(run_dir: Path, cfg: Config, window: int) -> dict[str, Any]:
     return {"first": part(rows[:window]), "last": part(rows[-window:]), "steps": len(rows)}
 
 
+def check_args(a: argparse.Namespace) -> list[int]:
+    """The checkpoints of ``--steps`` (ints); every flag checked before anything loads.
+
+    Raises:
+        trainers.config.ConfigError: ``--flag: expected ..., got ...`` (a checkpoint of
+            ``--steps`` or ``--attempts-from`` that the run does not keep, too).
+    """
+    from trainers.config import MAX_THREADS, ConfigError, check_rules
+
+    parts = a.steps.split(",")
+    if not all(p.strip().isdigit() for p in parts):
+        raise ConfigError(f"--steps: expected comma-separated step numbers (0: the initial "
+                          f"model), got {a.steps!r}")
+    check_rules(a, {"eval_size": (a.eval_size >= 1, ">= 1"),
+                    "critic_attempts": (a.critic_attempts >= 1, ">= 1"),
+                    "calibration_size": (a.calibration_size >= 0, ">= 0"),
+                    "window": (a.window >= 1, ">= 1"),
+                    "threads": (1 <= a.threads <= MAX_THREADS, f"in [1, {MAX_THREADS}]")})
+    steps = [int(p) for p in parts]
+    for flag, step in [*(("--steps", s) for s in steps), ("--attempts-from", a.attempts_from)]:
+        ckpt = a.run_dir / "ckpt" / f"step-{step}"
+        if step and not (ckpt / "adapters.safetensors").is_file():
+            raise ConfigError(f"{flag}: expected steps whose checkpoint the run keeps (0 or "
+                              f"ckpt/step-N in {a.run_dir}), got {step} ({ckpt} is missing)")
+    return steps
+
+
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from trainers.config import ArgumentParser
+
+    ap = ArgumentParser(prog="python3 -m trainers.crsp.evaluate",
+                        description=__doc__.split("\n\n")[0])
     ap.add_argument("--run-dir", required=True, type=Path)
     ap.add_argument("--steps", default="0", help="checkpoints, comma-separated (0: initial)")
     ap.add_argument("--eval-size", type=int, default=300, help="held-out problems")
@@ -291,10 +332,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None, help="JSON file (DIR/eval.json)")
     a = ap.parse_args(argv)
-    torch.set_num_threads(a.threads)
     cfg = Config(**saved_config(Config, a.run_dir / "config.json"))
+    steps = check_args(a)
+    torch.set_num_threads(a.threads)
     seed = cfg.seed + HELD_OUT_SEED if a.eval_seed is None else a.eval_seed
-    steps = [int(x) for x in a.steps.split(",")]
     source = steps[-1] if a.attempts_from is None else a.attempts_from
     model, tok = load_checkpoint(cfg, a.run_dir, source)
     problems, report = evaluation_set(cfg, a.run_dir, tok, a.eval_size, seed)
@@ -322,9 +363,11 @@ def main(argv: list[str] | None = None) -> None:
             "training_seeds": len(calibration[0]),
             "correct": proportion(int(calibration[1][1].sum()), calibration[1][1].size)},
         "checkpoints": checkpoints}
-    write_atomic(a.out or a.run_dir / "eval.json", json.dumps(out, indent=1).encode())
-    print(json.dumps(out, indent=1))
+    write_atomic(a.out or a.run_dir / "eval.json", json_bytes(out))
+    print(json_bytes(out).decode())
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # a bad flag or run directory: one line (exit code 2)
+    from trainers.config import run_main
+
+    run_main("trainers.crsp.evaluate", "python3 -m trainers.crsp.evaluate", resumable=False)

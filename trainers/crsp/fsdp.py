@@ -32,7 +32,7 @@ import torch
 from rlbuffers.memory import AdaptiveMicroBatch
 from trainers.crsp.roles import ROLES, activate, role_parameters
 from trainers.crsp.rollout import RoleBatch
-from trainers.crsp.update import role_gradients, role_tensors
+from trainers.crsp.update import announce, role_gradients, role_tensors
 from trainers.llm.device import distributed_backend, resolve_device, to_device
 from trainers.llm.settings import Packing, PolicyLoss
 
@@ -174,6 +174,7 @@ def sharded_grads(model: Any, batches: dict[str, RoleBatch], packing: Packing,
             continue
         activate(model, role)
         n = b.training_tokens()
+        announce(role, n)
         batch = to_device(local_rows(role_tensors(b, packing, pad_id), rank, world, n), device)
         res = role_gradients(model, amb, batch, packing, loss, n + 1)  # slot n: padding's
         flat = torch.stack([res["ref"], res["behaviour"]]).to(device)

@@ -82,7 +82,7 @@ from trainers.llm.policy_loss import clip_and_step
 from trainers.llm.settings import parse_budget
 from trainers.llm.tasks import task_problems
 from trainers.phases import Phases
-from trainers.summary import finish
+from trainers.summary import finish, fixed
 
 log = logging.getLogger("trainers.crsp")
 MIB = 2**20
@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None) -> None:
                 row["peak_rss_bytes"] = phases.peak_rss_bytes()
                 commit(t, run, monitor, row)
                 log.info("step %d/%d: rewards %s", step, cfg.steps,
-                         ", ".join(f"{r} {row[f'{r}_reward']:.2f}" for r in ROLES))
+                         ", ".join(f"{r} {fixed(row[f'{r}_reward'], 2)}" for r in ROLES))
         finished = True
         finish(run, [f"{r}_reward" for r in ROLES])
     except KeyboardInterrupt:

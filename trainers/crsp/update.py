@@ -34,6 +34,13 @@ def role_tensors(b: RoleBatch, packing: Packing, pad_id: int) -> dict[str, torch
     return packed_batch(prompts, groups, packing, pad_id, {"advantage": adv, "weight": weight})
 
 
+def announce(role: str, n_tokens: int, iterations: int = 1) -> None:
+    """Log (INFO) the start of a role's part of the update, so the update phase is never
+    silent for long: ``update: solver, 1,204 tokens (reference log-probs, 1 pass)...``."""
+    log.info("update: %s, %s tokens (reference log-probs, %d pass%s)...", role,
+             f"{n_tokens:,}", iterations, "" if iterations == 1 else "es")
+
+
 def optimised_grads(model: Any, batches: dict[str, RoleBatch], packing: Packing,
                     loss: PolicyLoss, pad_id: int, amb: AdaptiveMicroBatch,
                     on_role: Any = lambda role: None, iterations: int = 1
@@ -49,6 +56,7 @@ def optimised_grads(model: Any, batches: dict[str, RoleBatch], packing: Packing,
         if not b.completions:
             continue
         activate(model, role)
+        announce(role, b.training_tokens(), iterations)
         batch = to_device(role_tensors(b, packing, pad_id), model.device)
         out[role] = role_gradients(model, amb, batch, packing, loss,
                                    b.training_tokens(), iterations,

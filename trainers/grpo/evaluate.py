@@ -20,7 +20,6 @@ from trainers.llm.evaluation import (
 )
 from trainers.llm.settings import Sampling
 from trainers.llm.tasks import asdiv_problems
-from trainers.phases import heartbeat
 from trainers.summary import format_eval
 
 log = logging.getLogger("trainers.grpo")
@@ -63,6 +62,22 @@ def eval_sets(task: str, task_config: str, train_problems: Any, eval_size: int,
     return EvalSets(problems, report, asdiv, keys, task_correct(task, task_config))
 
 
+def announce(sets: EvalSets, steps: int, eval_every: int, max_tokens: int) -> str:
+    """Log (INFO) and return what the run will evaluate, before anything is: ``held-out
+    evaluations: 20 task problems before step 1 and after step 3 (greedy, up to 64 tokens
+    each; --no-evaluate skips them)`` (a short run spends much of its time there); nothing
+    without held-out sets (``--no-evaluate``, ``--eval-size 0``)."""
+    if not (sets.task or sets.asdiv):
+        return ""
+    sizes = " + ".join(f"{len(s)} {name} problems" for name, s in
+                       (("task", sets.task), ("asdiv", sets.asdiv)) if s)
+    every = f", every {eval_every} steps ({len(sets.task)} task problems)" if eval_every else ""
+    line = (f"held-out evaluations: {sizes} before step 1{every} and after step "
+            f"{steps} (greedy, up to {max_tokens} tokens each; --no-evaluate skips them)")
+    log.info("%s", line)
+    return line
+
+
 def evaluate_sets(model: Any, tok: Any, sampling: Sampling, sets: EvalSets, *,
                   asdiv: bool = True, label: str = "") -> dict[str, Any]:
     """Greedy accuracy on the held-out task problems and (``asdiv``) ASDiv: ``{"task": ...,
@@ -70,13 +85,13 @@ def evaluate_sets(model: Any, tok: Any, sampling: Sampling, sets: EvalSets, *,
     n, ci95, overlap, answered, formatted, completion_tokens_mean)."""
     out: dict[str, Any] = {}
     if sets.task:
-        with heartbeat(f"held-out evaluation: {len(sets.task)} task problems"):
-            out["task"] = evaluate(model, tok, sets.task, sampling, sets.correct,
-                                   train_keys=sets.keys, progress=f"eval {label} task")
+        out["task"] = evaluate(model, tok, sets.task, sampling, sets.correct,
+                               train_keys=sets.keys, progress=f"held-out evaluation {label}: "
+                               f"{len(sets.task)} task problems")
     if asdiv and sets.asdiv:
-        with heartbeat(f"held-out evaluation: {len(sets.asdiv)} asdiv problems"):
-            out["asdiv"] = evaluate(model, tok, sets.asdiv, sampling, numeric_correct,
-                                    train_keys=sets.keys, progress=f"eval {label} asdiv")
+        out["asdiv"] = evaluate(model, tok, sets.asdiv, sampling, numeric_correct,
+                                train_keys=sets.keys, progress=f"held-out evaluation {label}: "
+                                f"{len(sets.asdiv)} asdiv problems")
     if out:
         log.info("held-out accuracy %s: %s", label, format_eval(out))
     return out

@@ -9,8 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from rlbuffers import FieldSpec
-from rlbuffers.samplers import GroupSampler
+from rlbuffers import FieldSpec, GroupSampler
 from trainers.llm.policy_loss import token_weights
 
 

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import logging
 import os
 import time
@@ -75,7 +74,7 @@ from trainers.common import (
 from trainers.config import evaluated, start
 from trainers.curves import Series, plot_curve
 from trainers.grpo.config import RESUMABLE, Config, check_config
-from trainers.grpo.evaluate import eval_sets, evaluate_sets, point
+from trainers.grpo.evaluate import announce, eval_sets, evaluate_sets, point
 from trainers.grpo.policy import (
     gradient_checkpointing,
     load_weights,
@@ -95,7 +94,7 @@ from trainers.llm.prompts import next_prompts, prompt_store
 from trainers.llm.settings import Sampling, parse_budget
 from trainers.llm.tasks import task_problems
 from trainers.phases import Phases
-from trainers.summary import finish, write_eval
+from trainers.summary import finish, fixed, json_bytes, write_eval
 
 MIB = 2**20
 log = logging.getLogger("trainers.grpo")
@@ -142,6 +141,7 @@ def main(argv: list[str] | None = None) -> None:
         evals.update(trainer["eval"])
         trainer["eval"] = evals
     evals["held_out"] = sets.report
+    announce(sets, cfg.steps, cfg.eval_every, cfg.max_completion_tokens)
     if lora:
         monitor.record_saving("shared_reference", reference_bytes_saved(model))
     store = open_token_store(run.dir / "prompts", len(tok))
@@ -317,7 +317,7 @@ def before(model: Any, tok: Any, sampling: Sampling, sets: Any, evals: dict[str,
     evals["before"] = evaluate_sets(model, tok, sampling, sets, label="before")
     if "task" in evals["before"]:
         evals["points"].append(point(0, evals["before"]["task"]))
-    write_atomic(path, json.dumps(evals, indent=1).encode())
+    write_atomic(path, json_bytes(evals))
 
 
 def after(model: Any, tok: Any, sampling: Sampling, sets: Any, evals: dict[str, Any],
@@ -377,6 +377,6 @@ def curve(path: Path, history: list[dict[str, Any]], task: str,
 
 def progress(row: dict[str, Any]) -> dict[str, str]:
     """The progress bar's figures of a step's row."""
-    return {"reward": f"{row['reward_mean']:.3f}", "acc": f"{row['accuracy']:.2f}",
-            "kl": f"{row['kl']:.4f}", "len": f"{row['completion_tokens_mean']:.0f}",
+    return {"reward": fixed(row["reward_mean"]), "acc": fixed(row["accuracy"], 2),
+            "kl": fixed(row["kl"], 4), "len": f"{row['completion_tokens_mean']:.0f}",
             "tok/s": f"{row['tokens_per_s']:.1f}", "peak": f"{row['peak_rss_bytes'] / MIB:.0f}M"}

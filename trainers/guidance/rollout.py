@@ -136,21 +136,22 @@ def worker_policies(cfg: Config) -> tuple[Policies, Any]:
 
 def play(policies: Policies, tok: Any, questions: list[str], sampling: Sampling, *,
          max_answer_tokens: int, max_hint_tokens: int, hints: int,
-         greedy: bool = False) -> dict[str, Any]:
+         greedy: bool = False, on_finished: Any = None) -> dict[str, Any]:
     """Episodes of ``questions``: turn 1, then ``hints`` hints of the guidance model on that
     answer and a turn 2 after each, every utterance batched over the questions; answers at
     most ``max_answer_tokens`` long, hints ``max_hint_tokens`` (``greedy``: argmax decoding,
     for evaluation). Returns ``observations``, ``actions`` (int32 token arrays), ``texts`` and
     ``truncated``, each a list per question of its ``1 + 2 * hints`` utterances in the order
     turn 1, hint 1, turn 2 after hint 1, hint 2, ... (so an utterance's next observation is
-    the next one's observation, except a turn 2's)."""
+    the next one's observation, except a turn 2's). ``on_finished(k)``: told as utterances
+    finish (``generate``'s)."""
     encode = lambda text: np.asarray(tok.encode(text, add_special_tokens=False))  # noqa: E731
     n = len(questions)
 
     def run(role: str, prompts: list[np.ndarray], per: int) -> tuple[list[Any], ...]:
         max_new = max_hint_tokens if role == "guidance" else max_answer_tokens
         out = generate(policies.use(role), tok, prompts, sampling, n_per_prompt=per,
-                       max_new=max_new, greedy=greedy)
+                       max_new=max_new, greedy=greedy, on_finished=on_finished)
         acts = [c.astype(np.int32) for c, _ in out]
         return acts, [t for _, t in out], tok.batch_decode(acts, skip_special_tokens=True)
 

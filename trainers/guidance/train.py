@@ -73,8 +73,8 @@ from trainers.llm.evaluation import (
 )
 from trainers.llm.policy_loss import clip_and_step
 from trainers.llm.tasks import extract_answer, task_problems
-from trainers.phases import Phases, heartbeat
-from trainers.summary import finish, format_eval, write_eval
+from trainers.phases import Count, Phases, heartbeat
+from trainers.summary import finish, fixed, format_eval, write_eval
 
 log = logging.getLogger("trainers.guidance")
 MIB = 2**20
@@ -150,12 +150,13 @@ def evaluate(learner: Learner, problems: list[dict[str, Any]], train_keys: set[K
 
     def play_greedy(questions: list[str]) -> dict[str, Any]:
         torch.set_num_threads(cfg.generate_threads)
+        count = Count(3 * len(questions), "utterances done (answer, hint, revision each)")
         try:
-            with heartbeat(f"held-out evaluation: {len(questions)} problems"):
+            with heartbeat(f"held-out evaluation: {len(questions)} problems", count=count):
                 return play(learner.policies, learner.tok, questions,
                             cfg.utterance_sampling(learner.device), hints=1, greedy=True,
                             max_answer_tokens=cfg.max_answer_tokens,
-                            max_hint_tokens=cfg.max_hint_tokens)
+                            max_hint_tokens=cfg.max_hint_tokens, on_finished=count.add)
         finally:
             torch.set_num_threads(train_threads(cfg))
 
@@ -413,7 +414,7 @@ def main(argv: list[str] | None = None) -> None:
             learner.run.commit(row["iteration"], row, **checkpoint_files(learner))
             bar.set_postfix({"t1": f"{row['turn1_accuracy']:.2f}",
                              "t2": f"{row['turn2_accuracy']:.2f}",
-                             "td": f"{row['td_error']:.3f}",
+                             "td": fixed(row["td_error"]),
                              "peak": f"{row['peak_rss_bytes'] / MIB:.0f}M"})
             bar.update(1)
         bar.close()

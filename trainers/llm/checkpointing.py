@@ -23,6 +23,7 @@ import torch
 
 from rlbuffers.memory.activations import profile_activations, select_checkpoint_layers
 from rlbuffers.memory.process import trim_heap
+from trainers.phases import heartbeat
 
 log = logging.getLogger("trainers.llm.checkpointing")
 MIB = 2**20
@@ -127,7 +128,9 @@ def set_gradient_checkpointing(model: Any, mode: str, *, tokens: int, budget: in
     plan: dict[str, Any] = {"mode": mode, "layers": []}
     if mode == "auto":
         if budget is not None:
-            need = activation_bytes(model, tokens, train_dtype)
+            with heartbeat(f"profiling the activations of a {tokens}-token micro-batch "
+                           "(two forward passes) to choose gradient checkpointing"):
+                need = activation_bytes(model, tokens, train_dtype)
             on = need > budget
             log.info("activations of a %d-token micro-batch: %.0f MiB, budget %.0f MiB: "
                      "checkpointing %s", tokens, need / MIB, budget / MIB, "on" if on else "off")
@@ -138,7 +141,9 @@ def set_gradient_checkpointing(model: Any, mode: str, *, tokens: int, budget: in
         plan["layers"] = list(range(len(all_layers)))
     elif mode == "selective":
         if layers == "auto":
-            plan.update(selective_plan(model, tokens, fraction))
+            with heartbeat("profiling each decoder layer's activations (one forward pass) to "
+                           "choose the checkpointed layers"):
+                plan.update(selective_plan(model, tokens, fraction))
         else:
             plan["layers"] = [int(i) for i in layers.split(",")]
             bad = [i for i in plan["layers"] if not 0 <= i < len(all_layers)]

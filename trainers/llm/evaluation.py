@@ -48,6 +48,7 @@ results to ``eval.json``; an interval point goes into its metrics row with its i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -242,30 +243,39 @@ def evaluate(model: Any, tok: Any, problems: list[dict[str, Any]], sampling: Sam
              progress: str | None = None, chunk: int = 64) -> dict[str, Any]:
     """Greedy accuracy of ``model`` on ``problems`` (dicts with a ``"question"``; one
     completion each, up to ``sampling.max_completion_tokens``, generated ``chunk`` prompts
-    at a time): :func:`accuracy` of :func:`score_completions`. ``progress``: a tqdm bar
-    with this description.
+    at a time): :func:`accuracy` of :func:`score_completions`. ``progress``: the label of
+    the lines logged while it runs (``trainers.phases.heartbeat``), now and every few
+    seconds with the problems done: ``<progress> 16 s: 7 of 20 problems done...``.
 
     Raises:
         ValueError: ``problems`` is empty.
     """
+    from trainers.phases import Count, heartbeat
+
     if not problems:
         raise ValueError("problems: expected at least one problem, got 0")
-    texts, lengths = [], []
-    starts = range(0, len(problems), chunk)
-    if progress:
-        from tqdm.auto import tqdm
+    count = Count(len(problems), "problems done")
+    with heartbeat(progress, count=count) if progress else contextlib.nullcontext():
+        texts, lengths = _greedy(model, tok, problems, sampling, chunk, count)
+    return accuracy(score_completions(texts, problems, correct_fn), problems,
+                    completion_tokens=lengths, train_keys=train_keys)
 
-        starts = tqdm(starts, desc=progress, unit="chunk")
-    for s in starts:
+
+def _greedy(model: Any, tok: Any, problems: list[dict[str, Any]], sampling: Sampling,
+            chunk: int, count: Any) -> tuple[list[str], list[int]]:
+    """One greedy completion per problem, ``chunk`` prompts per generate call: the texts and
+    their lengths in tokens (``count.add`` told as completions finish)."""
+    texts, lengths = [], []
+    for s in range(0, len(problems), chunk):
         part = problems[s:s + chunk]
         prompts = [np.asarray(tok(render(tok, p["question"]), add_special_tokens=False)
                               ["input_ids"], np.int64) for p in part]
-        outs = generate(model, tok, prompts, sampling, n_per_prompt=1, greedy=True)
+        outs = generate(model, tok, prompts, sampling, n_per_prompt=1, greedy=True,
+                        on_finished=count.add)
         for completion, _ in outs:
             texts.append(tok.decode(completion, skip_special_tokens=True))
             lengths.append(len(completion))
-    return accuracy(score_completions(texts, problems, correct_fn), problems,
-                    completion_tokens=lengths, train_keys=train_keys)
+    return texts, lengths
 
 
 def separated(a: dict[str, Any], b: dict[str, Any]) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
@@ -41,16 +41,19 @@ def generation_batch(sampling: Sampling, model: Any, n: int, longest_prompt: int
 
 @torch.no_grad()
 def generate(model: Any, tok: Any, prompts: list[np.ndarray], sampling: Sampling, *,
-             n_per_prompt: int, greedy: bool = False, max_new: int | None = None
+             n_per_prompt: int, greedy: bool = False, max_new: int | None = None,
+             on_finished: Callable[[int], None] | None = None
              ) -> list[tuple[np.ndarray, bool]]:
     """``n_per_prompt`` completions of each prompt (int64 token arrays ending at the first EOS,
     which they keep, and whether they were cut at the length limit), in prompt order, with the
     KV cache, in batches under the memory budget (halved on out-of-memory). A prompt's KV cache
-    is computed once and copied to its ``n_per_prompt`` sequences (prefix sharing)."""
+    is computed once and copied to its ``n_per_prompt`` sequences (prefix sharing).
+    ``on_finished(k)``: told as sequences finish, ``k`` at a time (a "k of n" heartbeat)."""
     model.eval()
     dtype = getattr(torch, sampling.generate_dtype)
     with merged_lora(model, dtype), weights_as(model, dtype):
-        return _generate(model, tok, prompts, sampling, n_per_prompt, greedy, max_new)
+        return _generate(model, tok, prompts, sampling, n_per_prompt, greedy, max_new,
+                         on_finished)
 
 
 def _packing_available() -> bool:
@@ -152,7 +155,8 @@ def merged_lora(model: Any, dtype: torch.dtype | None = None) -> Iterator[None]:
 
 
 def _generate(model: Any, tok: Any, prompts: list[np.ndarray], sampling: Sampling,
-              n_per_prompt: int, greedy: bool, max_new: int | None
+              n_per_prompt: int, greedy: bool, max_new: int | None,
+              on_finished: Callable[[int], None] | None = None
               ) -> list[tuple[np.ndarray, bool]]:
     max_new = max_new or sampling.max_completion_tokens
     size = generation_batch(sampling, model, len(prompts) * n_per_prompt,
@@ -169,7 +173,8 @@ def _generate(model: Any, tok: Any, prompts: list[np.ndarray], sampling: Samplin
                 part, copies = [prompts[done // n_per_prompt]] * min(
                     size, n_per_prompt - done % n_per_prompt), 1
             try:
-                rows = _generate_call(model, tok, part, copies, sampling, greedy, max_new)
+                rows = _generate_call(model, tok, part, copies, sampling, greedy, max_new,
+                                      on_finished)
             except Exception as e:
                 if not is_out_of_memory(e) or size == 1:
                     raise
@@ -186,7 +191,8 @@ def _generate(model: Any, tok: Any, prompts: list[np.ndarray], sampling: Samplin
 
 
 def _generate_call(model: Any, tok: Any, prompts: list[np.ndarray], copies: int,
-                   sampling: Sampling, greedy: bool, max_new: int) -> np.ndarray:
+                   sampling: Sampling, greedy: bool, max_new: int,
+                   on_finished: Callable[[int], None] | None = None) -> np.ndarray:
     """One ``generate`` call: ``copies`` samples of each prompt (left padded); with copies > 1
     the prompts (but their last token) are run once and the cache repeated. Returns the new
     tokens ``int64[len(prompts) * copies, <= max_new]``."""
@@ -207,12 +213,13 @@ def _generate_call(model: Any, tok: Any, prompts: list[np.ndarray], copies: int,
     ids, att = ids.repeat_interleave(copies, 0), att.repeat_interleave(copies, 0)
     draw = None if greedy else sampling_processors(sampling.temperature, sampling.top_p)
     return decode(model, ids, att, cache, max_new, tok.eos_token_id, tok.pad_token_id,
-                  draw).cpu().numpy()
+                  draw, on_finished=on_finished).cpu().numpy()
 
 
 @torch.no_grad()
 def decode(model: Any, ids: torch.Tensor, att: torch.Tensor, cache: Any, max_new: int,
-           eos: int, pad: int, draw: Any = None, compact_at: float = 0.125) -> torch.Tensor:
+           eos: int, pad: int, draw: Any = None, compact_at: float = 0.125,
+           on_finished: Callable[[int], None] | None = None) -> torch.Tensor:
     """Decoding with the KV cache that drops finished sequences from the batch.
 
     ``generate`` keeps every sequence in the batch until the last one ends, so a step costs
@@ -231,6 +238,8 @@ def decode(model: Any, ids: torch.Tensor, att: torch.Tensor, cache: Any, max_new
             :func:`sampling_processors`), or None for greedy (argmax) decoding.
         compact_at: fraction of the batch that finished sequences may occupy before they are
             dropped (0: at every step where one ended).
+        on_finished: called with how many sequences finished (``eos``; at the end, the ones
+            cut at ``max_new``) since its last call, so that the calls add up to ``B``.
 
     Returns:
         int64 ``[B, S]`` new tokens, ``S <= max_new`` (the steps run: decoding stops when
@@ -247,7 +256,7 @@ def decode(model: Any, ids: torch.Tensor, att: torch.Tensor, cache: Any, max_new
         inputs = {"input_ids": ids, "position_ids": pos}
     else:
         inputs = {"input_ids": ids[:, -1:], "position_ids": pos[:, -1:], name: cache}
-    steps = 0
+    steps = told = 0  # told: sequences of the current batch rows reported to on_finished
     for t in range(max_new):
         res = model(**inputs, attention_mask=att, use_cache=True, logits_to_keep=1)
         cache, scores = getattr(res, name), res.logits[:, -1].float()
@@ -258,15 +267,21 @@ def decode(model: Any, ids: torch.Tensor, att: torch.Tensor, cache: Any, max_new
         out[live, t] = token
         steps = t + 1
         ended |= token == eos
+        if on_finished is not None and int(ended.sum()) > told:
+            on_finished(int(ended.sum()) - told)
+            told = int(ended.sum())
         if bool(ended.all()):
             break
         if bool(ended.any()) and int(ended.sum()) >= compact_at * len(ended):
             keep = (~ended).nonzero()[:, 0]
             cache.batch_select_indices(keep)
             live, ended, token, att = live[keep], ended[keep], token[keep], att[keep]
+            told = 0
         att = torch.cat([att, att.new_ones((len(att), 1))], -1)
         inputs = {"input_ids": token[:, None], "position_ids": att.sum(-1, keepdim=True) - 1,
                   name: cache}
+    if on_finished is not None and len(ended) > told:  # cut at max_new
+        on_finished(len(ended) - told)
     return out[:, :steps]
 
 
