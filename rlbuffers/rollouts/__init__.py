@@ -7,6 +7,8 @@ a learner that alone writes the replay buffer.
   only when used). Weights go into Ray's object store once per update and every worker reads
   them from there; a worker that dies is replaced and its job re-run, and every result carries
   its job id, so each job's trajectories reach the learner exactly once.
+- :class:`PacedGeneration` and :class:`StalenessGate`: groups generated ahead of the learner
+  on such a pool, within a staleness bound kept by pacing, never by discarding.
 
 See ``docs/scale.md``.
 """
@@ -22,9 +24,13 @@ if TYPE_CHECKING:
     from rlbuffers.rollouts.inprocess import InProcessPool
     from rlbuffers.rollouts.pool import RolloutPool, RolloutResult
     from rlbuffers.rollouts.ray_pool import RayPool
+    from rlbuffers.rollouts.staleness import Group, PacedGeneration, StalenessGate
 
 _LAZY = {"InProcessPool": "rlbuffers.rollouts.inprocess", "RayPool": "rlbuffers.rollouts.ray_pool",
          "RolloutPool": "rlbuffers.rollouts.pool", "RolloutResult": "rlbuffers.rollouts.pool",
-         "make_pool": "rlbuffers.rollouts.factory"}
+         "make_pool": "rlbuffers.rollouts.factory", "Group": "rlbuffers.rollouts.staleness",
+         "PacedGeneration": "rlbuffers.rollouts.staleness",
+         "StalenessGate": "rlbuffers.rollouts.staleness"}
 __getattr__ = lazy_attributes(__name__, _LAZY)
-__all__ = ["InProcessPool", "RayPool", "RolloutPool", "RolloutResult", "make_pool"]
+__all__ = ["Group", "InProcessPool", "PacedGeneration", "RayPool", "RolloutPool",
+           "RolloutResult", "StalenessGate", "make_pool"]
