@@ -84,6 +84,23 @@ class BufferReads:
         return {**self._rows(draw.slots, ragged), "indices": self._ring.ids(draw.slots),
                 "weights": draw.weights}
 
+    def draw(self, batch_size: int, *, rng: np.random.Generator | None = None
+             ) -> tuple[np.ndarray, np.ndarray]:
+        """The sampler's draw of :meth:`sample` without reading any field (the same
+        generator steps, so ``draw`` then ``buf[...]`` equals ``sample``).
+
+        Returns:
+            ``(indices, weights)``: int64[B] transition ids (``[B, L]`` for sequence samplers;
+            slot = id % capacity) and float32[B] importance weights.
+
+        Raises:
+            BufferEmptyError: too few transitions. ValueError: batch_size < 1.
+        """
+        batch_size = positive_int("batch_size", batch_size)
+        self._open_check()
+        d = self.sampler.sample(batch_size, self._context(), rng or self._rng)
+        return self._ring.ids(d.slots), d.weights
+
     def __getitem__(self, key: int | slice | np.ndarray | list[int]) -> dict[str, Any]:
         """Transitions by position (0 = oldest, -1 = newest): an int gives ``{field:
         [*shape]}``, a slice or int array ``{field: [N, *shape]}`` (ragged: a list).
