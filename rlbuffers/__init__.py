@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from rlbuffers.buffer import ReplayBuffer, SaveReport
     from rlbuffers.packed import Packed
     from rlbuffers.padded import Padded
+    from rlbuffers.sampling.mixture import LinearFraction, Mixture, mix
     from rlbuffers.sampling.samplers import (
         GroupSampler,
         PrioritizedSampler,
@@ -51,6 +52,7 @@ _LAZY = {
     "ReplayBuffer": "rlbuffers.buffer", "SaveReport": "rlbuffers.buffer",
     "FieldSpec": "rlbuffers.spec", "Packed": "rlbuffers.packed",
     "Padded": "rlbuffers.padded",
+    **{n: "rlbuffers.sampling.mixture" for n in ("LinearFraction", "Mixture", "mix")},
     **{n: "rlbuffers.sampling.samplers" for n in ("GroupSampler", "PrioritizedSampler", "Sampler",
                                          "SequenceSampler", "UniformSampler",
                                          "register_sampler")},
@@ -71,7 +73,9 @@ __all__ = [
     "FieldSpec",
     "FormatVersionError",
     "GroupSampler",
+    "LinearFraction",
     "ManifestError",
+    "Mixture",
     "NotABufferError",
     "NotPrioritizedError",
     "Packed",
@@ -87,6 +91,7 @@ __all__ = [
     "UniformSampler",
     "UnsafePickleError",
     "UnsafePathError",
+    "mix",
     "register_sampler",
 ]
 

@@ -67,7 +67,10 @@ def small_buffer(tmp_path_factory):
 
 def test_help_imports_nothing_heavy():
     r = _run(["--help"], ["inspect", "--help"], ["verify", "--help"], ["shards", "--help"],
-             ["shards", "write", "--help"], ["convert", "sb3", "--help"])
+             ["shards", "write", "--help"], ["convert", "sb3", "--help"],
+             ["convert", "minari", "--help"], ["convert", "parquet", "--help"],
+             ["export", "--help"], ["export", "minari", "--help"],
+             ["export", "parquet", "--help"])
     for run in r["runs"]:
         assert run["code"] == 0, run
         # parsing arguments needs none of the data libraries

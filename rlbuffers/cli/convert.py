@@ -4,6 +4,11 @@
 [--seed S] [--overwrite] [--memory-budget SIZE] [--frame-stack-axis AXIS] [--quiet]``
 converts the pickle that Stable-Baselines3's ``model.save_replay_buffer`` wrote (see
 :mod:`rlbuffers.integrations.sb3.convert`).
+
+``rlbuffers convert minari DATASET OUT [...]`` converts a local Minari dataset (an id or a
+directory; :func:`rlbuffers.integrations.minari.from_minari`), and ``rlbuffers convert parquet
+DIR OUT [...]`` a Parquet export (:func:`rlbuffers.integrations.parquet.from_parquet`); both
+stream, so memory stays bounded.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ def add_convert_parser(subparsers: Any) -> argparse.ArgumentParser:
     exit code (0 done); errors propagate to :func:`rlbuffers.cli.main`, which prints them.
     """
     p = subparsers.add_parser(
-        "convert", help="convert another library's saved replay buffer (sb3)",
+        "convert", help="convert another library's saved replay buffer or dataset (sb3, "
+        "minari, parquet)",
         description="Convert another library's saved replay buffer into an rlbuffers buffer.")
     sources = p.add_subparsers(dest="source", required=True, metavar="SOURCE",
                                title="sources")
@@ -60,7 +66,88 @@ def add_convert_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "frame per transition, next_obs derived")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_convert_sb3)
+    m = sources.add_parser(
+        "minari", help="a local Minari dataset (an id or its directory), episode by episode",
+        description="Convert a local Minari dataset (HDF5, Arrow or Parquet episodes) into an "
+        "rlbuffers buffer: obs, next_obs, action, reward, terminated, truncated, episode "
+        "(Dict/Tuple spaces as obs.<key> fields), its metadata in the buffer's. Nothing is "
+        "downloaded.")
+    m.add_argument("dataset", help="a Minari dataset id under MINARI_DATASETS_PATH (default "
+                   "~/.minari/datasets) or a dataset directory")
+    q = sources.add_parser(
+        "parquet", help="a Parquet export (rlbuffers export parquet) back into a buffer",
+        description="Convert a Parquet export (data/**.parquet + meta/info.json) into an "
+        "rlbuffers buffer, a record batch at a time.")
+    q.add_argument("path", help="the export's directory")
+    for sp, func in ((m, _convert_minari), (q, _convert_parquet)):
+        sp.add_argument("out", help="directory of the new rlbuffers buffer")
+        sp.add_argument("--capacity", type=int, default=None, metavar="N",
+                        help="ring size in transitions (default: all the source's steps)")
+        sp.add_argument("--chunk-transitions", type=int, default=None, metavar="N",
+                        help="transitions per stored chunk (default: ~4 MiB raw per chunk)")
+        sp.add_argument("--codec", default=None, metavar="NAME",
+                        help="blosc-zstd (default), blosc-lz4, zstd or none")
+        sp.add_argument("--seed", type=int, default=None, metavar="N",
+                        help="seed of the new buffer's RNG")
+        sp.add_argument("--overwrite", action="store_true",
+                        help="replace an existing rlbuffers buffer at OUT")
+        sp.add_argument("--quiet", action="store_true", help="no progress bar")
+        sp.set_defaults(func=func)
     return p
+
+
+def progress_bar(quiet: bool, unit: str) -> tuple[Any, Any]:
+    """``(progress(done, total) callback, close())``: a tqdm bar on stderr, started by the
+    first call (none with ``quiet``)."""
+    bar = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None and not quiet:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, unit=unit, unit_scale=True, file=sys.stderr)
+        if bar is not None:
+            bar.update(done - bar.n)
+
+    return progress, lambda: bar is not None and bar.close()
+
+
+def _convert_offline(args: argparse.Namespace, convert: Any, source: str) -> int:
+    from rlbuffers.maintenance.inspection import inspect_path
+    from rlbuffers.storage.compression import CODECS, DEFAULT_CODEC
+
+    codec = args.codec or DEFAULT_CODEC
+    if codec not in CODECS:
+        raise ValueError(f"--codec: expected one of {', '.join(CODECS)}, got {codec!r}")
+    progress, close = progress_bar(args.quiet, " steps")
+    t0 = time.perf_counter()
+    try:
+        buf = convert(source, args.out, capacity=args.capacity,
+                      chunk_transitions=args.chunk_transitions, codec=codec, seed=args.seed,
+                      overwrite=args.overwrite, progress=progress)
+    finally:
+        close()
+    n, episodes, fields = len(buf), buf.episodes, ", ".join(buf.fields)
+    buf.close()
+    report = inspect_path(args.out)
+    raw = sum(f["raw_bytes"] for f in report["fields"].values())
+    print(f"converted {n:,} transitions ({episodes:,} episodes) from {source} into {args.out} "
+          f"in {time.perf_counter() - t0:.1f} s\nfields: {fields}\nstored "
+          f"{report['stored_bytes'] / 2**20:.1f} MiB (raw {raw / 2**20:.1f} MiB)")
+    return 0
+
+
+def _convert_minari(args: argparse.Namespace) -> int:
+    from rlbuffers.integrations.minari import from_minari
+
+    return _convert_offline(args, from_minari, args.dataset)
+
+
+def _convert_parquet(args: argparse.Namespace) -> int:
+    from rlbuffers.integrations.parquet import from_parquet
+
+    return _convert_offline(args, from_parquet, args.path)
 
 
 def _convert_sb3(args: argparse.Namespace) -> int:

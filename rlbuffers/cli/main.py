@@ -3,7 +3,8 @@
 - ``rlbuffers inspect PATH [--json] [--verify] [--commit N]``: describe a stored buffer.
 - ``rlbuffers verify PATH [--repair]``: check (and rewrite) damaged chunks.
 - ``rlbuffers shards ...``: write and list webdataset shards (:mod:`rlbuffers.stream`).
-- ``rlbuffers convert ...``: migrate another library's saved replay buffer.
+- ``rlbuffers convert ...``: migrate another library's saved replay buffer or dataset.
+- ``rlbuffers export ...``: write a buffer as an offline dataset (Minari, Parquet).
 
 Each command imports what it needs when it runs, so ``--help`` and ``inspect`` start without
 torch or webdataset. Errors print ``rlbuffers: error: ...`` and exit 2 (``--debug``: the
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 title="commands")
     from rlbuffers.cli.convert import add_convert_parser
+    from rlbuffers.cli.export import add_export_parser
     from rlbuffers.cli.inspect import add_inspect_parser
     from rlbuffers.cli.shards import add_shards_parser
     from rlbuffers.cli.verify import add_verify_parser
@@ -54,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_inspect_parser(sub)
     add_shards_parser(sub)
     add_convert_parser(sub)
+    add_export_parser(sub)
     add_verify_parser(sub)
     _debug_everywhere(sub)
     return parser
@@ -72,7 +75,7 @@ def _debug_everywhere(sub: Any) -> None:
 def _where(args: argparse.Namespace) -> str:
     """`` (while working on PATH)``: the path the command works on, to name in an I/O error
     that names none; empty when the command has no path."""
-    for key in ("path", "out", "dir", "pickle"):
+    for key in ("path", "out", "dir", "pickle", "buffer", "dataset"):
         if getattr(args, key, None):
             return f" (while working on {getattr(args, key)})"
     return ""
