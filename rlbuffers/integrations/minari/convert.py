@@ -141,9 +141,10 @@ def from_minari(dataset: Any, out: str | os.PathLike[str], *, capacity: int | No
         the buffer (fields in the module docstring), holding every step in dataset order.
 
     Raises:
-        FileNotFoundError, TypeError: as :func:`open_dataset`. ValueError: an empty dataset,
-        a space this conversion cannot flatten (Text), or an episode whose arrays disagree in
-        length. FieldError: an episode whose arrays differ in shape or dtype from the first's.
+        FileNotFoundError: as :func:`open_dataset` (also TypeError).
+        ValueError: an empty dataset, a space this conversion cannot flatten (Text), or an
+            episode whose arrays disagree in length.
+        FieldError: an episode whose arrays differ in shape or dtype from the first's.
         FileExistsError: ``out`` exists and ``overwrite`` is False.
     """
     ds = open_dataset(dataset)

@@ -45,10 +45,12 @@ class MinariExport:
     """What :func:`to_minari` wrote.
 
     Attributes:
-        dataset_id: the new dataset's id. path: its directory.
-        episodes, steps: written. dropped_rows: the wrapped ring's partial first episode's
-        rows, not written. unfinished: 1 if the newest episode was unfinished (written
-        truncated), else 0.
+        dataset_id: the new dataset's id.
+        path: its directory.
+        episodes: episodes written.
+        steps: steps written.
+        dropped_rows: rows of the wrapped ring's partial first episode, not written.
+        unfinished: 1 if the newest episode was unfinished (written truncated), else 0.
     """
 
     dataset_id: str
@@ -149,8 +151,8 @@ def to_minari(buffer: ReplayBuffer | str | os.PathLike[str], dataset_id: str, *,
 
     Raises:
         ValueError: a malformed ``dataset_id``, an unknown ``data_format``, missing fields,
-        an empty buffer, or no episode left. FileExistsError: the dataset exists and
-        ``overwrite`` is False.
+            an empty buffer, or no episode left.
+        FileExistsError: the dataset exists and ``overwrite`` is False.
     """
     if data_format not in ("hdf5", "arrow", "parquet"):
         raise ValueError(f"data_format: expected 'hdf5', 'arrow' or 'parquet', got "

@@ -109,8 +109,8 @@ def to_parquet(buffer: ReplayBuffer | str | os.PathLike[str], out: str | os.Path
 
     Raises:
         ValueError: ``file_bytes`` < 1, a complex field, an empty buffer, or ``out``
-        holding something other than an earlier export. FileExistsError: ``out`` exists and
-        ``overwrite`` is False.
+            holding something other than an earlier export.
+        FileExistsError: ``out`` exists and ``overwrite`` is False.
     """
     if isinstance(file_bytes, bool) or not isinstance(file_bytes, int) or file_bytes < 1:
         raise ValueError(f"file_bytes: expected an int >= 1, got {file_bytes!r}")

@@ -72,8 +72,9 @@ def from_parquet(path: str | os.PathLike[str], out: str | os.PathLike[str], *,
         buffer's plus ``converted_from``.
 
     Raises:
-        FileNotFoundError, ValueError: as :func:`read_info`; ValueError also for
-        ``batch_bytes`` < 1. FileExistsError: ``out`` exists and ``overwrite`` is False.
+        FileNotFoundError: as :func:`read_info`.
+        ValueError: as :func:`read_info`, or ``batch_bytes`` < 1.
+        FileExistsError: ``out`` exists and ``overwrite`` is False.
     """
     if isinstance(batch_bytes, bool) or not isinstance(batch_bytes, int) or batch_bytes < 1:
         raise ValueError(f"batch_bytes: expected an int >= 1, got {batch_bytes!r}")
