@@ -1,0 +1,140 @@
+"""GRPO's generation workers (``trainers/grpo/async_generation.py``, issue 48) in process, on
+the tiny random LM of ``tests/tiny_lm.py``: a step's groups are the synchronous loop's prompts,
+their behaviour and reference log-probs are those of the weights that generated them (the
+version recorded), a sync sends only the LoRA adapters (every weight in full fine-tuning), and
+a group run again samples the same tokens. The Ray pool with a worker killed mid-flight:
+``tests/test_async_ray.py``."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from tests.heavy import require
+
+require("reasoning_gym", "transformers", "peft", "tokenizers")
+
+from rlbuffers.rollouts import InProcessPool  # noqa: E402
+from tests.tiny_lm import make_tiny_lm_dir  # noqa: E402
+from trainers.common import open_token_store  # noqa: E402
+from trainers.grpo.async_generation import (  # noqa: E402
+    GenerationWorkers,
+    generate_group,
+    policy_weights,
+    step_metrics,
+)
+from trainers.grpo.config import Config  # noqa: E402
+from trainers.grpo.policy import make_policy  # noqa: E402
+from trainers.llm.packed_logprobs import (  # noqa: E402
+    packed_batch,
+    packed_logprobs,
+    packed_reference_logprobs,
+)
+from trainers.llm.prompts import next_prompts, prompt_store  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+
+ASYNC = {"generation_workers": 1, "max_staleness": 1, "sync_every": 1, "ray_address": "",
+         "generation_backend": "inprocess", "is_truncation": 2.0}
+
+
+def async_config(tiny, run_dir, **kw):
+    cfg = Config(**{"model": str(tiny), "run_dir": str(run_dir), "task": "basic_arithmetic",
+                    "train_size": 40, "prompts_per_step": 2, "group_size": 3,
+                    "max_completion_tokens": 8, "max_prompt_tokens": 120, "pack_tokens": 200,
+                    "memory_budget": "none", "beta": 0.04, "steps": 4, **kw})
+    for k, v in ASYNC.items():  # the --generation-workers settings (set where not fields)
+        setattr(cfg, k, getattr(cfg, k, v))
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_lm_dir(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def store(tiny, tmp_path_factory):
+    cfg = async_config(tiny, "unused")
+    _, tok, model_dir = make_policy(cfg)
+    path = tmp_path_factory.mktemp("prompts") / "prompts"
+    prompt_store(cfg.task, cfg.train_size, cfg.seed, cfg.task_config, tok, model_dir, path)
+    return open_token_store(path, len(tok))
+
+
+def learner_logprobs(model, tok, cfg, prompts, completions, reference=False):
+    g = cfg.group_size
+    groups = [completions[i:i + g] for i in range(0, len(completions), g)]
+    packing = cfg.packing(cfg.pack_tokens, cfg.train_dtype)
+    batch = packed_batch(prompts, groups, packing, tok.pad_token_id, {})
+    n = sum(len(c) for c in completions)
+    with torch.no_grad():
+        if reference:
+            return packed_reference_logprobs(model, batch, packing, None, n).numpy()
+        out = torch.zeros(n)
+        out[batch["index"][batch["mask"]]] = packed_logprobs(model, batch, packing)
+    return out.numpy()
+
+
+def test_steps_train_the_sync_prompts_with_the_generating_weights_logprobs(tiny, store,
+                                                                         tmp_path):
+    cfg = async_config(tiny, tmp_path, lora_rank=2)
+    model, tok, _ = make_policy(cfg)
+    trainer = {"step": 0, "groups": 0, "data": {"epoch": 0, "position": 0}}
+    workers = GenerationWorkers(cfg, model, store, trainer, None, pool=InProcessPool(1))
+    order = copy.deepcopy(trainer["data"])
+
+    first = workers.next_step()
+    assert first.indices == next_prompts(store, cfg.max_prompt_tokens, 2, cfg.seed, order)
+    assert first.versions.tolist() == [0, 0] and len(first.completions) == 6
+    np.testing.assert_allclose(first.behaviour, learner_logprobs(
+        model, tok, cfg, first.prompts, first.completions), atol=1e-5)
+    np.testing.assert_allclose(first.ref, learner_logprobs(
+        model, tok, cfg, first.prompts, first.completions, reference=True), atol=1e-5)
+    assert step_metrics(first)["staleness_max"] == 0
+
+    with torch.no_grad():  # "the update of step 1": new adapter weights, synced as version 1
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.5)
+    workers.updated(model, 1)
+    second = workers.next_step()  # generated under version 0 while step 1 trained: stale by 1
+    assert second.indices == next_prompts(store, cfg.max_prompt_tokens, 2, cfg.seed, order)
+    assert second.versions.tolist() == [0, 0]
+    m = step_metrics(second)
+    assert m["staleness_max"] == 1 and m["staleness_mean"] == 1.0
+    now = learner_logprobs(model, tok, cfg, second.prompts, second.completions)
+    assert np.abs(now - second.behaviour).max() > 1e-3  # the old weights' log-probs, stored
+    workers.updated(model, 2)
+    third = workers.next_step()
+    assert third.versions.tolist() == [1, 1]  # submitted after the sync of version 1
+    np.testing.assert_allclose(third.behaviour, learner_logprobs(
+        model, tok, cfg, third.prompts, third.completions), atol=1e-5)
+    workers.close()
+
+
+@pytest.mark.parametrize("lora", [2, 0])
+def test_a_sync_sends_the_adapters_only_with_lora_and_a_rerun_samples_the_same_group(
+        tiny, store, tmp_path, lora):
+    cfg = async_config(tiny, tmp_path, lora_rank=lora, beta=0.0)
+    model, _, _ = make_policy(cfg)
+    weights = policy_weights(model)
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert set(weights) == trained
+    if lora:
+        assert all("lora_" in n for n in weights)
+    else:
+        assert len(weights) == len(list(model.parameters()))
+    assert all(w.dtype == np.float32 for w in weights.values())
+    prompt = np.asarray(store[0], np.int64)
+    a = generate_group(weights, 0, 5, 0, prompt, cfg, None)
+    generate_group(weights, 0, 6, 0, prompt, cfg, None)  # another group between
+    b = generate_group(weights, 0, 5, 0, prompt, cfg, None)
+    assert all(np.array_equal(x, y) for x, y in zip(a["completions"], b["completions"],
+                                                     strict=True))
+    np.testing.assert_array_equal(a["behaviour"], b["behaviour"])
+    assert a["ref"].size == 0  # no KL term

@@ -1,0 +1,96 @@
+"""GRPO's generation workers on Ray (issue 48): two local Ray workers (one CPU each) generate
+the groups of the tiny random LM (``tests/tiny_lm.py``) under the staleness bound, with LoRA
+adapters synced through the object store; a worker killed in the middle of a group
+(``SIGKILL`` of its own process, the first time it runs that group: deterministic) is replaced
+and the group re-issued, so every group of the run reaches the learner exactly once, in
+order, and the re-run group is the one the dead worker would have made (same seed, same
+weights)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.heavy import require
+
+require("ray", "reasoning_gym", "transformers", "peft", "tokenizers")
+import ray  # noqa: E402
+
+from rlbuffers.rollouts import RayPool  # noqa: E402
+from tests.test_async_generation import async_config, store, tiny  # noqa: E402, F401
+from trainers.grpo.async_generation import (  # noqa: E402
+    GenerationWorkers,
+    generate_group,
+    policy_weights,
+)
+from trainers.grpo.policy import make_policy  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+
+KILLED_GROUP = 3
+
+
+def dies_in_group(weights, version, group, prompt_index, prompt, cfg, reference):
+    """``generate_group``, except that the first run of group ``KILLED_GROUP`` kills its own
+    worker process (a marker file in the run directory tells the second run)."""
+    marker = Path(cfg.run_dir) / f"killed-{group}"
+    if group == KILLED_GROUP and not marker.exists():
+        marker.touch()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return generate_group(weights, version, group, prompt_index, prompt, cfg, reference)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}})
+    yield
+    ray.shutdown()
+
+
+def test_a_worker_killed_mid_group_is_replaced_and_no_group_is_lost_or_twice(tiny, store,
+                                                                           tmp_path):
+    cfg = async_config(tiny, tmp_path, lora_rank=2, beta=0.0, steps=3)
+    model, _, _ = make_policy(cfg)
+    trainer = {"step": 0, "groups": 0, "data": {"epoch": 0, "position": 0}}
+    pool = RayPool(2, torch_threads=1)
+    pids = set(pool.worker_pids())
+    workers = GenerationWorkers(cfg, model, store, trainer, None, pool=pool, job=dies_in_group)
+    steps, synced = [], {0: policy_weights(model)}
+    for step in range(1, cfg.steps + 1):
+        steps.append(workers.next_step())
+        with torch.no_grad():  # the update: new adapters, synced as version `step`
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.add_(torch.randn_like(p) * 0.1)
+        synced[step] = policy_weights(model)
+        workers.updated(model, step)
+    assert (tmp_path / f"killed-{KILLED_GROUP}").exists() and pool.replaced == 1
+    assert set(pool.worker_pids()) != pids  # a new process in the dead one's slot
+    attempts = np.concatenate([s.attempts for s in steps])
+    # sent twice: group 3 and group 5, queued behind it on the same worker (slot 1: groups
+    # 1, 3, 5; 5 is submitted when step 1 has its groups, before step 2 finds 3 lost)
+    assert attempts.tolist() == [1, 1, 1, 2, 1, 2]
+    # every group once, in the synchronous loop's prompt order, within the bound
+    from trainers.llm.prompts import next_prompts
+    order = {"epoch": 0, "position": 0}
+    for s in steps:
+        assert s.indices == next_prompts(store, cfg.max_prompt_tokens, 2, cfg.seed, order)
+        assert s.counters["staleness_max"] <= cfg.max_staleness
+    versions = np.concatenate([s.versions for s in steps])
+    assert versions.tolist()[:2] == [0, 0] and versions.max() >= 1  # later groups: new weights
+    # the re-issued group is the one its weights and seed make (here, in this process)
+    s = steps[KILLED_GROUP // 2]
+    k = KILLED_GROUP % 2
+    want = generate_group(synced[int(s.versions[k])], int(s.versions[k]), KILLED_GROUP,
+                          s.indices[k], s.prompts[k], cfg, None)
+    got = s.completions[k * 3:(k + 1) * 3]
+    assert all(np.array_equal(a, b) for a, b in zip(got, want["completions"], strict=True))
+    workers.close()

@@ -1,0 +1,217 @@
+"""GRPO's generation workers (``--generation-workers N``): N rollout workers (Ray actors,
+``rlbuffers.rollouts``), each with its own copy of the policy, generate whole groups ahead of
+the learner under the ``--max-staleness`` bound (``rlbuffers.rollouts.PacedGeneration``:
+paced, never discarded), with the weights synced every ``--sync-every`` steps through Ray's
+object store (LoRA: the adapters only). See ``docs/async.md``.
+
+One group is one job: the worker samples the group's G completions with its weights (seeded
+by the run's seed and the group's index, so a group re-run after its worker died, or after a
+resume, samples the same tokens from the same weights), then computes with those weights the
+behaviour log-probs (the ``generation`` log-probs of the truncated importance weights,
+``--is-truncation``) and, with a KL term, the reference log-probs. The learner scores the
+groups, owns the buffer (it alone writes and commits it) and updates.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlbuffers.rollouts import PacedGeneration, StalenessGate, make_pool
+from trainers.grpo.config import Config
+from trainers.grpo.policy import make_policy
+from trainers.llm.generation import generate
+from trainers.llm.packed_logprobs import packed_batch, packed_logprobs, packed_reference_logprobs
+from trainers.llm.prompts import next_prompts
+
+#: The policy copy of this worker process (built by its first job): model, tokenizer, version.
+_WORKER: dict[str, Any] = {}
+
+
+def policy_weights(model: Any) -> dict[str, np.ndarray]:
+    """What a sync sends: the trained parameters as float32 numpy arrays (CPU copies) by
+    name: the LoRA adapters only with ``--lora-rank``, else every weight. Numpy, so that Ray's
+    object store shares them with the workers of a node without a copy."""
+    return {n: p.detach().to("cpu", torch.float32).numpy().copy()
+            for n, p in model.named_parameters() if p.requires_grad}
+
+
+def group_seed(seed: int, group: int) -> int:
+    """The sampling seed of group ``group`` (int): a function of the run's seed and the
+    group's index alone, so a re-run samples the same tokens with the same weights."""
+    return int(np.random.SeedSequence([seed, group]).generate_state(1)[0])
+
+
+def _worker_policy(cfg: Config, weights: dict[str, np.ndarray], version: int) -> dict[str, Any]:
+    """This process's policy copy, built once (``make_policy``: the learner's model and
+    adapters), with the parameters of ``version`` loaded when it is not the one it holds."""
+    if not _WORKER or _WORKER["run"] != (cfg.model, cfg.lora_rank, cfg.seed):
+        model, tok, _ = make_policy(cfg)
+        _WORKER.update(run=(cfg.model, cfg.lora_rank, cfg.seed), model=model, tok=tok,
+                       version=None)
+    if _WORKER["version"] != version:
+        params = dict(_WORKER["model"].named_parameters())
+        missing = sorted(set(weights) - set(params))
+        if missing:
+            raise ValueError(f"weights: names the worker's policy does not have: {missing[:3]}")
+        with torch.no_grad():
+            for name, value in weights.items():
+                params[name].copy_(torch.from_numpy(np.asarray(value)))
+        _WORKER["version"] = version
+    return _WORKER
+
+
+def generate_group(weights: dict[str, np.ndarray], version: int, group: int,
+                   prompt_index: int, prompt: np.ndarray, cfg: Config,
+                   reference: str | None) -> dict[str, Any]:
+    """The job of one group, on a worker: G = ``--group-size`` completions of ``prompt``
+    (int64 token ids) sampled with the weights of ``version`` (seed :func:`group_seed`), and
+    their per-token log-probs under those weights (``behaviour``) and under the reference
+    policy (``ref``, with ``--beta``: the adapters disabled, or the initial weights read from
+    ``reference``, a path this worker must be able to read). Returns plain data: ``group``,
+    ``prompt_index``, ``version``, ``completions`` (G int64 arrays), ``truncated`` (bool[G]),
+    ``behaviour`` and ``ref`` (float32[total completion tokens], completions in order;
+    ``ref`` empty without a KL term), ``pid``."""
+    state = _worker_policy(cfg, weights, version)
+    model, tok = state["model"], state["tok"]
+    torch.manual_seed(group_seed(cfg.seed, group))
+    sampling = cfg.sampling(cfg.max_completion_tokens, torch.device("cpu"),
+                            generate_dtype=cfg.generate_dtype, packed_weights=cfg.packed_weights)
+    rollouts = generate(model, tok, [np.asarray(prompt, np.int64)], sampling,
+                        n_per_prompt=cfg.group_size)
+    completions = [c for c, _ in rollouts]
+    packing = cfg.packing(cfg.pack_tokens, cfg.train_dtype)
+    batch = packed_batch([np.asarray(prompt, np.int64)], [completions], packing,
+                         tok.pad_token_id, {}, row_tokens=cfg.micro_batch_tokens)
+    n = sum(len(c) for c in completions)
+    behaviour = torch.zeros(n)
+    model.eval()
+    with torch.no_grad():
+        behaviour[batch["index"][batch["mask"]]] = packed_logprobs(model, batch, packing)
+        ref = (packed_reference_logprobs(model, batch, packing,
+                                         Path(reference) if reference else None, n)
+               if cfg.beta else torch.zeros(0))
+    return {"group": group, "prompt_index": prompt_index, "version": version,
+            "completions": completions, "truncated": np.array([t for _, t in rollouts]),
+            "behaviour": behaviour.numpy(), "ref": ref.numpy(), "pid": os.getpid()}
+
+
+@dataclass
+class StepGroups:
+    """A step's P groups from the workers, in the order the learner consumes them.
+
+    Attributes:
+        indices: prompt indices (into the run's prompt store), one per group.
+        prompts: the prompts (int64 token arrays), one per group.
+        completions: the G * P completions, group by group.
+        truncated: bool[G * P], cut at ``--max-completion-tokens``.
+        behaviour: float32[completion tokens], the generating weights' log-probs.
+        ref: float32[completion tokens] of the reference policy, or None without a KL term.
+        versions: int64[P], the weights version that generated each group.
+        attempts: int64[P], times each group was sent to a worker.
+        counters: ``PacedGeneration.counters()`` of the step (staleness, waits).
+    """
+
+    indices: list[int]
+    prompts: list[np.ndarray]
+    completions: list[np.ndarray]
+    truncated: np.ndarray
+    behaviour: np.ndarray
+    ref: np.ndarray | None
+    versions: np.ndarray
+    attempts: np.ndarray
+    counters: dict[str, float]
+
+
+class GenerationWorkers:
+    """The learner's side of ``--generation-workers``: the pool, the bound, the prompt order
+    and the weight syncs.
+
+    Args:
+        cfg: the run's settings (``generation_workers``, ``max_staleness``, ``sync_every``,
+            ``ray_address``, ``generation_backend``).
+        model: the learner's policy (synced now as version ``trainer['step']``).
+        store: the run's prompt token store.
+        trainer: the trainer state of the last complete step (``step``, ``groups``,
+            ``data``: the prompt order's position after the groups consumed); groups in
+            flight at a crash are regenerated from there.
+        reference: the initial weights' file (full fine-tuning with ``--beta``), else None.
+        pool: a started rollout pool (tests); None: ``make_pool`` from ``cfg``.
+        job: the job function (tests: one that kills its worker); :func:`generate_group`.
+    """
+
+    def __init__(self, cfg: Config, model: Any, store: Any, trainer: dict[str, Any],
+                 reference: Path | None, pool: Any = None, job: Any = None) -> None:
+        self.cfg, self.store = cfg, store
+        self.reference = str(reference) if reference is not None else None
+        self.pool = pool or make_pool(cfg.generation_backend or "ray", cfg.generation_workers,
+                                      address=cfg.ray_address or None,
+                                      torch_threads=cfg.generate_threads)
+        p = cfg.prompts_per_step
+        self._data = copy.deepcopy(trainer["data"])  # the submit side of the prompt order
+        self._batch: list[int] = []
+        self._next = trainer["groups"]
+        gate = StalenessGate(cfg.max_staleness, p, first_group=trainer["groups"],
+                             first_version=trainer["step"])
+        self.gen = PacedGeneration(self.pool, job or generate_group, gate, self._args,
+                                   total_groups=trainer["groups"]
+                                   + (cfg.steps - trainer["step"]) * p)
+        self.gen.sync(policy_weights(model), trainer["step"])
+
+    def _args(self, group: int) -> tuple[Any, ...]:
+        """A group's job arguments: the prompts are drawn P at a time, in the synchronous
+        loop's order, so step s trains on the same prompts with or without workers."""
+        if group != self._next:
+            raise RuntimeError(f"group {group} asked out of order (expected {self._next})")
+        if not self._batch:
+            self._batch = next_prompts(self.store, self.cfg.max_prompt_tokens,
+                                       self.cfg.prompts_per_step, self.cfg.seed, self._data)
+        self._next += 1
+        index = self._batch.pop(0)
+        return index, np.asarray(self.store[index], np.int64), self.cfg, self.reference
+
+    def next_step(self) -> StepGroups:
+        """The next step's P groups (waits for them: ``learner_wait_seconds``)."""
+        groups = self.gen.next_groups(self.cfg.prompts_per_step)
+        data = [g.data for g in groups]
+        ref = np.concatenate([d["ref"] for d in data]) if self.cfg.beta else None
+        return StepGroups(indices=[d["prompt_index"] for d in data],
+                          prompts=[np.asarray(self.store[d["prompt_index"]], np.int64)
+                                   for d in data],
+                          completions=[np.asarray(c) for d in data for c in d["completions"]],
+                          truncated=np.concatenate([d["truncated"] for d in data]),
+                          behaviour=np.concatenate([d["behaviour"] for d in data]),
+                          ref=ref, versions=np.array([g.version for g in groups], np.int64),
+                          attempts=np.array([g.attempts for g in groups], np.int64),
+                          counters=self.gen.counters())
+
+    def updated(self, model: Any, step: int) -> None:
+        """After the update of ``step``: sync the weights every ``--sync-every`` steps (the
+        new version is ``step``), else submit what the bound admits."""
+        if step % self.cfg.sync_every == 0:
+            self.gen.sync(policy_weights(model), step)
+        else:
+            self.gen.fill()
+
+    def close(self) -> None:
+        """Stop the workers (groups in flight are dropped: a resume regenerates them)."""
+        self.pool.close()
+
+
+def step_metrics(got: StepGroups) -> dict[str, float]:
+    """The metrics row's fields of a step with workers: ``staleness_max``,
+    ``staleness_mean``, ``generation_wait_seconds``, ``learner_wait_seconds``,
+    ``generation_paced`` (holds of the bound) and ``generation_retries`` (groups re-sent after
+    a worker died)."""
+    c = got.counters
+    return {"staleness_max": int(c["staleness_max"]), "staleness_mean": float(c["staleness_mean"]),
+            "generation_wait_seconds": float(c["generation_wait_seconds"]),
+            "learner_wait_seconds": float(c["learner_wait_seconds"]),
+            "generation_paced": int(c["paced"]),
+            "generation_retries": int((got.attempts - 1).sum())}
