@@ -111,7 +111,7 @@ def test_single_row_index_and_row_batch_dims(tmp_path):
     assert torch.equal(grid["obs"][1, 1], td[3]["obs"])
 
 
-@settings(max_examples=15, deadline=None,
+@settings(max_examples=10, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sizes=st.lists(st.integers(1, 13), min_size=1, max_size=6),
        max_size=st.integers(1, 12))
@@ -254,8 +254,13 @@ def test_non_tensor_leaves_are_refused_by_name(tmp_path):
 
 def test_fields_are_named_by_their_keys(tmp_path):
     z = ZarrStorage(tmp_path / "z", 4)
-    TensorDictReplayBuffer(storage=z).extend(transitions(2))
-    assert set(z.buffer.fields) >= {"observation", "next.observation", "next.reward", "pixels"}
+    data = transitions(2)
+    data["done"] = torch.zeros(2, 1, dtype=torch.bool)  # a state's flag: not an episode end
+    data["_private"] = torch.zeros(2)
+    TensorDictReplayBuffer(storage=z).extend(data)
+    assert set(z.buffer.fields) >= {"observation", "next.observation", "next.reward", "pixels",
+                                    "next.done", "root.done", "key0"}
+    assert torch.equal(z.get(slice(None))["_private"], torch.zeros(2))
     assert z.buffer.fields["brain"].dtype == np.uint16  # bfloat16's bits
 
 

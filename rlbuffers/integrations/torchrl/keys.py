@@ -17,7 +17,7 @@ import torch  # noqa: E402
 from tensordict import TensorDict, TensorDictBase, is_tensor_collection  # noqa: E402
 
 from rlbuffers import FieldSpec  # noqa: E402
-from rlbuffers.spec import field_name_problem  # noqa: E402
+from rlbuffers.spec import EPISODE_END_FIELDS, field_name_problem  # noqa: E402
 
 __all__ = ["Layout", "layout_of"]
 
@@ -119,8 +119,9 @@ class Layout:
 
 
 def layout_of(row: Any) -> Layout:
-    """The layout of one row: a TensorDict (each leaf a field; nested keys joined with '.')
-    or a tensor.
+    """The layout of one row: a TensorDict (each leaf a field; nested keys joined with '.',
+    root ``done``/``terminated``/``truncated`` named ``root.done`` ...; a name the buffer
+    refuses, e.g. one starting with ``_``: ``key<i>``) or a tensor.
 
     Raises:
         TypeError: a row that is neither, or a leaf that is not a tensor (non-tensor data,
@@ -151,6 +152,8 @@ def _entry(i: int, key: tuple[str, ...], t: Any) -> Entry:
         raise TypeError(f"data[{key!r}]: dtype {t.dtype} is not stored; expected one of "
                         f"{sorted(_BY_NAME)}")
     name = ".".join(key)
+    if name in EPISODE_END_FIELDS:  # TorchRL's root flags are a state's, shaped (1,): not
+        name = f"root.{name}"       # the buffer's episode ends (docs/torchrl.md)
     field = name if not field_name_problem(name) else f"key{i}"
     return Entry(field, key, t.dtype, tuple(t.shape))
 

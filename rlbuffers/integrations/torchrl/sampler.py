@@ -145,7 +145,7 @@ class ZarrPrioritizedSampler(PrioritizedSampler):
             rlbuffers.FieldError: unequal lengths, negative or non-finite priorities, or an
                 index holding no row.
         """
-        first_use = self._storage is None
+        first_use, default = self._storage is None, self.default_priority
         storage = storage if storage is not None else self._storage
         if storage is None:
             raise RuntimeError("ZarrPrioritizedSampler.update_priority: pass storage= (or "
@@ -153,7 +153,7 @@ class ZarrPrioritizedSampler(PrioritizedSampler):
         buf = self._buffer(storage)
         idx = torch.as_tensor(index).detach().cpu().reshape(-1).numpy().astype(np.int64)
         p = torch.as_tensor(priority, dtype=torch.float64).detach().cpu().reshape(-1).numpy()
-        if first_use and _is_default_reset(idx, p, len(buf), self.default_priority):
+        if first_use and _is_default_reset(idx, p, len(buf), default):
             return  # TorchRL's replay buffer resets a reopened storage's priorities: kept
         if p.size == 1 and idx.size != 1:
             p = np.full(idx.size, p[0])
