@@ -49,12 +49,13 @@ def group_seed(seed: int, group: int) -> int:
 
 
 def _worker_policy(cfg: Config, weights: dict[str, np.ndarray], version: int) -> dict[str, Any]:
-    """This process's policy copy, built once (``make_policy``: the learner's model and
-    adapters), with the parameters of ``version`` loaded when it is not the one it holds."""
-    if not _WORKER or _WORKER["run"] != (cfg.model, cfg.lora_rank, cfg.seed):
+    """This process's policy copy, built once per run (``make_policy``: the learner's model
+    and adapters), with the parameters of ``version`` loaded when it is not the one it
+    holds."""
+    run = (cfg.run_dir, cfg.model, cfg.lora_rank, cfg.seed)  # versions are per run
+    if not _WORKER or _WORKER["run"] != run:
         model, tok, _ = make_policy(cfg)
-        _WORKER.update(run=(cfg.model, cfg.lora_rank, cfg.seed), model=model, tok=tok,
-                       version=None)
+        _WORKER.update(run=run, model=model, tok=tok, version=None)
     if _WORKER["version"] != version:
         params = dict(_WORKER["model"].named_parameters())
         missing = sorted(set(weights) - set(params))
@@ -176,10 +177,19 @@ class GenerationWorkers:
         index = self._batch.pop(0)
         return index, np.asarray(self.store[index], np.int64), self.cfg, self.reference
 
-    def next_step(self) -> StepGroups:
-        """The next step's P groups (waits for them: ``learner_wait_seconds``)."""
+    def next_step(self, expect: list[int] | None = None) -> StepGroups:
+        """The next step's P groups (waits for them: ``learner_wait_seconds``).
+
+        Raises:
+            RuntimeError: their prompts are not ``expect`` (the learner's own prompt order:
+                the two orders went apart, e.g. a resume from another position).
+        """
         groups = self.gen.next_groups(self.cfg.prompts_per_step)
         data = [g.data for g in groups]
+        if expect is not None and [d["prompt_index"] for d in data] != list(expect):
+            raise RuntimeError(f"generation workers: groups of prompts "
+                               f"{[d['prompt_index'] for d in data]}, the learner expected "
+                               f"{list(expect)}")
         ref = np.concatenate([d["ref"] for d in data]) if self.cfg.beta else None
         return StepGroups(indices=[d["prompt_index"] for d in data],
                           prompts=[np.asarray(self.store[d["prompt_index"]], np.int64)
@@ -202,6 +212,16 @@ class GenerationWorkers:
     def close(self) -> None:
         """Stop the workers (groups in flight are dropped: a resume regenerates them)."""
         self.pool.close()
+
+
+def add_generation_logprobs(batch: dict[str, torch.Tensor], got: StepGroups,
+                            device: torch.device) -> None:
+    """Put the generating weights' per-token log-probs into the packed ``batch`` as
+    ``generation`` (float32 ``[R, T]`` like ``advantage``, 0 off the completion tokens), the
+    input of ``--is-truncation``."""
+    mask = batch["mask"]
+    batch["generation"] = torch.zeros_like(batch["advantage"])
+    batch["generation"][mask] = torch.from_numpy(got.behaviour).to(device)[batch["index"][mask]]
 
 
 def step_metrics(got: StepGroups) -> dict[str, float]:
