@@ -1,6 +1,7 @@
-"""GRPO's generation workers on Ray (issue 48): two local Ray workers (one CPU each) generate
-the groups of the tiny random LM (``tests/tiny_lm.py``) under the staleness bound, with LoRA
-adapters synced through the object store; a worker killed in the middle of a group
+"""GRPO's generation workers on Ray (issue 48): two Ray workers on a cluster of two local nodes
+(``ray.cluster_utils.Cluster``, one CPU each, so one worker per node) generate the groups of
+the tiny random LM (``tests/tiny_lm.py``) under the staleness bound, with LoRA adapters synced
+through the object store; a worker killed in the middle of a group
 (``SIGKILL`` of its own process, the first time it runs that group: deterministic) is replaced
 and the group re-issued, so every group of the run reaches the learner exactly once, in
 order, and the re-run group is the one the dead worker would have made (same seed, same
@@ -48,11 +49,20 @@ def dies_in_group(weights, version, group, prompt_index, prompt, cfg, reference)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+def two_nodes():
+    """Two local Ray nodes of one CPU each, joined by this process with its ``sys.path`` (the
+    workers import the job functions by name)."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}})
-    yield
+    yield cluster
     ray.shutdown()
+    cluster.shutdown()
 
 
 def test_a_worker_killed_mid_group_is_replaced_and_no_group_is_lost_or_twice(tiny, store,
@@ -86,6 +96,8 @@ def test_a_worker_killed_mid_group_is_replaced_and_no_group_is_lost_or_twice(tin
         assert s.counters["staleness_max"] <= cfg.max_staleness
     versions = np.concatenate([s.versions for s in steps])
     assert versions.tolist()[:2] == [0, 0] and versions.max() >= 1  # later groups: new weights
+    nodes = [n for s in steps for n in s.nodes]
+    assert len(set(nodes)) == 2  # groups from both machines
     # the re-issued group is the one its weights and seed make (here, in this process)
     s = steps[KILLED_GROUP // 2]
     k = KILLED_GROUP % 2

@@ -102,6 +102,7 @@ class Group:
         staleness: versions between ``version`` and the weights its update changes (0..K).
         data: what the job returned.
         attempts: times it was sent to a worker (> 1: a worker died and it ran again).
+        node: the machine that generated it (the pool's node id; ``"local"`` in process).
     """
 
     index: int
@@ -109,6 +110,7 @@ class Group:
     staleness: int
     data: Any
     attempts: int = 1
+    node: str = "local"
 
 
 class PacedGeneration:
@@ -213,7 +215,7 @@ class PacedGeneration:
             c["staleness_max"] = max(c["staleness_max"], s)
             c["staleness_sum"] += s
             c["groups"] += 1
-            out.append(Group(group, version, s, res.data, res.attempts))
+            out.append(Group(group, version, s, res.data, res.attempts, res.node))
         self.fill()
         return out
 

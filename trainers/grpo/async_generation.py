@@ -116,6 +116,7 @@ class StepGroups:
         ref: float32[completion tokens] of the reference policy, or None without a KL term.
         versions: int64[P], the weights version that generated each group.
         attempts: int64[P], times each group was sent to a worker.
+        nodes: the machine (Ray node id) that generated each group.
         counters: ``PacedGeneration.counters()`` of the step (staleness, waits).
     """
 
@@ -127,6 +128,7 @@ class StepGroups:
     ref: np.ndarray | None
     versions: np.ndarray
     attempts: np.ndarray
+    nodes: list[str]
     counters: dict[str, float]
 
 
@@ -199,6 +201,7 @@ class GenerationWorkers:
                           behaviour=np.concatenate([d["behaviour"] for d in data]),
                           ref=ref, versions=np.array([g.version for g in groups], np.int64),
                           attempts=np.array([g.attempts for g in groups], np.int64),
+                          nodes=[g.node for g in groups],
                           counters=self.gen.counters())
 
     def updated(self, model: Any, step: int) -> None:
@@ -224,14 +227,15 @@ def add_generation_logprobs(batch: dict[str, torch.Tensor], got: StepGroups,
     batch["generation"][mask] = torch.from_numpy(got.behaviour).to(device)[batch["index"][mask]]
 
 
-def step_metrics(got: StepGroups) -> dict[str, float]:
+def step_metrics(got: StepGroups) -> dict[str, Any]:
     """The metrics row's fields of a step with workers: ``staleness_max``,
     ``staleness_mean``, ``generation_wait_seconds``, ``learner_wait_seconds``,
-    ``generation_paced`` (holds of the bound) and ``generation_retries`` (groups re-sent after
-    a worker died)."""
+    ``generation_paced`` (holds of the bound), ``generation_retries`` (groups re-sent after
+    a worker died) and ``generation_nodes`` (groups per machine, by Ray node id)."""
     c = got.counters
     return {"staleness_max": int(c["staleness_max"]), "staleness_mean": float(c["staleness_mean"]),
             "generation_wait_seconds": float(c["generation_wait_seconds"]),
             "learner_wait_seconds": float(c["learner_wait_seconds"]),
             "generation_paced": int(c["paced"]),
-            "generation_retries": int((got.attempts - 1).sum())}
+            "generation_retries": int((got.attempts - 1).sum()),
+            "generation_nodes": {n: got.nodes.count(n) for n in sorted(set(got.nodes))}}
