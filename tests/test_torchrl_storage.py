@@ -25,7 +25,12 @@ from torchrl.data import (
     ReplayBuffer,
     TensorDictReplayBuffer,
 )
-from torchrl.data.replay_buffers.samplers import RandomSampler, SamplerWithoutReplacement
+from torchrl.data.replay_buffers.samplers import (
+    RandomSampler,
+    SamplerWithoutReplacement,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
+)
 
 from rlbuffers import FieldSpec
 from rlbuffers import ReplayBuffer as Buffer
@@ -269,3 +274,22 @@ def test_importing_the_package_imports_no_torchrl():
             "assert 'torchrl' not in sys.modules; t.ZarrStorage; "
             "assert 'torchrl' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("sampler", [SliceSampler, SliceSamplerWithoutReplacement])
+def test_torchrl_slice_samplers_run_over_it_unchanged(tmp_path, sampler):
+    n = 60
+    done = torch.zeros(n, 1, dtype=torch.bool)
+    done[[11, 19, 38, 59]] = True  # episodes of 12, 8, 19 and 21 steps
+    episode = torch.bucketize(torch.arange(n), torch.tensor([11, 19, 38]))
+    data = TensorDict({"obs": torch.arange(n).float(), "episode": episode,
+                       ("next", "done"): done}, [n])
+    out = []
+    for storage in (LazyTensorStorage(100), ZarrStorage(tmp_path / "z", 100)):
+        rb = TensorDictReplayBuffer(storage=storage, sampler=sampler(slice_len=4),
+                                    batch_size=12)
+        rb.extend(data.clone())
+        torch.manual_seed(0)
+        out.append([rb.sample() for _ in range(3)])
+    for got, want in zip(out[1], out[0], strict=True):
+        assert_td_equal(got, want)

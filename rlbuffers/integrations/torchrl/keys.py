@@ -87,7 +87,7 @@ class Layout:
     def from_fields(self, rows: Mapping[str, np.ndarray], batch: Sequence[int]) -> Any:
         """``rows`` (``{field: ndarray[N, *shape]}``) as a TensorDict of batch ``[*batch,
         *row_batch]`` (or a tensor), ``prod(batch) == N``."""
-        leaves = {e.key: _from_numpy(rows[e.field], e.dtype).reshape(*batch, *e.shape)
+        leaves = {e.key: _from_numpy(rows[e.field], e.dtype).reshape((*batch, *e.shape))
                   for e in self.entries}
         if self.tensor:
             return leaves[TENSOR_KEY]

@@ -234,7 +234,8 @@ class ZarrStorage(TensorStorage):
     def get(self, index: Any) -> Any:
         """Rows at storage indices ``index`` (an int, slice, int list/array/tensor of any shape
         ``S``; negative: from ``len``) as a TensorDict of batch ``[*S, *row_batch]`` (a tensor
-        for a storage of tensors), read from disk into new CPU tensors.
+        for a storage of tensors), read from disk into new CPU tensors. A key (a str or tuple
+        of str) gives that leaf of every row, ``[len, *shape]``.
 
         Raises:
             RuntimeError: nothing was written yet.
@@ -243,6 +244,11 @@ class ZarrStorage(TensorStorage):
         n = len(self)
         if self._buffer is None or self._layout is None or n == 0:
             raise RuntimeError("Cannot get elements out of a non-initialized storage.")
+        if isinstance(index, str) or (isinstance(index, tuple) and index
+                                      and all(isinstance(k, str) for k in index)):
+            return self.get(slice(None))[index]  # a key: that leaf of every row, as TorchRL
+        if isinstance(index, tuple) and len(index) == 1:  # (index,): dim 0 of a 1-d storage
+            index = index[0]
         if isinstance(index, slice):
             idx = np.arange(*index.indices(n), dtype=np.int64)
         elif isinstance(index, torch.Tensor):
