@@ -162,6 +162,11 @@ def test_gate_rule_and_broken_staleness_is_refused():
     assert gate.staleness(7, 2) == 1
     with pytest.raises(RuntimeError, match="staleness 2 outside"):
         gate.staleness(7, 1)
+    gen = PacedGeneration(FakePool(1, FakeClock(), lambda g: 1.0), make_group,
+                          StalenessGate(1, 2), lambda g: (g,), in_flight=2)
+    gen.sync({"version": 0}, 0)
+    with pytest.raises(ValueError, match=r"n: expected at most in_flight \(2\) groups, got 3"):
+        gen.next_groups(3)
     with pytest.raises(RuntimeError, match=r"sync\(weights, version\)"):
         PacedGeneration(FakePool(1, FakeClock(), lambda g: 1.0), make_group, gate,
                         lambda g: ()).fill()

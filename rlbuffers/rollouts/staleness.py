@@ -193,10 +193,13 @@ class PacedGeneration:
         refill.
 
         Raises:
+            ValueError: ``n`` > ``in_flight`` (they could never all be submitted).
             RuntimeError: fewer than ``n`` groups can be submitted under the current version
                 (the bound needs a newer :meth:`sync` first: sync at least every K + 1
                 steps), or past ``total_groups``.
         """
+        if n > self.in_flight:
+            raise ValueError(f"n: expected at most in_flight ({self.in_flight}) groups, got {n}")
         self.fill()
         if len(self._queue) < n:
             raise RuntimeError(

@@ -162,7 +162,10 @@ class GenerationWorkers:
         self._next = trainer["groups"]
         gate = StalenessGate(cfg.max_staleness, p, first_group=trainer["groups"],
                              first_version=trainer["step"])
+        # in flight: the next step's P groups (made while the learner updates), or one
+        # running and one queued per worker when there are more workers than that
         self.gen = PacedGeneration(self.pool, job or generate_group, gate, self._args,
+                                   in_flight=max(p, 2 * cfg.generation_workers),
                                    total_groups=trainer["groups"]
                                    + (cfg.steps - trainer["step"]) * p)
         self.gen.sync(policy_weights(model), trainer["step"])
