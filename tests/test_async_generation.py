@@ -57,13 +57,17 @@ def tiny(tmp_path_factory):
     return make_tiny_lm_dir(tmp_path_factory.mktemp("tiny"))
 
 
-@pytest.fixture(scope="module")
-def store(tiny, tmp_path_factory):
+def make_store(tiny, path):
+    """The run's tokenized prompts (as a new run of :func:`async_config` makes them)."""
     cfg = async_config(tiny, "unused")
     _, tok, model_dir = make_policy(cfg)
-    path = tmp_path_factory.mktemp("prompts") / "prompts"
     prompt_store(cfg.task, cfg.train_size, cfg.seed, cfg.task_config, tok, model_dir, path)
     return open_token_store(path, len(tok))
+
+
+@pytest.fixture(scope="module")
+def store(tiny, tmp_path_factory):
+    return make_store(tiny, tmp_path_factory.mktemp("prompts") / "prompts")
 
 
 def learner_logprobs(model, tok, cfg, prompts, completions, reference=False):

@@ -24,7 +24,8 @@ require("ray", "reasoning_gym", "transformers", "peft", "tokenizers")
 import ray  # noqa: E402
 
 from rlbuffers.rollouts import RayPool  # noqa: E402
-from tests.test_async_generation import async_config, store, tiny  # noqa: E402, F401
+from tests.test_async_generation import async_config, make_store  # noqa: E402
+from tests.tiny_lm import make_tiny_lm_dir  # noqa: E402
 from trainers.grpo.async_generation import (  # noqa: E402
     GenerationWorkers,
     generate_group,
@@ -46,6 +47,16 @@ def dies_in_group(weights, version, group, prompt_index, prompt, cfg, reference)
         marker.touch()
         os.kill(os.getpid(), signal.SIGKILL)
     return generate_group(weights, version, group, prompt_index, prompt, cfg, reference)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_lm_dir(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def store(tiny, tmp_path_factory):
+    return make_store(tiny, tmp_path_factory.mktemp("prompts") / "prompts")
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -1,0 +1,122 @@
+"""Benchmark of GRPO with generation workers (``--generation-workers N``, docs/async.md) against
+the synchronous loop: section ``async`` of ``docs/benchmarks.md``.
+
+Each configuration is a fresh ``python -m trainers.grpo`` subprocess of ``--steps`` steps at
+the real model's defaults (or ``--model PATH``: e.g. the tiny model of ``tests/tiny_lm.py`` for
+a smoke run); the parent samples every 50 ms the RSS of the learner process and of its Ray
+worker processes (``ray::`` processes among its descendants; a local Ray instance is started
+by the learner), and reads per-step seconds and completion tokens from ``metrics.jsonl``.
+Tokens trained per second = completion tokens of steps 2..S / their wall time (step 1 pays
+the workers' start and the first generation in every configuration). Configurations
+alternate (sync, N=1, N=2, sync, ...) so a slow spell of the shared machine falls on all.
+
+How the cores are split (``--cores C``, default the machine's): sync: ``--generate-threads C
+--train-threads C``; N workers: the learner ``--train-threads max(1, C - N)``, each worker
+one thread (``--generate-threads 1``, one Ray CPU each).
+
+Not run yet (issue 48 left it to a later session): ``python -m tools.bench.bench_async`` for
+the section (hours on the 2-core machine); ``--model DIR --steps 3 --runs 1 --no-write`` for a
+smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MIB = 2**20
+CONFIGS = {"sync": 0, "workers_1": 1, "workers_2": 2}
+DEFAULTS = ["--no-evaluate"]  # the trainer's defaults otherwise (no held-out evaluation)
+
+
+def sampled_run(cmd: list[str], env: dict[str, str]) -> tuple[int, str, int, int]:
+    """Run ``cmd``; every 50 ms sample the RSS of the process and of its ``ray::`` worker
+    descendants. Returns (return code, stderr tail, learner peak, workers' peak sum)."""
+    import psutil
+    with tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, text=True, env=env)
+        proc, learner, workers = psutil.Process(p.pid), 0, 0
+        while p.poll() is None:
+            try:
+                learner = max(learner, proc.memory_info().rss)
+                ray_rss = 0
+                for c in proc.children(recursive=True):
+                    try:
+                        if "ray::" in " ".join(c.cmdline()[:1]):
+                            ray_rss += c.memory_info().rss
+                    except psutil.Error:
+                        pass
+                workers = max(workers, ray_rss)
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.05)
+        code = p.wait()
+        err.seek(0)
+        return code, err.read()[-3000:], learner, workers
+
+
+def run_config(name: str, steps: int, cores: int, extra: list[str]) -> dict[str, float]:
+    n = CONFIGS[name]
+    threads = (["--generate-threads", str(cores), "--train-threads", str(cores)] if not n else
+               ["--generate-threads", "1", "--train-threads", str(max(1, cores - n)),
+                "--generation-workers", str(n)])
+    with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
+        cmd = [sys.executable, "-m", "trainers.grpo", "--run-dir", f"{tmp}/run", "--steps",
+               str(steps), "--quiet", *DEFAULTS, *threads, *extra]
+        env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+        code, err, learner, workers = sampled_run(cmd, env)
+        if code:
+            raise RuntimeError(f"{name} failed ({code}):\n{err}")
+        rows = [json.loads(line) for line in Path(f"{tmp}/run/metrics.jsonl").read_text()
+                .splitlines()]
+    later = rows[1:] or rows
+    secs = sum(r["step_seconds"] for r in later)
+    return {"tokens_per_s": sum(r["completion_tokens"] for r in later) / secs,
+            "step_seconds": statistics.median(r["step_seconds"] for r in later),
+            "learner_peak_mib": learner / MIB, "workers_peak_mib": workers / MIB,
+            "staleness_mean": statistics.mean(r.get("staleness_mean", 0.0) for r in later),
+            "learner_wait_s": statistics.median(r.get("learner_wait_seconds", 0.0)
+                                                for r in later)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--cores", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--only", help="comma-separated: " + ",".join(CONFIGS))
+    p.add_argument("--no-write", action="store_true", help="print only (smoke runs)")
+    a, extra = p.parse_known_args()  # the rest goes to the trainer (e.g. --model DIR)
+    names = a.only.split(",") if a.only else list(CONFIGS)
+    results: dict[str, list[dict[str, float]]] = {n: [] for n in names}
+    for _ in range(a.runs):
+        for name in names:
+            results[name].append(run_config(name, a.steps, a.cores, extra))
+            print(name, results[name][-1], flush=True)
+    med = {n: {k: statistics.median(r[k] for r in v) for k in v[0]} for n, v in results.items()}
+    base = med.get("sync", {}).get("tokens_per_s")
+    from tools.bench.report import stamp, table
+    rows = [[n, f"{m['tokens_per_s']:.1f}", f"{m['tokens_per_s'] / base:.2f}x" if base else "-",
+             f"{m['step_seconds']:.1f}", f"{m['learner_peak_mib']:,.0f}",
+             f"{m['workers_peak_mib']:,.0f}", f"{m['staleness_mean']:.2f}",
+             f"{m['learner_wait_s']:.1f}"] for n, m in med.items()]
+    text = (f"{stamp()} {a.steps} steps per run (tokens/s over steps 2..{a.steps}), medians of "
+            f"{a.runs} runs, {a.cores} cores; trainer flags: {' '.join(DEFAULTS + extra)}.\n\n"
+            + table(["configuration", "completion tokens / s", "vs sync", "s / step",
+                     "learner peak MiB", "workers peak MiB (sum)", "staleness mean",
+                     "learner wait s"], rows))
+    print(text)
+    if not a.no_write:
+        from tools.bench.report import write_section
+        write_section("async", "## GRPO with generation workers (docs/async.md)\n\n" + text)
+
+
+if __name__ == "__main__":
+    main()
