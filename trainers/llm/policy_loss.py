@@ -68,11 +68,12 @@ def accumulate_gradients(model: Any, amb: AdaptiveMicroBatch, batch: dict[str, t
     like ``old``) holds the log-probs of the weights that generated the tokens (a generation
     worker's, possibly K versions old); each token's clipped surrogate is multiplied by the
     constant ``w = min(exp(old - generation), C)`` (no gradient through ``w``), ``old`` being
-    the ratio's denominator above; the KL term is not weighted (as NeMo-RL's). The returned
-    statistics then add ``is_ratio_mean`` (the mean of ``exp(old - generation)`` over the
-    tokens, before truncation) and ``is_clipped_fraction`` (the fraction of tokens whose
-    ratio exceeded C). ``is_truncation`` 0 computes exactly the loss without it (the same
-    operations) and adds no statistics.
+    the ratio's denominator above; the KL term is not weighted (as NeMo-RL's). With
+    ``batch['generation']`` the returned statistics add ``is_ratio_mean`` (the mean of
+    ``exp(old - generation)`` over the tokens, before truncation) and
+    ``is_clipped_fraction`` (the fraction of tokens whose ratio exceeded C; 0 when off).
+    ``is_truncation`` 0 computes exactly the loss without the correction (the same
+    operations), with or without ``batch['generation']``.
 
     Returns the loss, mean KL, clip fraction, micro-batch statistics and, with
     ``record_behaviour``, the current log-probs (float32[n_tokens], CPU).
@@ -85,7 +86,8 @@ def accumulate_gradients(model: Any, amb: AdaptiveMicroBatch, batch: dict[str, t
                          f"(the generating weights' log-probs), got {is_truncation!r} and "
                          f"keys {sorted(batch)}")
     eps_lo, eps_hi = loss.epsilon, loss.epsilon_high or loss.epsilon
-    names = ("logprob", "kl", "clipped") + (("is_ratio", "is_clipped") if is_truncation else ())
+    tis = "generation" in batch  # the generating weights' log-probs: the ratio's statistics
+    names = ("logprob", "kl", "clipped") + (("is_ratio", "is_clipped") if tis else ())
     flat = {k: torch.zeros(n_tokens) for k in names}
     rows = len(batch["input_ids"])
     model.train()
@@ -99,11 +101,12 @@ def accumulate_gradients(model: Any, amb: AdaptiveMicroBatch, batch: dict[str, t
         clipped = ratio.clamp(1 - eps_lo, 1 + eps_hi)
         per_token = -torch.minimum(ratio * adv, clipped * adv)
         idx = micro["index"][m].cpu()
-        if is_truncation:  # TIS: the surrogate times min(pi_old / pi_generation, C)
+        if tis:
             is_ratio = torch.exp(old.detach() - micro["generation"][m])
-            per_token = per_token * is_ratio.clamp(max=is_truncation)
+            if is_truncation:  # TIS: the surrogate times min(pi_old / pi_generation, C)
+                per_token = per_token * is_ratio.clamp(max=is_truncation)
+                flat["is_clipped"][idx] = (is_ratio > is_truncation).float().detach().cpu()
             flat["is_ratio"][idx] = is_ratio.detach().float().cpu()
-            flat["is_clipped"][idx] = (is_ratio > is_truncation).float().detach().cpu()
         if loss.beta:
             d = micro["ref"][m] - lp
             kl = torch.exp(d) - d - 1
@@ -119,7 +122,7 @@ def accumulate_gradients(model: Any, amb: AdaptiveMicroBatch, batch: dict[str, t
            "clip_fraction": float(flat["clipped"].mean()),
            "micro_batch": stats.micro_batch, "retries": stats.retries,
            "behaviour": flat["logprob"] if record_behaviour else None}
-    if is_truncation:
+    if tis:
         out.update(is_ratio_mean=float(flat["is_ratio"].mean()),
                    is_clipped_fraction=float(flat["is_clipped"].mean()))
     return out
