@@ -200,7 +200,8 @@ def test_seed_stream_shuffles_within_its_buffer_and_resumes_exactly():
     assert whole != plain
     for b in range(0, 2 * n, 16):
         assert sorted(whole[b:b + 16]) == sorted(plain[b:b + 16])
-    with pytest.raises(ValueError, match="--seed-shuffle-buffer: expected >= 0, got -1"):
+    with pytest.raises(ValueError,
+                       match=r"--seed-shuffle-buffer: expected in \[0, 2\*\*20\], got -1"):
         check_config(Config(seed_shuffle_buffer=-1))
 
 

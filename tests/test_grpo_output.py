@@ -51,3 +51,38 @@ def test_generate_tells_each_finished_sequence_once(tmp_path_factory):
                    n_per_prompt=2, on_finished=told.append)
     assert len(out) == 14 and sum(told) == 14 and all(k > 0 for k in told)
     assert len(told) >= 2  # 4 calls of at most 4 sequences: told per call at least
+
+
+def test_checkpoint_layers_out_of_range_name_the_flag(tiny_model):
+    from trainers.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--checkpoint-layers: expected indices in \[0, 2\) "
+                                          r"\(the model's decoder layers\), got \[99\]"):
+        set_gradient_checkpointing(tiny_model, "selective", tokens=64, budget=None,
+                                   layers="0,99")
+
+
+def test_a_capacity_the_buffer_refuses_names_the_flag(tmp_path, tiny_model):
+    """--buffer-groups 99999999999: ReplayBuffer.create's ValueError (too many chunks) comes
+    back naming the trainer's flag (a ConfigError: one line on the console)."""
+    from tests.test_grpo import ARGS
+    from trainers.config import ConfigError
+    from trainers.grpo import train
+
+    lm = make_tiny_lm_dir(tmp_path / "lm")
+    with pytest.raises(ConfigError, match=r"--buffer-groups 99999999999: the replay buffer "
+                                          r"refuses its capacity \(.*capacity"):
+        train.main([*ARGS, "--model", str(lm), "--run-dir", str(tmp_path / "run"),
+                    "--buffer-groups", "99999999999"])
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_cuda_device_the_machine_lacks_is_a_config_error():
+    """--device cuda:99 (or cuda on a machine without one) is one line on the console, not a
+    ValueError's traceback."""
+    from trainers.config import ConfigError
+    from trainers.llm.device import resolve_device
+
+    with pytest.raises(ConfigError, match=r"--device: expected a CUDA device below \d+ \(this "
+                                          r"machine has \d+\), got 'cuda:99'"):
+        resolve_device("cuda:99")

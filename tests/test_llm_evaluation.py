@@ -188,6 +188,30 @@ def test_wilson_intervals_print_and_save_no_negative_zero(tmp_path):
     assert 0.99 < evaluation.wilson(20, 20)[1] <= 1.0
 
 
+def test_held_out_skips_candidates_the_task_cannot_make(monkeypatch):
+    """Issue 45: reasoning-gym's basic_arithmetic divides by zero for a few seeds, so a large
+    --eval-size (tens of thousands of candidates) ended in a ZeroDivisionError traceback; such
+    a candidate is skipped and counted."""
+
+    class Flaky:
+        def __init__(self, size, seed):
+            self.size, self.seed = size, seed
+
+        def __len__(self):
+            return self.size
+
+        def __getitem__(self, i):
+            if (self.seed + i) % 7 == 3:
+                raise ZeroDivisionError("integer division or modulo by zero")
+            return {"question": f"Calculate {self.seed + i} + 1.", "answer": "0"}
+
+    monkeypatch.setattr(evaluation, "task_problems",
+                        lambda task, size, seed, config="{}": Flaky(size, seed))
+    problems, report = held_out("basic_arithmetic", "{}", [], 300, 0)
+    assert len(problems) == 300 and report["generation_failed"] > 0
+    assert all((int(p["question"].split()[1])) % 7 != 3 for p in problems)
+
+
 def test_task_correct_gives_a_wrong_number_zero():
     problems = task_problems("gsm_symbolic", 3, 0)
     correct = task_correct("gsm_symbolic", "{}")

@@ -105,6 +105,10 @@ BAD_VALUES = [
     ("crsp", "--alpha0", "-1", "--alpha0: expected >= 0, got -1.0"),
     ("crsp", "--prompt-cache-bytes", "-1", "--prompt-cache-bytes: expected >= 0, got -1"),
     ("crsp", "--max-prompt-tokens", "0", "--max-prompt-tokens: expected >= 1, got 0"),
+    ("crsp", "--warmup-steps", "999999", "--warmup-steps: expected >= 0, and --warmup-steps x "
+                                         "--warmup-batch < --train-size"),
+    ("crsp", "--seed-shuffle-buffer", "99999999999", "--seed-shuffle-buffer: expected in [0, "
+                                                     "2**20]"),
     ("guidance", "--actor-lr", "0", "--actor-lr: expected > 0, got 0.0"),
     ("guidance", "--guidance-lr", "-1", "--guidance-lr: expected > 0, got -1.0"),
     ("guidance", "--critic-lr", "0", "--critic-lr: expected > 0, got 0.0"),

@@ -52,6 +52,9 @@ from trainers.run_files import real_dir
 
 log = logging.getLogger("trainers.common")
 
+#: The trainers' flags that set the replay buffer's capacity.
+CAPACITY_FLAGS = ("buffer_capacity", "buffer_groups", "buffer_episodes")
+
 #: ``curve(path, history)``: draws the run's curve (PNG) from its metrics rows.
 CurveFn = Callable[[Path, list[dict[str, Any]]], None]
 
@@ -342,6 +345,8 @@ def open_run(cfg: Any, *, unit: str, create: Callable[[Path], None],
 
     Raises:
         FileExistsError: a new run's directory is not empty.
+        trainers.config.ConfigError: the buffer refuses the capacity the trainer's flag
+            (:data:`CAPACITY_FLAGS`) asks for.
         rlbuffers.ManifestError and other buffer errors: the buffer cannot be opened.
         rlbuffers.UnsafePathError: ``ckpt`` or ``buffer`` is a symlink or not a directory.
         rlbuffers.CorruptCheckpointError: the last complete unit's checkpoint is missing or
@@ -355,7 +360,16 @@ def open_run(cfg: Any, *, unit: str, create: Callable[[Path], None],
     if not cfg.resume and owner:
         def make(d: Path) -> None:
             (d / "ckpt").mkdir()
-            create(d)
+            try:
+                create(d)
+            except ValueError as e:  # the buffer refuses a capacity: name the trainer's flag
+                flag = next((f for f in CAPACITY_FLAGS if hasattr(cfg, f)), None)
+                if flag is None or "capacity" not in str(e):
+                    raise
+                from trainers.config import ConfigError
+
+                raise ConfigError(f"--{flag.replace('_', '-')} {getattr(cfg, flag)}: the "
+                                  f"replay buffer refuses its capacity ({e})") from None
 
         create_run(run_dir, dataclasses.asdict(cfg), make)
     buf = ReplayBuffer.open(run_dir / "buffer", mode="r+" if owner else "r")

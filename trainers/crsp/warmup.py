@@ -115,9 +115,11 @@ def warm_up(cfg: Any, model: Any, tok: Any, prompts: Prompts,
     last loss (``warmup_<role>_loss_first`` / ``_last``)."""
     n = cfg.warmup_steps * cfg.warmup_batch
     if n + 1 > len(problems):
-        raise ValueError(f"--warmup-steps: {cfg.warmup_steps} x --warmup-batch "
-                         f"{cfg.warmup_batch} examples need more than --train-size "
-                         f"{len(problems)} problems")
+        from trainers.config import ConfigError
+
+        raise ConfigError(f"--warmup-steps: {cfg.warmup_steps} x --warmup-batch "
+                          f"{cfg.warmup_batch} examples need more than --train-size "
+                          f"{len(problems)} problems")
     activate(model, "solver")
     sampling = cfg.sampling(cfg.solver_tokens, generate_dtype=cfg.generate_dtype)
     attempts = generate(model, tok, [prompts("solver", problems[i]["question"])

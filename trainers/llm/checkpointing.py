@@ -120,7 +120,8 @@ def set_gradient_checkpointing(model: Any, mode: str, *, tokens: int, budget: in
     ``layers`` checkpointed and, where measured, ``activation_bytes`` / ``saving_bytes``.
 
     Raises:
-        ValueError: ``mode`` is not one of :data:`MODES`, or a layer index is out of range.
+        ValueError: ``mode`` is not one of :data:`MODES`; trainers.config.ConfigError (a
+            ValueError, one line on the console): a layer index is out of range.
     """
     if mode not in MODES:
         raise ValueError(f"gradient_checkpointing: expected one of {MODES}, got {mode!r}")
@@ -148,7 +149,9 @@ def set_gradient_checkpointing(model: Any, mode: str, *, tokens: int, budget: in
             plan["layers"] = [int(i) for i in layers.split(",")]
             bad = [i for i in plan["layers"] if not 0 <= i < len(all_layers)]
             if bad:
-                raise ValueError(f"checkpoint_layers: expected indices in [0, "
-                                 f"{len(all_layers)}), got {bad}")
+                from trainers.config import ConfigError
+
+                raise ConfigError(f"--checkpoint-layers: expected indices in [0, "
+                                  f"{len(all_layers)}) (the model's decoder layers), got {bad}")
     checkpoint_layers(all_layers, plan["layers"])
     return plan

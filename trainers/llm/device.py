@@ -21,9 +21,12 @@ def resolve_device(spec: str) -> torch.device:
     ``cuda`` or ``cuda:N``.
 
     Raises:
-        ValueError: an unknown value, or CUDA asked for where none (or not device N) is
-            available (the flag, the expected and the actual value named).
+        trainers.config.ConfigError: (a ValueError: one line on the console) an unknown
+            value, or CUDA asked for where none (or not device N) is available (the flag, the
+            expected and the actual value named).
     """
+    from trainers.config import ConfigError
+
     if spec == "auto":
         return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     if spec == "cpu":
@@ -32,10 +35,10 @@ def resolve_device(spec: str) -> torch.device:
         index = int(spec[5:]) if ":" in spec else 0
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if index >= count:
-            raise ValueError(f"--device: expected a CUDA device below {count} (this machine "
-                             f"has {count}), got {spec!r}")
+            raise ConfigError(f"--device: expected a CUDA device below {count} (this machine "
+                              f"has {count}), got {spec!r}")
         return torch.device("cuda", index)
-    raise ValueError(f"--device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {spec!r}")
+    raise ConfigError(f"--device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {spec!r}")
 
 
 def device_budgets(device: torch.device, cpu_bytes: int) -> dict[str, int]:

@@ -104,7 +104,8 @@ def held_out(task: str, task_config: str, train_problems: Iterable[dict[str, Any
     ``seed, seed + chunk, ...`` (at most ``max_draws`` draws of ``chunk = max(2 * size,
     256)`` candidates). Returns the problems (dicts) and a report: ``overlap`` (recomputed on the
     result: 0), ``candidates`` drawn, ``dropped_training`` (sharing a key with a training
-    problem), ``dropped_duplicate``, ``train_problems``, and ``seed_scheme_overlap``
+    problem), ``dropped_duplicate``, ``generation_failed`` (candidates the task could not
+    make: :func:`generated`), ``train_problems``, and ``seed_scheme_overlap``
     (``{"question", "operands", "n"}``: the first ``size`` candidates of seed ``seed``, i.e.
     a held-out set drawn with another seed and nothing else, that are training problems by
     normalised text / by operand key).
@@ -122,11 +123,13 @@ def held_out(task: str, task_config: str, train_problems: Iterable[dict[str, Any
     chunk = max(2 * size, 256)
     kept: list[dict[str, Any]] = []
     seen: set[Key] = set()
-    drawn = dropped_training = dropped_duplicate = 0
+    drawn = dropped_training = dropped_duplicate = failed = 0
     first: list[dict[str, Any]] = []
     for draw in range(max_draws):
         # reasoning-gym seeds item i with seed + i: draws of seeds ``chunk`` apart never repeat
-        candidates = list(task_problems(task, chunk, seed + draw * chunk, task_config))
+        candidates, unmade = generated(task_problems(task, chunk, seed + draw * chunk,
+                                                     task_config))
+        failed += unmade
         if draw == 0:
             first = candidates[:size]
         for p in candidates:
@@ -154,6 +157,7 @@ def held_out(task: str, task_config: str, train_problems: Iterable[dict[str, Any
         "task": task, "task_config": json.loads(task_config), "seed": seed, "size": size,
         "train_problems": len(train), "candidates": drawn,
         "dropped_training": dropped_training, "dropped_duplicate": dropped_duplicate,
+        "generation_failed": failed,
         "overlap": overlap(kept, keys),
         "seed_scheme_overlap": {
             "n": len(first),
@@ -161,6 +165,19 @@ def held_out(task: str, task_config: str, train_problems: Iterable[dict[str, Any
             "operands": sum(1 for p in first if content_keys(p["question"]) & operands)},
     }
     return kept, report
+
+
+def generated(dataset: Any) -> tuple[list[dict[str, Any]], int]:
+    """The problems of a reasoning-gym ``dataset`` that it can make, and how many it could
+    not (``basic_arithmetic`` raises ZeroDivisionError for a few seeds, where its expression
+    divides by zero: a held-out draw of tens of thousands of candidates meets one)."""
+    made, failed = [], 0
+    for i in range(len(dataset)):
+        try:
+            made.append(dataset[i])
+        except Exception:  # noqa: BLE001 - the dataset's own bug, whatever its type
+            failed += 1
+    return made, failed
 
 
 def correctness(problems: Any, entry: dict[str, Any], answer: str | None,
