@@ -29,7 +29,8 @@ from rlbuffers.integrations.parquet.columns import arrow_type
 FIELDS = {"obs": FieldSpec((3, 4, 4), "uint8"), "next_obs": FieldSpec((3, 4, 4), "uint8"),
           "action": FieldSpec((2,), "float16"), "reward": FieldSpec((), "float64"),
           "seed": FieldSpec((), "uint64"), "flags": FieldSpec((3,), "bool"),
-          "tokens": FieldSpec((None,), "int32"), "terminated": FieldSpec((), "bool"),
+          "tokens": FieldSpec((None,), "int32"), "frame": FieldSpec((64, 64), "uint8"),
+          "depth": FieldSpec((8, 8, 16), "float32"), "terminated": FieldSpec((), "bool"),
           "truncated": FieldSpec((), "bool")}
 
 
@@ -41,6 +42,8 @@ def _rows(rng, n, ends):
                                                               dtype=np.uint64),
             "flags": rng.random((n, 3)) < 0.5,
             "tokens": [rng.integers(0, 1000, k, dtype=np.int32) for k in rng.integers(0, 6, n)],
+            "frame": rng.integers(0, 256, (n, 64, 64), dtype=np.uint8),
+            "depth": rng.normal(size=(n, 8, 8, 16)).astype(np.float32),
             "terminated": ends, "truncated": np.zeros(n, bool)}
 
 
@@ -71,7 +74,7 @@ def test_datasets_reads_every_row_and_from_parquet_gives_the_buffer_back(tmp_pat
     assert len(info["files"]) > 3 and info["total_frames"] == 120
     assert info["episode_offsets"] == [0, 10, 41, 42, 100, 120]
     assert info["total_episodes"] == 5 and info["last_episode_ended"] is False
-    assert info["fields"]["obs"] == {"dtype": "uint8", "shape": [3, 4, 4]}
+    assert info["fields"]["obs"] == {"dtype": "uint8", "shape": [3, 4, 4], "encoding": "list"}
     assert json.loads((tmp_path / "pq" / "meta" / "info.json").read_text()) == info
     ds = datasets.load_dataset("parquet", data_dir=str(tmp_path / "pq" / "data"),
                                split="train", cache_dir=str(tmp_path / "hf"))
@@ -81,7 +84,14 @@ def test_datasets_reads_every_row_and_from_parquet_gives_the_buffer_back(tmp_pat
     table = ds[:]
     rows = buf[:]
     for name, spec in FIELDS.items():
-        assert ds.data.schema.field(name).type == arrow_type(name, spec.shape, spec.dtype)
+        enc = info["fields"][name]["encoding"]
+        assert enc == ("binary" if name in ("frame", "depth") else "list")  # rows >= 4 KiB
+        assert ds.data.schema.field(name).type == arrow_type(name, spec.shape, spec.dtype, enc)
+        if enc == "binary":  # raw bytes, shape and dtype in info.json
+            got = np.stack([np.frombuffer(v, spec.dtype).reshape(spec.shape)
+                            for v in table[name]])
+            assert np.array_equal(got, rows[name]), name
+            continue
         if spec.ragged:
             assert all(np.array_equal(np.asarray(u, spec.dtype), v)
                        for u, v in zip(table[name], rows[name], strict=True))
@@ -154,8 +164,9 @@ def test_bad_input_is_one_clear_error(tmp_path):
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lengths=st.lists(st.integers(1, 12), min_size=1, max_size=8),
        last_open=st.booleans(), file_bytes=st.sampled_from([300, 5000, 10**8]),
-       seed=st.integers(0, 2**16))
-def test_random_buffers_round_trip(tmp_path_factory, lengths, last_open, file_bytes, seed):
+       binary_bytes=st.sampled_from([None, 1, 64, 4096]), seed=st.integers(0, 2**16))
+def test_random_buffers_round_trip(tmp_path_factory, lengths, last_open, file_bytes,
+                                   binary_bytes, seed):
     tmp = tmp_path_factory.mktemp("h")
     rng = np.random.default_rng(seed)
     n = sum(lengths)
@@ -165,7 +176,7 @@ def test_random_buffers_round_trip(tmp_path_factory, lengths, last_open, file_by
         ends[-1] = False
     buf = ReplayBuffer.create(tmp / "b", capacity=n, fields=FIELDS)
     buf.extend(_rows(rng, n, ends))
-    to_parquet(buf, tmp / "pq", file_bytes=file_bytes)
+    to_parquet(buf, tmp / "pq", file_bytes=file_bytes, binary_bytes=binary_bytes)
     back = from_parquet(tmp / "pq", tmp / "back", batch_bytes=int(rng.integers(100, 4000)))
     _assert_buffers_equal(buf, back)
     back.close()

@@ -31,7 +31,7 @@ import numpy as np
 
 from rlbuffers.buffer import ReplayBuffer
 from rlbuffers.integrations.minari.spaces import infer_space, unflatten
-from rlbuffers.maintenance.episodes import EpisodeReader, Piece
+from rlbuffers.maintenance.episodes import EpisodeReader, Piece, concat
 
 __all__ = ["MinariExport", "to_minari"]
 
@@ -112,7 +112,7 @@ def episode_buffer(piece: Piece, spaces: tuple[Any, Any], info_names: list[str])
            for n in rows if n == "obs" or n.startswith("obs.")}
     ends = rows["terminated"] if "terminated" in rows else rows["done"]
     trunc = (np.asarray(rows["truncated"], dtype=bool).copy() if "truncated" in rows
-             else np.zeros(len(piece), dtype=bool))
+             else np.zeros(len(rows["reward"]), dtype=bool))
     if not piece.ends:
         trunc[-1] = True
     infos: Any = {}  # what DataCollector writes without record_infos
@@ -171,10 +171,10 @@ def to_minari(buffer: ReplayBuffer | str | os.PathLike[str], dataset_id: str, *,
         counts = {"episodes": 0, "steps": 0, "unfinished": 0}
 
         def episodes() -> Iterator[Any]:
-            for piece in reader:
+            for piece in _episodes(reader):
                 yield episode_buffer(piece, spaces, info)
                 counts["episodes"] += 1
-                counts["steps"] += len(piece)
+                counts["steps"] += len(piece.rows["reward"])  # next_* hold one row
                 counts["unfinished"] += not piece.ends
                 if progress is not None:
                     progress(reader.rows + reader.dropped_rows, len(buf))
@@ -194,6 +194,22 @@ def to_minari(buffer: ReplayBuffer | str | os.PathLike[str], dataset_id: str, *,
     finally:
         if own:
             buf.close()
+
+
+def _episodes(reader: EpisodeReader) -> Iterator[Piece]:
+    """Whole episodes, holding of each ``next_*`` field only the last row of each piece (all
+    that an episode's ``observations`` and ``infos`` need): half the memory of an episode of
+    observations."""
+    parts: list[dict[str, Any]] = []
+    first: Piece | None = None
+    for piece in reader.pieces():
+        first = first or piece
+        parts.append({k: v[-1:] if k.startswith("next_") else v for k, v in piece.rows.items()})
+        if piece.ends:
+            yield Piece(concat(parts), first.episode, first.start, True)
+            parts, first = [], None
+    if first is not None:
+        yield Piece(concat(parts), first.episode, first.start, False)
 
 
 def _check_id(dataset_id: str) -> None:

@@ -6,8 +6,9 @@ reads and the Hugging Face Hub serves::
     OUT/data/chunk-000/file-001.parquet   a new file past ~file_bytes of raw data
     OUT/meta/info.json                    fields, shapes, dtypes, episode offsets, files
 
-Columns: every field (:mod:`~rlbuffers.integrations.parquet.columns`), plus ``index`` (row
-number), ``episode_index`` and ``frame_index`` (step within the episode), all int64.
+Columns: every field (:mod:`~rlbuffers.integrations.parquet.columns`: nested lists, or each
+row's raw bytes for rows of >= 4 KiB such as images), plus ``index`` (row number),
+``episode_index`` and ``frame_index`` (step within the episode), all int64.
 Episodes are those of :class:`~rlbuffers.maintenance.episodes.EpisodeReader`: a wrapped ring's
 partial oldest episode is dropped (``source.dropped_rows`` in ``info.json``), and
 ``last_episode_ended`` says whether the newest episode had ended. Written a piece at a time
@@ -29,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlbuffers.buffer import ReplayBuffer
-from rlbuffers.integrations.parquet.columns import arrow_type, to_arrow
+from rlbuffers.integrations.parquet.columns import BINARY_BYTES, arrow_type, encoding, to_arrow
 from rlbuffers.maintenance.episodes import EpisodeReader, Piece
 
 __all__ = ["FORMAT", "to_parquet"]
@@ -74,10 +75,10 @@ class _Files:
             self._writer = None
 
 
-def _table(piece: Piece, fields: dict[str, Any], schema: pa.Schema, index: int,
-           frame: int) -> pa.Table:
+def _table(piece: Piece, fields: dict[str, Any], enc: dict[str, str], schema: pa.Schema,
+           index: int, frame: int) -> pa.Table:
     n = len(piece)
-    cols = [to_arrow(name, tuple(spec.shape), spec.dtype, piece.rows[name])
+    cols = [to_arrow(name, tuple(spec.shape), spec.dtype, piece.rows[name], enc[name])
             for name, spec in fields.items()]
     cols += [pa.array(np.arange(index, index + n, dtype=np.int64)),
              pa.array(np.full(n, piece.episode, dtype=np.int64)),
@@ -92,7 +93,7 @@ def _raw_bytes(piece: Piece) -> int:
 
 def to_parquet(buffer: ReplayBuffer | str | os.PathLike[str], out: str | os.PathLike[str], *,
                file_bytes: int = 100 * 2**20, overwrite: bool = False,
-               drop_partial_first: bool = True,
+               drop_partial_first: bool = True, binary_bytes: int | None = BINARY_BYTES,
                progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Write the buffer as Parquet files under ``out`` (see the module docstring).
 
@@ -102,6 +103,9 @@ def to_parquet(buffer: ReplayBuffer | str | os.PathLike[str], out: str | os.Path
         file_bytes: most raw bytes per file (>= 1; default 100 MiB; files are compressed
             with zstd, so usually smaller).
         drop_partial_first: drop a wrapped ring's partial oldest episode (True) or keep it.
+        binary_bytes: fixed-shape fields with rows of at least this many bytes are written as
+            raw bytes (``"binary"``; None: every field as lists), see
+            :mod:`~rlbuffers.integrations.parquet.columns`.
         progress: called as ``progress(rows_read, buffer_size)`` after each piece.
 
     Returns:
@@ -123,11 +127,12 @@ def to_parquet(buffer: ReplayBuffer | str | os.PathLike[str], out: str | os.Path
         fields = buf.fields
         if len(buf) == 0:
             raise ValueError(f"buffer: {buf.path} holds no transitions")
-        schema = pa.schema([pa.field(n, arrow_type(n, tuple(s.shape), s.dtype))
+        enc = {n: encoding(tuple(s.shape), s.dtype, binary_bytes) for n, s in fields.items()}
+        schema = pa.schema([pa.field(n, arrow_type(n, tuple(s.shape), s.dtype, enc[n]))
                             for n, s in fields.items()] + [pa.field(n, pa.int64())
                                                            for n in EXTRA])
         shutil.rmtree(tmp, ignore_errors=True)
-        info = _write(buf, tmp, schema, file_bytes, drop_partial_first, progress)
+        info = _write(buf, tmp, schema, enc, file_bytes, drop_partial_first, progress)
         (tmp / "meta").mkdir(parents=True, exist_ok=True)
         (tmp / "meta" / "info.json").write_text(json.dumps(info, indent=1))
         if dest.exists():
@@ -150,8 +155,8 @@ def _check_out(dest: Path, overwrite: bool) -> None:
                          "(meta/info.json); refusing to replace it")
 
 
-def _write(buf: ReplayBuffer, root: Path, schema: pa.Schema, file_bytes: int,
-           drop_partial_first: bool,
+def _write(buf: ReplayBuffer, root: Path, schema: pa.Schema, enc: dict[str, str],
+           file_bytes: int, drop_partial_first: bool,
            progress: Callable[[int, int], None] | None) -> dict[str, Any]:
     fields = buf.fields
     reader = EpisodeReader(buf, block_bytes=min(32 * 2**20, file_bytes),
@@ -160,7 +165,7 @@ def _write(buf: ReplayBuffer, root: Path, schema: pa.Schema, file_bytes: int,
     offsets, index, frame, last_ended = [0], 0, 0, True
     try:
         for piece in reader.pieces():
-            files.write(_table(piece, fields, schema, index, frame), _raw_bytes(piece))
+            files.write(_table(piece, fields, enc, schema, index, frame), _raw_bytes(piece))
             index += len(piece)
             frame = 0 if piece.ends else frame + len(piece)
             if piece.ends:
@@ -178,8 +183,8 @@ def _write(buf: ReplayBuffer, root: Path, schema: pa.Schema, file_bytes: int,
     return {
         "format": FORMAT, "version": 1, "data_path": DATA_PATH,
         "total_frames": index, "total_episodes": len(offsets) - 1,
-        "fields": {n: {"dtype": np.dtype(s.dtype).name, "shape": list(s.shape)}
-                   for n, s in fields.items()},
+        "fields": {n: {"dtype": np.dtype(s.dtype).name, "shape": list(s.shape),
+                       "encoding": enc[n]} for n, s in fields.items()},
         "columns": list(schema.names), "episode_offsets": offsets,
         "last_episode_ended": last_ended, "files": files.files,
         "source": {"path": str(buf.path), "commit": buf.commit, "capacity": buf.capacity,

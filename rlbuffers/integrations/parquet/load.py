@@ -45,10 +45,11 @@ def read_info(path: str | os.PathLike[str]) -> dict[str, Any]:
 def _batches(root: Path, info: dict[str, Any], fields: dict[str, FieldSpec],
              rows: int) -> Iterator[tuple[dict[str, Any], np.ndarray]]:
     names = [*fields, "episode_index"]
+    enc = {n: info["fields"][n].get("encoding", "list") for n in fields}
     for f in info["files"]:
         for batch in pq.ParquetFile(root / f["path"]).iter_batches(batch_size=rows,
                                                                    columns=names):
-            cols = {n: to_numpy(tuple(s.shape), s.dtype, batch.column(n))
+            cols = {n: to_numpy(tuple(s.shape), s.dtype, batch.column(n), enc[n])
                     for n, s in fields.items()}
             yield cols, batch.column("episode_index").to_numpy()
 
