@@ -373,3 +373,21 @@ def test_phase_records_cuda_max_memory_allocated():
         x = torch.empty(64 * MIB, dtype=torch.uint8, device="cuda:0")
         del x
     assert monitor.phases["gpu"].cuda_peak_extra_bytes >= 64 * MIB
+
+
+def test_a_fuller_cuda_device_is_named_with_torchs_share(fake_cgroup, caplog, monkeypatch):
+    """The CUDA branch of the warnings, with made-up device figures (no GPU needed): 90 of
+    100 GiB in use on the device, 80 GiB of it reserved by this process's torch."""
+    set_used, kw = fake_cgroup
+    set_used(100)
+    monitor = MemoryMonitor(warn_below_available_bytes=0, log_capacity=False, **kw)
+    monitor._cuda = "cuda:0"  # as a monitor made with device="cuda:0" holds it
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10 * gib, 100 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 80 * gib)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert monitor.check().used_fraction == pytest.approx(0.9)
+    assert warnings_in(caplog) == [
+        "memory 90% full (warning level 85%, said once): CUDA device cuda:0's memory: 90.0 of "
+        "100.0 GiB in use, this process's memory reserved by torch 80.0 GiB: this process "
+        "holds most of it; an out-of-memory error may follow"]
