@@ -31,7 +31,7 @@ def encoding(shape: tuple[int | None, ...], dtype: Any, binary_bytes: int | None
     never), else ``"list"``."""
     if binary_bytes is None or (shape and shape[0] is None) or not shape:
         return "list"
-    row = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    row = int(np.prod(_dims(shape), dtype=np.int64)) * np.dtype(dtype).itemsize
     return "binary" if row >= binary_bytes else "list"
 
 
