@@ -43,12 +43,33 @@ SRC_ID, BACK_ID, WRITE_ID = "bench/cheetah-v0", "bench/back-v0", "bench/w-v0"
 BIG_ID = "bench/big-v0"
 
 
-def _vm_hwm_mb() -> float:
+def _status_mb(key: str) -> float:
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+class _AnonPeak:
+    """The largest RssAnon (the process's own memory, without the file pages it maps, which
+    VmHWM counts too) seen every 20 ms by a thread."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.peak, self._stop = 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, _status_mb("RssAnon"))
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return max(self.peak, _status_mb("RssAnon"))
 
 
 # -- children ------------------------------------------------------------------------------------
@@ -87,6 +108,7 @@ def _child(task: str, d: Path) -> dict:  # noqa: C901 - one branch per task
     from rlbuffers.integrations.parquet import to_parquet
     from rlbuffers.maintenance.episodes import EpisodeReader
 
+    anon = _AnonPeak()
     t = time.perf_counter()
     out: dict = {}
     if task == "minari_read":
@@ -118,7 +140,8 @@ def _child(task: str, d: Path) -> dict:  # noqa: C901 - one branch per task
     elif task.startswith("big_"):
         out.update(_big(task, d))
     out["seconds"] = time.perf_counter() - t
-    out["peak_rss_mb"] = _vm_hwm_mb()
+    out["peak_rss_mb"] = _status_mb("VmHWM")
+    out["peak_anon_mb"] = anon.stop()
     return out
 
 
@@ -234,15 +257,17 @@ def speed(d: Path, env: dict, steps: int, repeats: int) -> str:
     s_m = _median("sample_minari", d, env, repeats, "per_sample_ms")
     s_4 = _median("sample_minari_4", d, env, repeats, "per_sample_ms")
     rows = [
-        ["record with DataCollector (env stepping alone)",
+        ["record the dataset with DataCollector (env stepping alone)",
          f"{rec['seconds']:.2f} s ({rec['env_seconds']:.2f} s)", "-"],
-        ["read every episode: Minari iterate_episodes / buffer EpisodeReader",
+        ["read every episode: Minari iterate_episodes / the buffer's EpisodeReader",
          f"{m['minari_read']:.2f} s", f"{m['buffer_read']:.2f} s"],
-        ["write the episodes: Minari create_dataset_from_buffers / rlbuffers convert "
-         "minari (Minari read + our write + commit)", f"{m['minari_write']:.2f} s",
+        ["write every episode: Minari create_dataset_from_buffers (episodes in RAM)",
+         f"{m['minari_write']:.2f} s", "-"],
+        ["rlbuffers convert minari: Minari's read + our write + commit", "-",
          f"{m['convert']:.2f} s"],
-        ["export: to_minari (our read + Minari write) / to_parquet", f"{m['to_minari']:.2f} s",
-         f"{m['to_parquet']:.2f} s"],
+        ["rlbuffers export minari: our read + Minari's write", "-",
+         f"{m['to_minari']:.2f} s"],
+        ["rlbuffers export parquet", "-", f"{m['to_parquet']:.2f} s"],
         ["sample 256 transitions: sample_episodes(min(256, episodes)) + flatten + 256 rows "
          "/ buf.sample(256)", f"{s_m:.2f} ms", f"{s_r:.3f} ms ({s_m / s_r:.0f}x faster)"],
         ["the same with sample_episodes(4) (a batch from only 4 episodes: correlated)",
@@ -275,15 +300,17 @@ def memory(d: Path, env: dict, gb: float, cap_gb: float) -> str:
         rows.append([what, "killed (OOM)" if rc in (-9, 137) else f"exit {rc}",
                      f"{r.get('rows', '-'):,}" if r else "-",
                      f"{r['seconds']:.0f} s" if r else "-",
-                     f"{r['peak_rss_mb']:.0f} MB" if r else "-", cg])
+                     f"{r['peak_rss_mb']:.0f} / {r['peak_anon_mb']:.0f} MB" if r else "-", cg])
         print(task, rc, r, st, flush=True)
     size = sum(f.stat().st_size for f in (d / "minari" / BIG_ID).rglob("*") if f.is_file())
     return (f"{stamp()}\n\nA synthetic Minari HDF5 dataset of {size / 1e9:.2f} GB "
             f"({made['episodes']} episodes of 1,000 steps, 84x84x3 uint8 observations, no JPEG) "
             f"converted and exported, each in a child process capped at {cap_gb:g} GiB by "
             f"{how}; the buffer holds obs and next_obs, so its working tier is twice the "
-            "observations.\n\n" + table(
-                ["child", "result", "rows", "time", "peak RSS (VmHWM)",
+            "observations. VmHWM counts the working tier's pages mapped into the process "
+            "(page cache the kernel may evict); RssAnon is the process's own memory, sampled "
+            "every 20 ms.\n\n" + table(
+                ["child", "result", "rows", "time", "peak RSS: VmHWM / RssAnon",
                  "cgroup peak (incl. page cache) / OOM kills"], rows))
 
 
