@@ -27,7 +27,7 @@ with warnings.catch_warnings():  # TorchRL 0.14 defines its own deprecated weigh
     warnings.filterwarnings("ignore", "Creating .*WeightUpdater", DeprecationWarning)
     from torchrl.collectors import Collector
 
-BATCHES, FRAMES, INIT, OPTIM_STEPS, B = 8, 64, 128, 4, 32
+BATCHES, FRAMES, INIT, OPTIM_STEPS, B = 6, 64, 128, 4, 32
 #: TorchRL 0.14's own collector builds its deprecated default weight updater
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Creating .*WeightUpdater:DeprecationWarning")

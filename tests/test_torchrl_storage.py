@@ -116,7 +116,7 @@ def test_single_row_index_and_row_batch_dims(tmp_path):
     assert torch.equal(grid["obs"][1, 1], td[3]["obs"])
 
 
-@settings(max_examples=10, deadline=None,
+@settings(max_examples=8, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sizes=st.lists(st.integers(1, 13), min_size=1, max_size=6),
        max_size=st.integers(1, 12))
