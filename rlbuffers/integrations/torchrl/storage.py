@@ -81,11 +81,6 @@ class ZarrStorage(TensorStorage):
     _total_shape = property(lambda self: torch.Size([self.max_size]))
 
     @property
-    def _storage(self) -> _Rows:
-        """TensorStorage's in-memory rows, here a view that reads them (``[index]``)."""
-        return _Rows(self)
-
-    @property
     def _len(self) -> int:
         return len(self)
 
@@ -352,16 +347,3 @@ class ZarrStorage(TensorStorage):
     def __repr__(self) -> str:
         return f"ZarrStorage({self.path!r}, max_size={self.max_size}, len={len(self)})"
 
-
-class _Rows:
-    """``storage._storage[index]`` (TensorStorage's rows, which TorchRL's code and tests index
-    directly) as ``storage.get(index)``."""
-
-    def __init__(self, storage: ZarrStorage) -> None:
-        self._of = storage
-
-    def __getitem__(self, index: Any) -> Any:
-        return self._of.get(index)
-
-    def __len__(self) -> int:
-        return len(self._of)
