@@ -82,7 +82,8 @@ def rows(size: str, n: int, seed: int):
                       batch_size=[n])
 
 
-def make(system: int, capacity: int, where: str, prioritized: bool, memmap_dir: str = "memmap"):
+def make(system: int, capacity: int, where: str, prioritized: bool, memmap_dir: str = "memmap",
+         codec: str = "blosc-zstd"):
     from torchrl.data import LazyMemmapStorage, LazyTensorStorage, TensorDictReplayBuffer
 
     from rlbuffers.integrations.torchrl import ZarrPrioritizedSampler, ZarrStorage
@@ -92,13 +93,14 @@ def make(system: int, capacity: int, where: str, prioritized: bool, memmap_dir: 
     elif system == 1:
         storage = LazyMemmapStorage(capacity, scratch_dir=os.path.join(where, memmap_dir))
     else:
-        storage = ZarrStorage(os.path.join(where, "zarr"), capacity, seed=0)
+        storage = ZarrStorage(os.path.join(where, "zarr"), capacity, seed=0, codec=codec)
     sampler = ZarrPrioritizedSampler(capacity, 0.6, 0.4) if prioritized else None
     return TensorDictReplayBuffer(storage=storage, sampler=sampler) if sampler else \
         TensorDictReplayBuffer(storage=storage)
 
 
-def child(system: int, size: str, n: int, batch: int, where: str, phase: str) -> dict:
+def child(system: int, size: str, n: int, batch: int, where: str, phase: str,
+          codec: str = "blosc-zstd") -> dict:
     """One run's phase in this process: ``fill`` (extend, sample, save, +2%, save) or
     ``resume`` (new storage + loads + one sample)."""
     import torch
@@ -112,11 +114,11 @@ def child(system: int, size: str, n: int, batch: int, where: str, phase: str) ->
     prio = system == 2
     if phase == "resume":
         t = time.perf_counter()
-        rb = make(system, n, where, prio, memmap_dir="memmap-resumed")
+        rb = make(system, n, where, prio, memmap_dir="memmap-resumed", codec=codec)
         rb.loads(ckpt)
         rb.sample(SAMPLE_BATCH)
         return {"resume_s": time.perf_counter() - t, "len": len(rb)}
-    rb = make(system, n, where, prio)
+    rb = make(system, n, where, prio, codec=codec)
     t = time.perf_counter()
     for _ in range(n // batch):
         rb.extend(data)
@@ -151,12 +153,13 @@ def child(system: int, size: str, n: int, batch: int, where: str, phase: str) ->
     return out
 
 
-def run(system: int, size: str, n: int, batch: int, where: str, phase: str) -> dict:
+def run(system: int, size: str, n: int, batch: int, where: str, phase: str,
+        codec: str = "blosc-zstd") -> dict:
     """:func:`child` in a fresh subprocess, its RSS sampled from outside."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "tools.bench.bench_torchrl", "--child", str(system),
            "--size", size, "--rows", str(n), "--batch", str(batch), "--where", where,
-           "--phase", phase]
+           "--phase", phase, "--codec", codec]
     res = run_sampled(cmd, env)
     if res.returncode != 0:
         raise RuntimeError(f"{cmd}: exit {res.returncode}\n{res.stderr[-3000:]}")
@@ -165,15 +168,16 @@ def run(system: int, size: str, n: int, batch: int, where: str, phase: str) -> d
     return out
 
 
-def measure(size: str, n: int, batch: int, runs: int) -> dict[int, dict[str, float]]:
-    results: dict[int, list[dict]] = {s: [] for s in range(3)}
+def measure(size: str, n: int, batch: int, runs: int, systems: tuple[int, ...] = (0, 1, 2),
+            codec: str = "blosc-zstd") -> dict[int, dict[str, float]]:
+    results: dict[int, list[dict]] = {s: [] for s in systems}
     for r in range(runs):
-        order = (0, 1, 2) if r % 2 == 0 else (2, 1, 0)  # alternate who goes first
+        order = systems if r % 2 == 0 else systems[::-1]  # alternate who goes first
         for system in order:
             where = tempfile.mkdtemp(prefix="rlb-bench-torchrl-", dir=os.environ.get("TMPDIR"))
             try:
-                out = run(system, size, n, batch, where, "fill")
-                out.update(run(system, size, n, batch, where, "resume"))
+                out = run(system, size, n, batch, where, "fill", codec)
+                out.update(run(system, size, n, batch, where, "resume", codec))
             finally:
                 shutil.rmtree(where, ignore_errors=True)
             results[system].append(out)
@@ -192,20 +196,23 @@ def section(args, figures: dict[str, dict[int, dict[str, float]]], total_s: floa
         shape, dtype = SIZES[size]
         label = f"{dtype} {list(shape)} x {n:,}"
         mm = med[1]["save_2pct_s"]
-        for s in range(3):
+        for s in med:
             m = med[s]
             prio = (f"{m['prio_sample_ms']:.2f}" if "prio_sample_ms" in m else
                     "n/a (needs torchrl._torchrl)")
-            body.append([label, SYSTEMS[s], f"{m['extend_s']:.2f}", f"{m['sample_ms']:.2f}",
+            name = SYSTEMS[s] + (f" (codec={args.codec})" if s == 2 else "")
+            body.append([label, name, f"{m['extend_s']:.2f}", f"{m['sample_ms']:.2f}",
                          prio, f"{m['save_full_s']:.2f}", f"{m['save_2pct_s']:.3f}",
                          f"{mm / m['save_2pct_s']:.1f}x" if s == 2 else "",
                          f"{m['resume_s']:.2f}", f"{m['fill_peak_rss_mb']:,.0f}",
                          f"{m['save_2pct_rss_mb']:,.0f} ({m['save_2pct_extra_mb']:+,.0f})"])
     reduced = (args.atari_rows < 100_000 or args.float_rows < 10_000)
     return (
-        "## TorchRL storages: ZarrStorage vs LazyTensorStorage / LazyMemmapStorage\n\n"
+        f"## {args.title}\n\n"
         f"{stamp()} `python -m tools.bench.bench_torchrl --atari-rows {args.atari_rows} "
-        f"--float-rows {args.float_rows} --runs {args.runs} --batch {args.batch}`; total "
+        f"--float-rows {args.float_rows} --runs {args.runs} --batch {args.batch} --codec "
+        f"{args.codec} --sizes {args.sizes} --systems {args.systems} --section {args.section}`"
+        "; total "
         f"{total_s:,.0f} s; torchrl {_version('torchrl')}, tensordict "
         f"{_version('tensordict')}, torch {_version('torch')}. "
         + ("**Reduced sizes** (the issue's are 100,000 Atari rows and 10,000 float rows): "
@@ -237,6 +244,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1000, help="rows per extend")
     ap.add_argument("--runs", type=int, default=3, help="runs per system (>= 3 for the docs)")
     ap.add_argument("--no-write", action="store_true", help="print, don't write the docs")
+    ap.add_argument("--codec", default="blosc-zstd", help="ZarrStorage's codec")
+    ap.add_argument("--sizes", default="atari,float", help="which sizes, comma-separated")
+    ap.add_argument("--systems", default="0,1,2", help=f"which of {SYSTEMS} (indices)")
+    ap.add_argument("--section", default="torchrl", help="docs/benchmarks.md section")
+    ap.add_argument("--title", default="TorchRL storages: ZarrStorage vs LazyTensorStorage / "
+                    "LazyMemmapStorage", help="the section's heading")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--size", default="atari", help=argparse.SUPPRESS)
     ap.add_argument("--rows", type=int, default=0, help=argparse.SUPPRESS)
@@ -245,17 +258,18 @@ def main() -> None:
     args = ap.parse_args()
     if args.child is not None:
         print(json.dumps(child(args.child, args.size, args.rows, args.batch, args.where,
-                               args.phase)))
+                               args.phase, args.codec)))
         return
     t0 = time.perf_counter()
-    figures = {"atari": measure("atari", args.atari_rows, min(args.batch, args.atari_rows),
-                                args.runs),
-               "float": measure("float", args.float_rows,
-                                min(args.batch // 10 or 1, args.float_rows), args.runs)}
+    systems = tuple(int(x) for x in args.systems.split(","))
+    rows_of = {"atari": (args.atari_rows, min(args.batch, args.atari_rows)),
+               "float": (args.float_rows, min(args.batch // 10 or 1, args.float_rows))}
+    figures = {size: measure(size, *rows_of[size], args.runs, systems, args.codec)
+               for size in args.sizes.split(",")}
     body = section(args, figures, time.perf_counter() - t0)
     print(body)
     if not args.no_write:
-        write_section("torchrl", body)
+        write_section(args.section, body)
 
 
 if __name__ == "__main__":
