@@ -96,10 +96,19 @@ def _identity(x: Any) -> Any:
 
 def worker_loader(run_slot: SlotRunner, offset: int, num_workers: int) -> Any:
     """A ``torch.utils.data.DataLoader`` over ``num_workers`` forked workers, worker ``i``
-    running ``run_slot((i + offset) % num_workers)``; yields ``(slot, item, state)``."""
+    running ``run_slot((i + offset) % num_workers)``; yields ``(slot, item, state)``.
+
+    The workers are always forked (where the platform can fork), whatever the process-wide
+    start method is: another library may set it to ``spawn`` on import (TorchRL does), and a
+    spawned worker would need the loader's whole pipeline pickled."""
+    import multiprocessing
+
     import torch.utils.data
 
     dataset = _worker_dataset_class()(run_slot, num_workers, offset)
+    context = (multiprocessing.get_context("fork")
+               if "fork" in multiprocessing.get_all_start_methods() else None)
     return torch.utils.data.DataLoader(
         dataset, batch_size=None, num_workers=num_workers, collate_fn=_identity,
-        worker_init_fn=functools.partial(_worker_init, os.getpid()))
+        worker_init_fn=functools.partial(_worker_init, os.getpid()),
+        multiprocessing_context=context)

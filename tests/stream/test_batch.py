@@ -92,3 +92,20 @@ def test_workers_module_does_not_import_the_loader():
         elif isinstance(node, ast.Import):
             names |= {a.name for a in node.names}
     assert not {n for n in names if "loader" in n or n.startswith("rlbuffers")}, names
+
+
+def test_workers_fork_even_when_another_library_set_spawn(shard_dir, tokenizer):
+    """TorchRL sets the process-wide start method to ``spawn`` on import; the loader's
+    workers are still forked and give the in-process batches."""
+    import multiprocessing
+
+    before = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("spawn", force=True)
+    try:
+        got = list(StreamLoader.from_shards(shard_dir, tokenizer, PACK, num_workers=2))
+    finally:
+        multiprocessing.set_start_method(before, force=True)
+    want = list(StreamLoader.from_shards(shard_dir, tokenizer, PACK, num_workers=2))
+    assert len(got) == len(want) > 0
+    for a, b in zip(got, want, strict=True):
+        _same(a, b)
