@@ -25,7 +25,8 @@ def test_save_report_reads_as_one_human_line():
 
 
 def test_a_commit_logs_one_human_line(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="rlbuffers")
+    # the saver's own logger: a trainer run earlier in this process may have quietened it
+    caplog.set_level(logging.INFO, logger="rlbuffers.storage.saver")
     with ReplayBuffer.create(tmp_path / "b", capacity=64, fields=FIELDS, seed=0) as buf:
         _fill(buf, 10)
         report = buf.save()

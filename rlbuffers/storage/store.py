@@ -168,6 +168,9 @@ class WritableStorage:
         everything = set(range(self.layout.n_base_chunks))
         if fresh:  # a new buffer (commit 0, nothing stored): a new, empty tier, nothing to read
             working = WorkingTier(*args, create=True, buffer_id=m.buffer_id, own=self._own)
+            for col in working.columns.values():  # every chunk file made now (empty), so the
+                for c in sorted(everything):     # state's files digest covers all of them
+                    col.reset_chunk(c)
             working.write_state(m.commit, [])
             return working
         try:
