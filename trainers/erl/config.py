@@ -92,6 +92,12 @@ class Config(RunConfig):
     '': a local Ray instance of --workers CPUs, started when more than 1 worker is asked)."""
     rollout_backend: str = ""
     """'inprocess' or 'ray' ('': Ray when --workers > 1 or --ray-address is given)."""
+    offline_data: str = ""
+    """Offline data mixed into every TD3 batch: an rlbuffers buffer directory (read-only) or a
+    local Minari dataset id or directory (converted once into run_dir/offline; the offline
+    extra); '': none (trainers/erl/offline.py)."""
+    offline_fraction: float = 0.5
+    """Share of each TD3 batch drawn from --offline-data (0.5: RLPD's symmetric sampling)."""
 
 
 #: Settings a resumed run may change; the rest must match the run's config.json.
@@ -137,6 +143,7 @@ def check_config(c: Config) -> None:
         "train_threads": (1 <= c.train_threads <= MAX_THREADS, f"in [1, {MAX_THREADS}]"),
         "workers": (c.workers >= 1, ">= 1"),
         "rollout_backend": (c.rollout_backend in BACKENDS, "'', 'inprocess' or 'ray'"),
+        "offline_fraction": prob(c.offline_fraction),
     })
 
 

@@ -61,6 +61,7 @@ from trainers.config import start
 from trainers.curves import Series, plot_curve
 from trainers.erl.config import RESUMABLE, Config, check_config
 from trainers.erl.evolution import evolve
+from trainers.erl.offline import check_offline, make_mixture, open_offline
 from trainers.erl.rollout import Actor, actor_weights, episode_job, make_env
 from trainers.erl.td3 import Learner, td3_update
 from trainers.phases import Phases
@@ -240,6 +241,10 @@ def main(argv: list[str] | None = None) -> None:
     population = [Actor(obs_dim, act_dim, cfg.hidden, low, high) for _ in range(cfg.pop_size)]
     learner = Learner(obs_dim, act_dim, cfg, low, high)
     trainer = {"generation": 0, "env_steps": 0, "episodes": 0, "wall_seconds": 0.0}
+    offline_kind = ""
+    if cfg.offline_data:  # checked before the run directory is made
+        offline_kind = check_offline(cfg.offline_data, obs_dim, act_dim)
+        trainer["mixture"] = None  # the mixture's state (rlbuffers.Mixture.state_dict)
     fields = buffer_fields(obs_dim, act_dim)
     curve = functools.partial(draw_curve, env=cfg.env)
 
@@ -261,6 +266,12 @@ def main(argv: list[str] | None = None) -> None:
                   f"{trainer['env_steps']:,} env steps, buffer {len(buf):,} transitions",
                   flush=True)
         plan = memory_plan(cfg, fields, population, learner)
+        batches: Any = buf  # what TD3 batches are drawn from: the buffer, or a mixture
+        if offline_kind:
+            offline = open_offline(cfg.offline_data, offline_kind, cfg.run_dir)
+            stack.callback(offline.close)
+            batches = make_mixture(offline, buf, cfg.offline_fraction, cfg.seed,
+                                   trainer["mixture"])
 
         # The ERL loop (Khadka & Tumer 2018, Algorithm 1), one generation per iteration.
         try:
@@ -281,7 +292,7 @@ def main(argv: list[str] | None = None) -> None:
                     n_updates = (int(cfg.updates_per_step * steps)
                                  if len(buf) >= cfg.learning_starts else 0)
                     for _ in range(n_updates):
-                        td3_update(learner, buf.sample(cfg.batch_size), cfg)
+                        td3_update(learner, batches.sample(cfg.batch_size), cfg)
                 # 4. Evolve; every sync_every generations the learner's actor replaces the
                 # weakest.
                 with phases("evolve"):
@@ -293,6 +304,8 @@ def main(argv: list[str] | None = None) -> None:
                 # complete; its row goes to metrics.jsonl and the curve.
                 trainer["generation"] = gen
                 trainer["wall_seconds"] += time.perf_counter() - t0
+                if offline_kind:
+                    trainer["mixture"] = batches.state_dict()
                 mem = monitor.check()
                 row = {"generation": gen, "env_steps": trainer["env_steps"],
                        "best_fitness": float(fitness.max()),
