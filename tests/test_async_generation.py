@@ -43,13 +43,10 @@ ASYNC = {"generation_workers": 1, "max_staleness": 1, "sync_every": 1, "ray_addr
 
 
 def async_config(tiny, run_dir, **kw):
-    cfg = Config(**{"model": str(tiny), "run_dir": str(run_dir), "task": "basic_arithmetic",
-                    "train_size": 40, "prompts_per_step": 2, "group_size": 3,
-                    "max_completion_tokens": 8, "max_prompt_tokens": 120, "pack_tokens": 200,
-                    "memory_budget": "none", "beta": 0.04, "steps": 4, **kw})
-    for k, v in ASYNC.items():  # the --generation-workers settings (set where not fields)
-        setattr(cfg, k, getattr(cfg, k, v))
-    return cfg
+    return Config(**{"model": str(tiny), "run_dir": str(run_dir), "task": "basic_arithmetic",
+                     "train_size": 40, "prompts_per_step": 2, "group_size": 3,
+                     "max_completion_tokens": 8, "max_prompt_tokens": 120, "pack_tokens": 200,
+                     "memory_budget": "none", "beta": 0.04, "steps": 4, **ASYNC, **kw})
 
 
 @pytest.fixture(scope="module")

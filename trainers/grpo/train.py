@@ -73,6 +73,7 @@ from trainers.common import (
 )
 from trainers.config import evaluated, start
 from trainers.curves import Series, plot_curve
+from trainers.grpo.async_generation import GenerationWorkers, add_generation_logprobs, step_metrics
 from trainers.grpo.config import RESUMABLE, Config, check_config
 from trainers.grpo.evaluate import announce, eval_sets, evaluate_sets, point
 from trainers.grpo.policy import (
@@ -148,7 +149,10 @@ def main(argv: list[str] | None = None) -> None:
     g = cfg.group_size
 
     # ----- the loop: generate, score, reference, update (mu iterations), buffer, commit -----
+    workers = None  # --generation-workers: groups generated ahead by Ray actors (docs/async.md)
     try:
+        if cfg.generation_workers:
+            workers = GenerationWorkers(cfg, model, store, trainer, reference)
         if cfg.evaluate and "before" not in evals and trainer["step"] == 0:
             before(model, tok, sampling(cfg, device), sets, evals, run.dir / "eval.json")
         bar = tqdm(total=cfg.steps, initial=trainer["step"], desc="GRPO steps", unit="step")
@@ -161,9 +165,14 @@ def main(argv: list[str] | None = None) -> None:
             prompts = [np.asarray(store[i], np.int64) for i in indices]
 
             with phases("generate"):
-                torch.set_num_threads(cfg.generate_threads)
-                rollouts = generate(model, tok, prompts, sampling(cfg, device), n_per_prompt=g)
-                torch.set_num_threads(cfg.train_threads or os.cpu_count() or 1)
+                if workers is None:
+                    torch.set_num_threads(cfg.generate_threads)
+                    rollouts = generate(model, tok, prompts, sampling(cfg, device),
+                                        n_per_prompt=g)
+                    torch.set_num_threads(cfg.train_threads or os.cpu_count() or 1)
+                else:  # made ahead by the workers (waits only for those not ready yet)
+                    got = workers.next_step(indices)
+                    rollouts = list(zip(got.completions, got.truncated, strict=True))
             completions = [c for c, _ in rollouts]
             truncated = np.array([t for _, t in rollouts])
             comp_lens = [len(c) for c in completions]
@@ -181,26 +190,38 @@ def main(argv: list[str] | None = None) -> None:
 
             ref = None
             if cfg.beta:
-                with phases("reference"):
-                    ref = packed_reference_logprobs(model, batch, packing, reference)
+                with phases("reference"):  # with workers: theirs, of the generating weights
+                    ref = (packed_reference_logprobs(model, batch, packing, reference)
+                           if workers is None else torch.from_numpy(got.ref))
                 mask = batch["mask"]
                 batch["ref"] = torch.zeros_like(batch["advantage"])
                 batch["ref"][mask] = ref.to(device)[batch["index"][mask]]
 
+            if workers is not None:  # the generating weights' log-probs (--is-truncation)
+                add_generation_logprobs(batch, got, device)
             with phases("save_wait"):  # the previous step's checkpoint reads the weights
                 run.wait()
             with phases("update"):
                 upd = update(model, opt, amb, batch, cfg, n_tok, record_behaviour=True)
             behaviour = upd.pop("behaviour").numpy()
+            if workers is not None:  # the generating weights' log-probs, the true behaviour
+                behaviour = got.behaviour
+                row.update({k: v for k, v in upd.items() if k.startswith("is_")})
 
             with phases("buffer"):
-                buf.extend(rollout_rows(prompts, completions, truncated, scores, adv, behaviour,
-                                        None if ref is None else ref.numpy(), group_size=g,
-                                        first_group=trainer["groups"], step=step))
+                rows = rollout_rows(prompts, completions, truncated, scores, adv, behaviour,
+                                    None if ref is None else ref.numpy(), group_size=g,
+                                    first_group=trainer["groups"], step=step)
+                if workers is not None:  # the weights version that generated each group
+                    rows["policy_version"] = np.repeat(got.versions, g)
+                buf.extend(rows)
             trainer["groups"] += len(prompts)
             for _ in range(cfg.num_iterations - 1):
                 with phases("update"):
                     upd = reuse_iteration(cfg, model, opt, amb, buf, tok.pad_token_id, device)
+            if workers is not None:  # weights to the workers every --sync-every steps
+                workers.updated(model, step)
+                row.update(step_metrics(got))
 
             row.update({"reward_mean": float(scores["reward"].mean()),
                         "reward_std": float(scores["reward"].std()),
@@ -244,6 +265,8 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         run.exit_interrupted()
     finally:
+        if workers is not None:
+            workers.close()
         run.close()
 
 

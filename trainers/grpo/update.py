@@ -27,10 +27,13 @@ def update(model: Any, opt: torch.optim.Optimizer, amb: AdaptiveMicroBatch,
     ``--max-grad-norm``. With ``record_behaviour`` the batch's ``old`` log-probs are the
     current ones (ratio 1, as in the first of the mu iterations) and are returned as
     ``behaviour`` (float32[n_tokens], CPU); else ``behaviour`` is None. Also returns
-    ``loss``, ``kl``, ``clip_fraction``, ``micro_batch``, ``retries`` and ``grad_norm``."""
+    ``loss``, ``kl``, ``clip_fraction``, ``micro_batch``, ``retries`` and ``grad_norm``. A
+    batch with ``generation`` log-probs (groups from ``--generation-workers``) is corrected by
+    ``--is-truncation`` (then also ``is_ratio_mean`` and ``is_clipped_fraction``)."""
     packing = cfg.packing(cfg.pack_tokens, cfg.train_dtype)
     out = accumulate_gradients(model, amb, batch, cfg.policy_loss(), packing, n_tokens,
-                               record_behaviour)
+                               record_behaviour,
+                               cfg.is_truncation if "generation" in batch else 0.0)
     params = [p for p in model.parameters() if p.requires_grad]
     return {**out, "grad_norm": clip_and_step(params, opt, cfg.max_grad_norm)}
 
