@@ -70,7 +70,8 @@ def test_generation_workers_0_never_starts_workers(tiny_dir, tmp_path, monkeypat
     def refuse(*a, **kw):
         raise AssertionError("GenerationWorkers made with --generation-workers 0")
 
-    monkeypatch.setattr(train, "GenerationWorkers", refuse)
+    import trainers.grpo.async_generation as workers_module
+    monkeypatch.setattr(workers_module, "GenerationWorkers", refuse)
     run = tmp_path / "sync"
     train.main([*ARGS, "--model", str(tiny_dir), "--run-dir", str(run), "--steps", "1"])
     assert not any(k in rows(run)[0] for k in METRICS)

@@ -220,14 +220,54 @@ class GenerationWorkers:
         self.pool.close()
 
 
-def add_generation_logprobs(batch: dict[str, torch.Tensor], got: StepGroups,
+def start_workers(cfg: Config, model: Any, store: Any, trainer: dict[str, Any],
+                  reference: Path | None) -> GenerationWorkers | None:
+    """:class:`GenerationWorkers` with ``--generation-workers`` > 0, else None (the
+    synchronous loop)."""
+    return GenerationWorkers(cfg, model, store, trainer, reference) \
+        if cfg.generation_workers else None
+
+
+def add_generation_logprobs(batch: dict[str, torch.Tensor], got: StepGroups | None,
                             device: torch.device) -> None:
     """Put the generating weights' per-token log-probs into the packed ``batch`` as
     ``generation`` (float32 ``[R, T]`` like ``advantage``, 0 off the completion tokens), the
-    input of ``--is-truncation``."""
+    input of ``--is-truncation``; nothing without workers (``got`` None)."""
+    if got is None:
+        return
     mask = batch["mask"]
     batch["generation"] = torch.zeros_like(batch["advantage"])
     batch["generation"][mask] = torch.from_numpy(got.behaviour).to(device)[batch["index"][mask]]
+
+
+def behaviour_logprobs(upd: dict[str, Any], got: StepGroups | None, row: dict[str, Any]
+                       ) -> np.ndarray:
+    """The behaviour log-probs to store (float32[completion tokens]): the update's recorded
+    ones (``upd['behaviour']``, popped) in the synchronous loop, the generating weights' with
+    workers (then the update's importance-ratio statistics go into the metrics ``row``)."""
+    recorded = upd.pop("behaviour").numpy()
+    if got is None:
+        return recorded
+    row.update({k: v for k, v in upd.items() if k.startswith("is_")})
+    return got.behaviour
+
+
+def record_versions(rows: dict[str, Any], got: StepGroups | None, group_size: int
+                    ) -> dict[str, Any]:
+    """The buffer ``rows`` of a step, with workers the weights version that generated each
+    group as ``policy_version``."""
+    if got is not None:
+        rows["policy_version"] = np.repeat(got.versions, group_size)
+    return rows
+
+
+def after_update(workers: GenerationWorkers | None, got: StepGroups | None, model: Any,
+                 step: int, row: dict[str, Any]) -> None:
+    """With workers, after the step's updates: the weights to the workers every
+    ``--sync-every`` steps and the step's worker metrics into ``row``."""
+    if workers is not None and got is not None:
+        workers.updated(model, step)
+        row.update(step_metrics(got))
 
 
 def step_metrics(got: StepGroups) -> dict[str, Any]:

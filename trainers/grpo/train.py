@@ -73,7 +73,15 @@ from trainers.common import (
 )
 from trainers.config import evaluated, start
 from trainers.curves import Series, plot_curve
-from trainers.grpo.async_generation import GenerationWorkers, add_generation_logprobs, step_metrics
+from trainers.grpo.async_generation import (
+    GenerationWorkers,
+    StepGroups,
+    add_generation_logprobs,
+    after_update,
+    behaviour_logprobs,
+    record_versions,
+    start_workers,
+)
 from trainers.grpo.config import RESUMABLE, Config, check_config
 from trainers.grpo.evaluate import announce, eval_sets, evaluate_sets, point
 from trainers.grpo.policy import (
@@ -151,8 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     # ----- the loop: generate, score, reference, update (mu iterations), buffer, commit -----
     workers = None  # --generation-workers: groups generated ahead by Ray actors (docs/async.md)
     try:
-        if cfg.generation_workers:
-            workers = GenerationWorkers(cfg, model, store, trainer, reference)
+        workers = start_workers(cfg, model, store, trainer, reference)
         if cfg.evaluate and "before" not in evals and trainer["step"] == 0:
             before(model, tok, sampling(cfg, device), sets, evals, run.dir / "eval.json")
         bar = tqdm(total=cfg.steps, initial=trainer["step"], desc="GRPO steps", unit="step")
@@ -164,15 +171,9 @@ def main(argv: list[str] | None = None) -> None:
                                    cfg.seed, trainer["data"])
             prompts = [np.asarray(store[i], np.int64) for i in indices]
 
-            with phases("generate"):
-                if workers is None:
-                    torch.set_num_threads(cfg.generate_threads)
-                    rollouts = generate(model, tok, prompts, sampling(cfg, device),
-                                        n_per_prompt=g)
-                    torch.set_num_threads(cfg.train_threads or os.cpu_count() or 1)
-                else:  # made ahead by the workers (waits only for those not ready yet)
-                    got = workers.next_step(indices)
-                    rollouts = list(zip(got.completions, got.truncated, strict=True))
+            with phases("generate"):  # with workers: made ahead (waits for those not ready)
+                rollouts, got = generate_groups(cfg, model, tok, prompts, indices, device,
+                                                workers)
             completions = [c for c, _ in rollouts]
             truncated = np.array([t for _, t in rollouts])
             comp_lens = [len(c) for c in completions]
@@ -191,37 +192,28 @@ def main(argv: list[str] | None = None) -> None:
             ref = None
             if cfg.beta:
                 with phases("reference"):  # with workers: theirs, of the generating weights
-                    ref = (packed_reference_logprobs(model, batch, packing, reference)
-                           if workers is None else torch.from_numpy(got.ref))
+                    ref = reference_logprobs(model, batch, packing, reference, got)
                 mask = batch["mask"]
                 batch["ref"] = torch.zeros_like(batch["advantage"])
                 batch["ref"][mask] = ref.to(device)[batch["index"][mask]]
 
-            if workers is not None:  # the generating weights' log-probs (--is-truncation)
-                add_generation_logprobs(batch, got, device)
+            add_generation_logprobs(batch, got, device)  # with workers (--is-truncation)
             with phases("save_wait"):  # the previous step's checkpoint reads the weights
                 run.wait()
             with phases("update"):
                 upd = update(model, opt, amb, batch, cfg, n_tok, record_behaviour=True)
-            behaviour = upd.pop("behaviour").numpy()
-            if workers is not None:  # the generating weights' log-probs, the true behaviour
-                behaviour = got.behaviour
-                row.update({k: v for k, v in upd.items() if k.startswith("is_")})
+            behaviour = behaviour_logprobs(upd, got, row)  # with workers: the generating ones
 
             with phases("buffer"):
-                rows = rollout_rows(prompts, completions, truncated, scores, adv, behaviour,
-                                    None if ref is None else ref.numpy(), group_size=g,
-                                    first_group=trainer["groups"], step=step)
-                if workers is not None:  # the weights version that generated each group
-                    rows["policy_version"] = np.repeat(got.versions, g)
-                buf.extend(rows)
+                buf.extend(record_versions(rollout_rows(
+                    prompts, completions, truncated, scores, adv, behaviour,
+                    None if ref is None else ref.numpy(), group_size=g,
+                    first_group=trainer["groups"], step=step), got, g))
             trainer["groups"] += len(prompts)
             for _ in range(cfg.num_iterations - 1):
                 with phases("update"):
                     upd = reuse_iteration(cfg, model, opt, amb, buf, tok.pad_token_id, device)
-            if workers is not None:  # weights to the workers every --sync-every steps
-                workers.updated(model, step)
-                row.update(step_metrics(got))
+            after_update(workers, got, model, step, row)  # weights to workers, their metrics
 
             row.update({"reward_mean": float(scores["reward"].mean()),
                         "reward_std": float(scores["reward"].std()),
@@ -265,9 +257,39 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         run.exit_interrupted()
     finally:
-        if workers is not None:
-            workers.close()
+        close_workers(workers)
         run.close()
+
+
+def generate_groups(cfg: Config, model: Any, tok: Any, prompts: list[np.ndarray],
+                    indices: list[int], device: torch.device, workers: GenerationWorkers | None
+                    ) -> tuple[list[tuple[np.ndarray, bool]], StepGroups | None]:
+    """The step's G completions per prompt (token arrays, truncated flags): sampled here
+    with ``--generate-threads`` (the synchronous loop; no worker groups), or the groups the
+    workers made ahead, with what they computed (``StepGroups``)."""
+    if workers is None:
+        torch.set_num_threads(cfg.generate_threads)
+        rollouts = generate(model, tok, prompts, sampling(cfg, device),
+                            n_per_prompt=cfg.group_size)
+        torch.set_num_threads(cfg.train_threads or os.cpu_count() or 1)
+        return rollouts, None
+    got = workers.next_step(indices)
+    return list(zip(got.completions, got.truncated, strict=True)), got
+
+
+def reference_logprobs(model: Any, batch: dict[str, torch.Tensor], packing: Any,
+                       reference: Path | None, got: StepGroups | None) -> torch.Tensor:
+    """The reference policy's per-token log-probs (float32[completion tokens], CPU): here
+    (``packed_reference_logprobs``), or the workers' (``got``)."""
+    if got is None:
+        return packed_reference_logprobs(model, batch, packing, reference)
+    return torch.from_numpy(got.ref)
+
+
+def close_workers(workers: GenerationWorkers | None) -> None:
+    """Stop the generation workers, if any."""
+    if workers is not None:
+        workers.close()
 
 
 def sampling(cfg: Config, device: torch.device) -> Sampling:
