@@ -160,7 +160,8 @@ def check_config(c: Config) -> None:
         "generation_workers": (c.generation_workers >= 0, ">= 0"),
         "max_staleness": (c.max_staleness >= 0, ">= 0"),
         "sync_every": (1 <= c.sync_every <= c.max_staleness + 1, ">= 1 and <= --max-staleness + 1"),
-        "is_truncation": (c.is_truncation >= 0 and (not c.is_truncation or c.generation_workers),
+        "is_truncation": (c.is_truncation >= 0
+                          and (c.is_truncation == 0 or c.generation_workers > 0),
                           ">= 0, and 0 without --generation-workers"),
         "ray_address": (RAY_ADDRESS.fullmatch(c.ray_address) is not None,
                         "'', 'auto', 'local' or [ray://]host:port"),
