@@ -14,9 +14,11 @@ How the cores are split (``--cores C``, default the machine's): sync: ``--genera
 --train-threads C``; N workers: the learner ``--train-threads max(1, C - N)``, each worker
 one thread (``--generate-threads 1``, one Ray CPU each).
 
-Not run yet (issue 48 left it to a later session): ``python -m tools.bench.bench_async`` for
-the section (hours on the 2-core machine); ``--model DIR --steps 3 --runs 1 --no-write`` for a
-smoke run.
+Not run at the real model yet (issue 48 left it to a later session): ``python -m
+tools.bench.bench_async`` for the section (hours on the 2-core machine). Smoke run (done on the
+tiny model of ``tests/tiny_lm.py``): ``--steps 3 --runs 1 --no-write --model DIR --task
+basic_arithmetic --train-size 40 --prompts-per-step 2 --group-size 3 --max-completion-tokens 12
+--max-prompt-tokens 120 --pack-tokens 200 --memory-budget none``.
 """
 
 from __future__ import annotations
