@@ -26,7 +26,10 @@ What rlbuffers does here:
   reference log-probs are computed (right after generation; stored in the buffer), so no
   second model sits in memory during the update;
 - every step is an atomic checkpoint (``rlbuffers.checkpoint``) whose commit point is the
-  buffer commit: ``--resume`` after ``kill -9`` continues from the last complete step.
+  buffer commit: ``--resume`` after ``kill -9`` continues from the last complete step;
+- ``--generation-workers N`` generates the groups ahead on Ray actors within
+  ``--max-staleness`` versions (``rlbuffers.rollouts.PacedGeneration``), the learner owning the
+  buffer (``trainers/grpo/async_generation.py``, docs/async.md).
 
 Rewards: ``correctness + format_reward * formatted`` (``trainers/grpo/rewards.py``; a wrong
 answer scores 0 like no answer unless ``--partial-credit``).
