@@ -53,14 +53,15 @@ class _Files:
         self._bytes = 0
 
     def write(self, table: pa.Table, raw: int) -> None:
-        if self._writer is None or self._bytes + raw > self.file_bytes and self._bytes:
-            self._open(int(table.column("index")[0].as_py()))
-        assert self._writer is not None
-        self._writer.write_table(table)
+        writer = self._writer
+        if writer is None or self._bytes + raw > self.file_bytes and self._bytes:
+            writer = self._open(int(table.column("index")[0].as_py()))
+        writer.write_table(table)
         self._bytes += raw
         self.files[-1]["rows"] += table.num_rows
 
-    def _open(self, first: int) -> None:
+    def _open(self, first: int) -> pq.ParquetWriter:
+        """Close the current file and start the next one (its first row: index ``first``)."""
         self.close()
         n = len(self.files)
         rel = DATA_PATH.format(chunk_index=n // FILES_PER_CHUNK, file_index=n % FILES_PER_CHUNK)
@@ -68,6 +69,7 @@ class _Files:
         self._writer = pq.ParquetWriter(self.root / rel, self.schema, compression="zstd")
         self.files.append({"path": rel, "rows": 0, "first_index": first})
         self._bytes = 0
+        return self._writer
 
     def close(self) -> None:
         if self._writer is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rlbuffers.integrations import require
 
@@ -141,9 +141,7 @@ class ZarrStorage(TensorStorage):
         if self._buffer is None or self._layout is None:
             return None
         meta = {**self._buffer.metadata, **(metadata or {}), META_KEY: self._layout.to_json()}
-        report = self._buffer.save(metadata=meta)
-        assert isinstance(report, SaveReport)
-        return report
+        return cast(SaveReport, self._buffer.save(metadata=meta))  # not background: a report
 
     def close(self) -> None:
         """Close the buffer (changes since the last commit are discarded)."""
@@ -176,12 +174,11 @@ class ZarrStorage(TensorStorage):
             data = data.unsqueeze(0)
         n = len(slots)
         buf = self._buffer if self._buffer is not None else self._create(data[0])
-        assert self._layout is not None
         fresh_writer = self._check_cursor(buf, slots)
-        fields = self._layout.to_fields(data, n)
+        fields = self._row_layout().to_fields(data, n)
         if fresh_writer is not None:  # a TensorDict writer stamped its own slots in "index"
             want = (buf.total_added + np.arange(n)) % self.max_size
-            for e in self._layout.entries:
+            for e in self._row_layout().entries:
                 if e.key == ("index",) and fields[e.field].shape[1:] == ():
                     fields[e.field] = want.astype(fields[e.field].dtype)
         buf.extend(fields)
@@ -214,8 +211,15 @@ class ZarrStorage(TensorStorage):
                          f"{slots[:4].tolist()}{'...' if n > 4 else ''} (rows are "
                          "appended: use a round-robin writer)")
 
+    def _row_layout(self) -> Layout:
+        """The rows' layout (set with the buffer: by ``_create`` or from an opened commit)."""
+        if self._layout is None:
+            raise RuntimeError(f"{self.path}: ZarrStorage has a buffer but no row layout")
+        return self._layout
+
     def _slot_of_newest(self) -> int:
-        assert self._buffer is not None
+        if self._buffer is None:
+            raise RuntimeError(f"{self.path}: ZarrStorage holds no rows yet (no newest slot)")
         return (self._buffer.total_added - 1) % self.max_size
 
     @staticmethod
