@@ -173,9 +173,13 @@ def test_buffer_holds_every_utterance_and_inspect_reads_it(reference_run):
     np.testing.assert_array_equal(b["iteration"], np.repeat([1, 2, 3], 27))
     np.testing.assert_array_equal(b["done"], b["turn"] == 2)
     assert (b["reward"][b["turn"] == 1] == 0).all()
-    # turn 1 is rewarded directly with its correctness (issue 34), turn 2 with its own
-    np.testing.assert_array_equal(b["reward"][b["turn"] != 1], b["correctness"][b["turn"] != 1])
-    assert set(b["reward"][b["turn"] == 2].tolist()) == {0.0, 1.0}  # rewards that vary
+    # turn 1 is rewarded directly with its correctness (issue 34), turn 2 with its improvement
+    # over turn 1 (issue 49's default --hint-reward improvement)
+    t0, t2 = b["turn"] == 0, b["turn"] == 2
+    np.testing.assert_array_equal(b["reward"][t0], b["correctness"][t0])
+    np.testing.assert_array_equal(b["reward"][t2], b["correctness"][t2]
+                                  - np.repeat(b["correctness"][t0], 4))
+    assert len(set(b["reward"][t2].tolist())) > 1  # rewards that vary
     for i in range(len(b["turn"])):  # next observation = the next utterance's observation
         assert len(b["action_ids"][i]) > 0
         if b["turn"][i] < 2:

@@ -110,8 +110,10 @@ def test_bad_signal_settings_are_named(tmp_path, flag, value, match):
 # ----- end to end: K hints, a scripted score -------------------------------------------------
 
 def test_k_hints_per_answer_end_to_end_with_a_scripted_score(tiny, tmp_path, monkeypatch):
-    """4 problems, K = 3 hints each: the buffer holds turn 1 + 3 (hint, revision) pairs per
-    problem; the guidance step gets exactly the hints of the wrong turn-1 answers with their
+    """4 problems, K = 3 hints each, ``--hint-reward turn2`` (issue 34's rule; issue 49's
+    default is tested in test_guidance_frozen.py): the buffer holds turn 1 + 3 (hint,
+    revision) pairs per problem; the guidance step gets exactly the hints of the wrong turn-1
+    answers with their
     naive group advantages of the improvement; the agent step gets turn 1 (correctness less
     the mean) and the revisions; fixes, breaks and the TD error are in the row."""
     calls: list[tuple[int, str]] = []
@@ -132,7 +134,8 @@ def test_k_hints_per_answer_end_to_end_with_a_scripted_score(tiny, tmp_path, mon
     K, E = 3, 4
     cfg = parse_config(Config, args(tiny, tmp_path / "k", "--iterations", "1",
                                     "--hints-per-answer", str(K), "--episodes-per-iteration",
-                                    str(E), "--critic-steps", "3"),
+                                    str(E), "--critic-steps", "3", "--hint-reward", "turn2",
+                                    "--keep-hint", "off"),
                        prog="guidance", description="", resumable=set())
     run = train.build(cfg)
     try:
@@ -374,7 +377,8 @@ def test_guidance_evaluation_scores_each_turn_with_the_shared_module():
     assert (got["fixes"], got["breaks"]) == (2, 1)
     diff, lo, hi = geval.paired_difference(np.array([1, 0, 0, 1, 0], bool),
                                            np.array([1, 1, 0, 0, 1], bool))
-    assert got["hint_effect"] == {"turn2_minus_turn1": diff, "ci95": [lo, hi]}
+    assert got["hint_effect"] == {"turn2_minus_turn1": diff, "ci95": [lo, hi],
+                                  "mcnemar_p": geval.mcnemar_exact(1, 2), "n": 5}
     assert diff == pytest.approx(0.2)
     with pytest.raises(ValueError, match="problems: expected at least one problem, got 0"):
         geval.evaluate(play_greedy, [], correct)

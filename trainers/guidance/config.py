@@ -27,6 +27,27 @@ class Config(LLMConfig):
     by content (normalised text and operands; trainers/llm/evaluation.py, the overlap is
     recomputed and must be 0); turn-1 and turn-2 accuracy (a wrong number scores 0), the
     hint's effect (turn 2 - turn 1), fixes and breaks."""
+    eval_every: int = 0
+    """Also run the held-out evaluation every N iterations (0: only before the first and after
+    the last): its figures (each turn's accuracy, the hint's effect with Newcombe's interval,
+    the exact McNemar p, fixes and breaks) go into that iteration's metrics row as ``eval_*``
+    and into eval.json under ``every``."""
+    freeze_agent: bool = False
+    """Keep the agent's weights fixed (its adapter as initialised, e.g. by --agent-init): no
+    actor step, no gradient, no optimizer state for it, so a change of the hint's effect
+    belongs to the guidance model."""
+    hint_reward: str = "improvement"
+    """A revision's reward and which hints train the guidance model: 'improvement' (default)
+    is correct(turn 2) - correct(turn 1), so breaking a right answer costs -1, fixing a wrong
+    one earns +1, else 0, and the hints of every turn-1 answer train the guidance model;
+    'turn2' (before issue 49) is turn 2's correctness, with only the hints of wrong turn-1
+    answers in the guidance step."""
+    keep_hint: str = "candidate"
+    """The "keep your answer" hint (KEEP_HINT in rollout.py): 'candidate' (default) offers it
+    in the guidance prompt and makes it the last of the K hints of every answer (scored as
+    the guidance model's action, so its probability rises where keeping beats the sampled
+    hints; the held-out evaluation never inserts it); 'prompt' only offers it in the prompt;
+    'off' neither (the prompt before issue 49)."""
     partial_credit: bool = False
     """Correctness is reasoning-gym's score_answer (0.01 for a wrong number); without it a
     wrong answer scores 0, the same as no answer (turn-1 and turn-2 rewards; the held-out
@@ -112,7 +133,8 @@ class Config(LLMConfig):
 
 
 #: Settings a resumed run may change; the rest must match the run's config.json.
-RESUMABLE = LLM_RESUMABLE | {"iterations", "workers", "ray_address", "rollout_backend"}
+RESUMABLE = LLM_RESUMABLE | {"iterations", "workers", "ray_address", "rollout_backend",
+                             "eval_every"}
 
 #: LLMConfig fields the guidance trainer has no use for (its loss is ArCHer's ``-A logp +
 #: beta k3``, without ratio clipping; each adapter and the critic have their own learning
@@ -156,6 +178,10 @@ def check_config(c: Config) -> None:
         "hints_per_answer": (c.hints_per_answer >= 2, ">= 2"),
         "scale_rewards": (c.scale_rewards in ("group", "none"), "'group' or 'none'"),
         "critic_mix": (0 <= c.critic_mix <= 1, "in [0, 1]"),
+        "eval_every": (c.eval_every >= 0, ">= 0"),
+        "hint_reward": (c.hint_reward in ("improvement", "turn2"), "'improvement' or 'turn2'"),
+        "keep_hint": (c.keep_hint in ("candidate", "prompt", "off"),
+                      "'candidate', 'prompt' or 'off'"),
         "critic_td_threshold": (c.critic_td_threshold > 0, "> 0"),
         "buffer_episodes": (c.buffer_episodes >= c.episodes_per_iteration,
                             ">= --episodes-per-iteration"),

@@ -3,8 +3,8 @@ held-out problems, the scoring and each turn's accuracy with its Wilson interval
 trainers' shared ones (``trainers/llm/evaluation.py``: problems disjoint from training by
 content, a wrong number scores 0); here the two turns of greedy episodes (one hint each) are
 scored per question with ``score_completions``, and the hint's effect is their paired
-difference (turn-2 minus turn-1 accuracy on the same problems) with Newcombe's interval, plus
-the counts of answers turn 2 fixes and breaks."""
+difference (turn-2 minus turn-1 accuracy on the same problems) with Newcombe's interval, the
+exact McNemar p of the discordant pairs, and the counts of answers turn 2 fixes and breaks."""
 
 from __future__ import annotations
 
@@ -50,16 +50,36 @@ def paired_difference(first: np.ndarray, second: np.ndarray, z: float = 1.96
     return diff, max(-1.0, lo), min(1.0, hi)
 
 
+def mcnemar_exact(breaks: int, fixes: int) -> float:
+    """Two-sided exact McNemar p of paired binary outcomes: under the null a discordant pair
+    is a break or a fix with probability 1/2 each, so with ``n = breaks + fixes`` the p is
+    ``min(1, 2 P(X <= min(breaks, fixes)))`` for ``X ~ Binomial(n, 1/2)`` (McNemar 1947; the
+    exact binomial form, e.g. Fagerland, Lydersen and Laake 2013, BMC Med Res Methodol 13:91).
+    1.0 when there is no discordant pair. Exact integer arithmetic up to the last division.
+
+    Raises:
+        ValueError: a negative count."""
+    if breaks < 0 or fixes < 0:
+        raise ValueError(f"breaks, fixes: expected counts >= 0, got {breaks} and {fixes}")
+    n = breaks + fixes
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(breaks, fixes) + 1))
+    return min(1.0, 2 * tail / 2**n)
+
+
 def summarise(right: np.ndarray) -> dict[str, Any]:
     """The paired measures of greedy episodes' per-question correctness ``right`` (bool[n, 2]:
-    turn 1, turn 2): the hint's effect (``turn2_minus_turn1`` with Newcombe's ``ci95``),
-    ``fixes``, ``breaks`` and their shares of n (``hint_uptake``, ``turn2_breaks``)."""
+    turn 1, turn 2): the hint's effect (``turn2_minus_turn1`` with Newcombe's ``ci95`` and
+    the exact McNemar ``mcnemar_p`` of its discordant pairs), ``fixes``, ``breaks`` and their
+    shares of n (``hint_uptake``, ``turn2_breaks``), ``n``."""
     right = np.asarray(right, bool)
     n = len(right)
     diff, lo, hi = paired_difference(right[:, 0], right[:, 1])
     fixes = int((~right[:, 0] & right[:, 1]).sum())
     breaks = int((right[:, 0] & ~right[:, 1]).sum())
-    return {"hint_effect": {"turn2_minus_turn1": diff, "ci95": [lo, hi]},
+    return {"hint_effect": {"turn2_minus_turn1": diff, "ci95": [lo, hi],
+                            "mcnemar_p": mcnemar_exact(breaks, fixes), "n": n},
             "fixes": fixes, "breaks": breaks,
             "hint_uptake": fixes / n, "turn2_breaks": breaks / n}
 
@@ -88,3 +108,18 @@ def evaluate(play_greedy: Callable[[list[str]], dict[str, Any]],
                              completion_tokens=[len(a[u]) for a in ep["actions"]])
         right.append(scored["correct"] == 1.0)
     return {**out, **summarise(np.stack(right, axis=1))}
+
+
+def flat(result: dict[str, Any], prefix: str = "eval_") -> dict[str, Any]:
+    """An evaluation ``result`` (:func:`evaluate`'s) as flat metrics-row numbers:
+    ``eval_turn1_accuracy``, ``eval_turn2_accuracy``, ``eval_hint_effect`` with
+    ``eval_hint_effect_ci95_lo`` / ``_hi`` (Newcombe), ``eval_mcnemar_p``, ``eval_fixes``,
+    ``eval_breaks``, ``eval_n``."""
+    effect = result["hint_effect"]
+    return {f"{prefix}turn1_accuracy": result["turn1"]["accuracy"],
+            f"{prefix}turn2_accuracy": result["turn2"]["accuracy"],
+            f"{prefix}hint_effect": effect["turn2_minus_turn1"],
+            f"{prefix}hint_effect_ci95_lo": effect["ci95"][0],
+            f"{prefix}hint_effect_ci95_hi": effect["ci95"][1],
+            f"{prefix}mcnemar_p": effect["mcnemar_p"], f"{prefix}fixes": result["fixes"],
+            f"{prefix}breaks": result["breaks"], f"{prefix}n": effect["n"]}

@@ -24,12 +24,18 @@ from trainers.llm.tasks import SYSTEM, render
 ROLES = ("agent", "guidance")
 GUIDE_SYSTEM = ("You are a math tutor. Read the problem and the student's answer, then write one "
                 "short hint that helps the student check or fix it. Do not give the final answer.")
+#: The "keep your answer" hint (``--keep-hint``): offered in the guidance prompt, and with
+#: ``candidate`` the last of the K hints of every turn-1 answer.
+KEEP_HINT = "Your answer is correct. Keep it."
+KEEP_OFFER = f" If the student's answer is already right, reply exactly: {KEEP_HINT}"
 
 
-def guidance_prompt(tok: Any, question: str, answer: str) -> str:
-    """The guidance model's chat prompt: the problem and the agent's turn-1 answer."""
+def guidance_prompt(tok: Any, question: str, answer: str, keep: bool = False) -> str:
+    """The guidance model's chat prompt: the problem and the agent's turn-1 answer (``keep``:
+    the system prompt offers :data:`KEEP_HINT`)."""
     user = f"Problem: {question}\n\nStudent's answer: {answer}\n\nWrite a short hint."
-    return str(tok.apply_chat_template([{"role": "system", "content": GUIDE_SYSTEM},
+    system = GUIDE_SYSTEM + (KEEP_OFFER if keep else "")
+    return str(tok.apply_chat_template([{"role": "system", "content": system},
                                         {"role": "user", "content": user}],
                                        add_generation_prompt=True, tokenize=False))
 
@@ -53,16 +59,28 @@ class Policies:
     Shared layout: ``models`` maps both roles to one peft model holding adapters ``agent`` and
     ``guidance`` (``use(role)`` switches with ``set_adapter``); the reference is that model
     with adapters disabled. Naive layout (``--naive-init``): each role has its own full copy
-    of the base, and the reference is a third copy (``reference``).
+    of the base, and the reference is a third copy (``reference``). A role in ``frozen``
+    (``--freeze-agent``) never has gradients: ``use`` clears ``requires_grad`` on its adapter,
+    which peft's ``set_adapter`` sets on the active adapter.
     """
 
     def __init__(self, models: dict[str, Any], reference: Any | None = None) -> None:
         self.models, self.reference_model = models, reference
+        self.frozen: set[str] = set()
 
     def use(self, role: str) -> Any:
         model = self.models[role]
         model.set_adapter(role)
+        for r in self.frozen:
+            for p in self.adapter_params(r):
+                p.requires_grad_(False)
         return model
+
+    def freeze(self, role: str) -> None:
+        """Fix ``role``'s adapter: no gradient from now on (see ``use``)."""
+        self.frozen.add(role)
+        for p in self.adapter_params(role):
+            p.requires_grad_(False)
 
     @contextlib.contextmanager
     def reference(self) -> Iterator[Any]:
@@ -136,7 +154,8 @@ def worker_policies(cfg: Config) -> tuple[Policies, Any]:
 
 def play(policies: Policies, tok: Any, questions: list[str], sampling: Sampling, *,
          max_answer_tokens: int, max_hint_tokens: int, hints: int,
-         greedy: bool = False, on_finished: Any = None) -> dict[str, Any]:
+         greedy: bool = False, on_finished: Any = None, keep_hint: str = "off"
+         ) -> dict[str, Any]:
     """Episodes of ``questions``: turn 1, then ``hints`` hints of the guidance model on that
     answer and a turn 2 after each, every utterance batched over the questions; answers at
     most ``max_answer_tokens`` long, hints ``max_hint_tokens`` (``greedy``: argmax decoding,
@@ -144,7 +163,10 @@ def play(policies: Policies, tok: Any, questions: list[str], sampling: Sampling,
     ``truncated``, each a list per question of its ``1 + 2 * hints`` utterances in the order
     turn 1, hint 1, turn 2 after hint 1, hint 2, ... (so an utterance's next observation is
     the next one's observation, except a turn 2's). ``on_finished(k)``: told as utterances
-    finish (``generate``'s)."""
+    finish (``generate``'s). ``keep_hint`` (``--keep-hint``): ``prompt`` or ``candidate``
+    offer :data:`KEEP_HINT` in the guidance prompt; ``candidate`` also makes it the last of
+    the ``hints`` (>= 2) hints of every answer, its tokens ending with EOS as a sampled hint's
+    do (never when ``greedy`` or with one hint: the evaluation's hint is the model's own)."""
     encode = lambda text: np.asarray(tok.encode(text, add_special_tokens=False))  # noqa: E731
     n = len(questions)
 
@@ -157,8 +179,16 @@ def play(policies: Policies, tok: Any, questions: list[str], sampling: Sampling,
 
     first = [encode(render(tok, q)) for q in questions]
     a1, t1, x1 = run("agent", first, 1)
-    guide = [encode(guidance_prompt(tok, q, a)) for q, a in zip(questions, x1, strict=True)]
-    ah, th, xh = run("guidance", guide, hints)  # question-major: hints of question i together
+    guide = [encode(guidance_prompt(tok, q, a, keep=keep_hint != "off"))
+             for q, a in zip(questions, x1, strict=True)]
+    canned = int(keep_hint == "candidate" and hints >= 2 and not greedy)
+    ah, th, xh = run("guidance", guide, hints - canned)  # question-major: question i together
+    if canned:  # the keep hint after each question's hints - 1 sampled ones
+        keep = np.append(encode(KEEP_HINT), tok.eos_token_id).astype(np.int32)
+        s = hints - 1
+        ah = [x for i in range(n) for x in [*ah[i * s:(i + 1) * s], keep]]
+        th = [x for i in range(n) for x in [*th[i * s:(i + 1) * s], False]]
+        xh = [x for i in range(n) for x in [*xh[i * s:(i + 1) * s], KEEP_HINT]]
     revise = [encode(revision_prompt(tok, questions[j // hints], x1[j // hints], h))
               for j, h in enumerate(xh)]
     a2, t2, x2 = run("agent", revise, 1)
@@ -174,15 +204,19 @@ def play(policies: Policies, tok: Any, questions: list[str], sampling: Sampling,
 
 
 def longest_utterances(tok: Any, questions: list[str], max_answer_tokens: int,
-                       max_hint_tokens: int) -> dict[str, int]:
+                       max_hint_tokens: int, keep_hint: str = "off") -> dict[str, int]:
     """Tokens (prompt + action) of each role's longest utterance over ``questions``, counted
     from the chat templates: the agent's is a turn 2 (the revision prompt holds the question,
-    turn 1's answer and the hint, then the revision), the guidance model's a hint."""
+    turn 1's answer and the hint, then the revision), the guidance model's a hint
+    (``keep_hint``: the prompt's offer counted, and with ``candidate`` a hint as long as
+    :data:`KEEP_HINT` with its EOS when that is longer than ``max_hint_tokens``)."""
     q = max(questions, key=lambda x: len(tok.encode(x, add_special_tokens=False)))
     count = lambda text: len(tok.encode(text, add_special_tokens=False))  # noqa: E731
-    return {"agent": count(revision_prompt(tok, q, "", "")) + 2 * max_answer_tokens
-            + max_hint_tokens,
-            "guidance": count(guidance_prompt(tok, q, "")) + max_answer_tokens + max_hint_tokens}
+    hint = max(max_hint_tokens, count(KEEP_HINT) + 1) if keep_hint == "candidate" \
+        else max_hint_tokens
+    return {"agent": count(revision_prompt(tok, q, "", "")) + 2 * max_answer_tokens + hint,
+            "guidance": count(guidance_prompt(tok, q, "", keep_hint != "off"))
+            + max_answer_tokens + hint}
 
 
 def rng_devices(model: torch.nn.Module) -> list[int]:
@@ -203,7 +237,8 @@ def episode_job(weights: dict[str, Any], cfg: Config, questions: list[str],
         torch.manual_seed(seed)
         return play(policies, tok, questions, cfg.utterance_sampling(),
                     max_answer_tokens=cfg.max_answer_tokens,
-                    max_hint_tokens=cfg.max_hint_tokens, hints=cfg.hints_per_answer)
+                    max_hint_tokens=cfg.max_hint_tokens, hints=cfg.hints_per_answer,
+                    keep_hint=cfg.keep_hint)
 
 
 def collect(pool: RolloutPool, policies: Policies, questions: list[str], cfg: Config,

@@ -26,7 +26,6 @@ from rlbuffers.rollouts import make_pool
 from rlbuffers.rollouts.pool import RolloutPool
 from trainers import common
 from trainers.config import evaluated, start
-from trainers.curves import Series, plot_curve
 from trainers.guidance import evaluation
 from trainers.guidance.advantages import mixed, outcomes, role_utterances
 from trainers.guidance.agent_init import load_agent_init
@@ -42,7 +41,7 @@ from trainers.guidance.critic import (
     value_batch,
     value_loss,
 )
-from trainers.guidance.data import buffer_fields, episode_rows, next_problems
+from trainers.guidance.data import create_buffer, draw_curve, episode_rows, next_problems
 from trainers.guidance.placement import describe, place
 from trainers.guidance.policy import (
     micro_batches,
@@ -156,12 +155,15 @@ def evaluate(learner: Learner, problems: list[dict[str, Any]], train_keys: set[K
                 return play(learner.policies, learner.tok, questions,
                             cfg.utterance_sampling(learner.device), hints=1, greedy=True,
                             max_answer_tokens=cfg.max_answer_tokens,
-                            max_hint_tokens=cfg.max_hint_tokens, on_finished=count.add)
+                            max_hint_tokens=cfg.max_hint_tokens, on_finished=count.add,
+                            keep_hint=cfg.keep_hint)
         finally:
             torch.set_num_threads(train_threads(cfg))
 
-    return evaluation.evaluate(play_greedy, problems, task_correct(cfg.task, cfg.task_config),
-                               train_keys=train_keys)
+    out = evaluation.evaluate(play_greedy, problems, task_correct(cfg.task, cfg.task_config),
+                              train_keys=train_keys)
+    return {**out, "agent_frozen": cfg.freeze_agent, "hint_reward": cfg.hint_reward,
+            "keep_hint": cfg.keep_hint}
 
 
 def iterate(learner: Learner) -> dict[str, Any]:
@@ -184,15 +186,16 @@ def iterate(learner: Learner) -> dict[str, Any]:
                        for i, ep in zip(indices, episodes, strict=True)], np.float32)
     c1, c2 = scores[:, 0], scores[:, 1:]
     with phases("buffer"):
-        fresh = episode_rows(episodes, scores, tr["episodes"], it)
+        fresh = episode_rows(episodes, scores, tr["episodes"], it, cfg.hint_reward)
         L.buf.extend(fresh)
         tr["episodes"] += len(episodes)
-    # This iteration's utterances per role (agent: turn 1s, then turn 2s; guidance: the hints
-    # of wrong turn-1 answers): group advantages, LM batches (on the device), critic inputs.
-    pick, group, a_hint, flat = role_utterances(c1, c2, cfg.scale_rewards)
+    # This iteration's utterances per role (agent: turn 1s, then turn 2s, none when frozen;
+    # guidance: the hints of --hint-reward's groups): group advantages, LM batches (on the
+    # device), critic inputs.
+    pick, group, a_hint, flat = role_utterances(c1, c2, cfg.scale_rewards, cfg.hint_reward)
     batches, crit = {}, {}
     for role in ROLES:
-        if not pick[role]:
+        if not pick[role] or role in L.policies.frozen:
             continue
         obs = [episodes[e]["observations"][u] for e, u in pick[role]]
         acts = [episodes[e]["actions"][u] for e, u in pick[role]]
@@ -211,6 +214,8 @@ def iterate(learner: Learner) -> dict[str, Any]:
     with phases("critic"):
         row.update(critic_steps(L, fresh, crit, batches, group))
     for role, name in (("agent", "actor"), ("guidance", "guidance")):
+        if role in L.policies.frozen:  # --freeze-agent: no step, no gradient, no optimizer
+            continue
         st = {"loss": 0.0, "kl": 0.0, "grad_norm": 0.0, "micro_batch": 0}
         with phases(name):
             if role in batches:  # no wrong turn-1 answer: no guidance step this iteration
@@ -226,8 +231,9 @@ def iterate(learner: Learner) -> dict[str, Any]:
         row["value_loss"] = float(loss.detach())
     with phases("target"):
         polyak_update_(L.target, L.critic, cfg.tau)
-    row.update({"iteration": it, "episodes": len(episodes), **outcomes(c1, c2, a_hint),
-                "flat_groups": flat,
+    row.update({"iteration": it, "episodes": len(episodes),
+                **outcomes(c1, c2, a_hint, cfg.hint_reward), "flat_groups": flat,
+                "agent_frozen": cfg.freeze_agent,
                 "reward_mean": float(c2.mean()),
                 "answer_tokens_mean": float(np.mean(
                     [len(ep["actions"][u]) for ep in episodes for u in range(0, 2 * K + 1, 2)])),
@@ -285,6 +291,8 @@ def build(cfg: Config) -> Learner:
     try:
         with monitor.phase("init") as init:
             policies, tok, _ = make_policies(cfg, naive=cfg.naive_init)
+            if cfg.freeze_agent:
+                policies.freeze("agent")
             critic, target, ctok = make_critic(cfg)
         # a new run only (a resumed one restores its adapters), before the run directory
         start_eval = {"agent_init": load_agent_init(policies, cfg.agent_init, cfg)} \
@@ -299,7 +307,8 @@ def build(cfg: Config) -> Learner:
                               curve=partial(draw_curve, task=cfg.task))
         problems = task_problems(cfg.task, cfg.train_size, cfg.seed, cfg.task_config)
         longest = longest_utterances(tok, [problems[i]["question"] for i in range(len(problems))],
-                                     cfg.max_answer_tokens, cfg.max_hint_tokens)
+                                     cfg.max_answer_tokens, cfg.max_hint_tokens,
+                                     keep_hint=cfg.keep_hint)
         opts, ambs, plans = setup_updates(cfg, device, policies, tok, critic, plan,
                                           longest)
         learner = Learner(
@@ -324,17 +333,18 @@ def setup_updates(cfg: Config, device: torch.device, policies: Policies, tok: An
                   critic: DoubleCritic, plan: Any, longest: dict[str, int]
                   ) -> tuple[dict[str, torch.optim.Optimizer], dict[str, AdaptiveMicroBatch],
                              dict[str, Any]]:
-    """The three AdamW optimizers, each adapter's micro-batches (planned under the policy
-    step's budget on ``device`` from the memory per token of the agent's step measured on its
-    longest utterances, for each role's ``longest[role]``-token utterances) and gradient
-    checkpointing of the policy model(s); returns the optimizers, the micro-batches and the
-    plans' numbers (logged at INFO)."""
+    """The AdamW optimizers (critic and each trained adapter: none for a frozen agent), each
+    trained adapter's micro-batches (planned under the policy step's budget on ``device``
+    from the memory per token of a step measured on the agent's longest utterances, with the
+    agent's adapter or, frozen, the guidance one's, for each role's ``longest[role]``-token
+    utterances) and gradient checkpointing of the policy model(s); returns the optimizers,
+    the micro-batches and the plans' numbers (logged at INFO)."""
+    lrs = {"agent": cfg.actor_lr, "guidance": cfg.guidance_lr}
+    trained = [r for r in ROLES if r not in policies.frozen]
     opts: dict[str, torch.optim.Optimizer] = {
-        "agent": torch.optim.AdamW(policies.adapter_params("agent"), lr=cfg.actor_lr,
-                                   weight_decay=0.0),
-        "guidance": torch.optim.AdamW(policies.adapter_params("guidance"), lr=cfg.guidance_lr,
-                                      weight_decay=0.0),
-        "critic": torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr, weight_decay=0.0)}
+        r: torch.optim.AdamW(policies.adapter_params(r), lr=lrs[r], weight_decay=0.0)
+        for r in trained}
+    opts["critic"] = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr, weight_decay=0.0)
     budget = update_budget(cfg.memory_budget, device)
     log.info("memory budget of a policy step: %s (--memory-budget %s, on %s)",
              "none" if budget is None else f"{budget / MIB:,.0f} MiB", cfg.memory_budget, device)
@@ -344,9 +354,11 @@ def setup_updates(cfg: Config, device: torch.device, policies: Policies, tok: An
     if budget is not None:  # once: the longest utterances (a real step on 1 and 3 of them)
         with heartbeat(f"measuring a policy step's memory on {longest['agent']}-token "
                        "utterances"):
-            cost = utterance_step_cost(policies, "agent", longest["agent"],
+            cost = utterance_step_cost(policies, trained[0], longest["agent"],
                                        cfg.max_answer_tokens, tok.pad_token_id, cfg)
     for role, items in (("agent", E * (1 + K)), ("guidance", E * K)):
+        if role in policies.frozen:
+            continue
         ambs[role], mb = micro_batches(role, policies.use(role), budget, items, longest[role],
                                        cost)
         plans[f"micro_batch_planned_{role}"] = mb["micro_batch"]
@@ -354,7 +366,8 @@ def setup_updates(cfg: Config, device: torch.device, policies: Policies, tok: An
         if "activation_bytes_per_item" in mb:
             plans[f"activation_bytes_per_utterance_{role}"] = mb["activation_bytes_per_item"]
     policies.use("agent")
-    tokens = (ambs["agent"].micro_batch or 1) * longest["agent"]  # a micro-batch's, at most
+    first = "agent" if "agent" in ambs else "guidance"
+    tokens = (ambs[first].micro_batch or 1) * longest[first]  # a micro-batch's, at most
     for name, model in policies.unique_models().items():
         if name != "reference_copy":
             gc = set_gradient_checkpointing(
@@ -364,26 +377,6 @@ def setup_updates(cfg: Config, device: torch.device, policies: Policies, tok: An
                      gc["layers"])
             plans[f"checkpointed_layers_{name}"] = gc["layers"]
     return opts, ambs, plans
-
-
-def create_buffer(cfg: Config, run_dir: Any) -> None:
-    """The new run's utterance buffer (3 utterances per episode kept)."""
-    ReplayBuffer.create(run_dir / "buffer", capacity=3 * cfg.buffer_episodes,
-                        fields=buffer_fields(), seed=cfg.seed).close()
-
-
-def draw_curve(path: Any, history: list[dict[str, Any]], *, task: str) -> None:
-    """curve.png: turn-1 / turn-2 accuracy, hint uptake and breaks; the critic's TD error on
-    fresh utterances and its loss on the right."""
-    plot_curve(path, history, x="iteration", xlabel=f"iteration (guidance on {task})",
-               series=[Series("turn1_accuracy", "turn 1 accuracy"),
-                       Series("turn2_accuracy", "turn 2 accuracy"),
-                       Series("hint_uptake", "hint uptake (turn 2 fixes)"),
-                       Series("turn2_breaks", "turn 2 breaks"),
-                       Series("td_error", "critic TD error (fresh)", right=True),
-                       Series("critic_loss", "critic loss", right=True)],
-               ylabel="accuracy / share", title="two-turn guidance",
-               right_label="critic TD error / loss")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -410,6 +403,11 @@ def main(argv: list[str] | None = None) -> None:
             t0 = time.perf_counter()
             row = iterate(learner)
             learner.trainer["iteration"] = row["iteration"]
+            if cfg.eval_size and cfg.eval_every and row["iteration"] % cfg.eval_every == 0:
+                result = {**evaluate(learner, held, keys), "iteration": row["iteration"]}
+                evals.setdefault("every", {})[str(row["iteration"])] = result
+                row.update(evaluation.flat(result))
+                log.info("held-out at iteration %d: %s", row["iteration"], format_eval(result))
             row["iteration_seconds"] = time.perf_counter() - t0
             learner.run.commit(row["iteration"], row, **checkpoint_files(learner))
             bar.set_postfix({"t1": f"{row['turn1_accuracy']:.2f}",
