@@ -248,15 +248,6 @@ def test_errors_name_the_argument(tmp_path):
         pickle.dumps(ZarrStorage(tmp_path / "p", 2))
 
 
-def test_non_tensor_leaves_are_refused_by_name(tmp_path):
-    td = TensorDict({"obs": torch.zeros(2, 3)}, batch_size=[2])
-    td["text"] = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)],
-                                            layout=torch.jagged)
-    rb = TensorDictReplayBuffer(storage=ZarrStorage(tmp_path / "z", 4))
-    with pytest.raises(TypeError, match=r"data\[\('text',\)\]: expected a dense tensor"):
-        rb.extend(td)
-
-
 def test_fields_are_named_by_their_keys(tmp_path):
     z = ZarrStorage(tmp_path / "z", 4)
     data = transitions(2)

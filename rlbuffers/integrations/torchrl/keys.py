@@ -1,5 +1,10 @@
 """A TensorDict's layout as buffer fields: nested keys flattened to field names, torch dtypes to
-numpy dtypes, and back. The layout is plain JSON, stored in each commit's metadata."""
+numpy dtypes, and back. The layout is plain JSON, stored in each commit's metadata.
+
+Three kinds of leaf: dense tensors (a fixed field), nested tensors ragged along their first
+axis after the batch (a ragged field of the buffer; read back as a jagged nested tensor) and
+non-tensor strings (``NonTensorData`` / ``NonTensorStack``; a ragged ``uint8`` field of UTF-8
+bytes; read back as a ``NonTensorStack``, as TorchRL's ``LazyTensorStorage`` returns them)."""
 
 from __future__ import annotations
 
@@ -14,7 +19,13 @@ require("tensordict", "torchrl")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from tensordict import TensorDict, TensorDictBase, is_tensor_collection  # noqa: E402
+from tensordict import (  # noqa: E402
+    TensorDict,
+    TensorDictBase,
+    is_leaf_nontensor,
+    is_non_tensor,
+    is_tensor_collection,
+)
 
 from rlbuffers import FieldSpec  # noqa: E402
 from rlbuffers.spec import EPISODE_END_FIELDS, field_name_problem  # noqa: E402
@@ -31,16 +42,26 @@ _NUMPY = {torch.bool: np.bool_, torch.uint8: np.uint8, torch.int8: np.int8,
 _BY_NAME = {str(t).removeprefix("torch."): t for t in _NUMPY}
 #: the one key of a storage of plain tensors (not TensorDicts)
 TENSOR_KEY: tuple[str, ...] = ("tensor",)
+#: the kinds of leaf (:attr:`Entry.kind`)
+DENSE, RAGGED, STR = "dense", "ragged", "str"
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One leaf: its buffer field, TensorDict key, torch dtype and shape of one row."""
+    """One leaf: its buffer field, TensorDict key, torch dtype and shape of one row, and its
+    kind: ``"dense"``; ``"ragged"`` (a nested tensor, ``shape`` the axes after the ragged
+    one); ``"str"`` (non-tensor strings, stored as UTF-8 bytes: ``uint8``, ``shape ()``)."""
 
     field: str
     key: tuple[str, ...]
     dtype: torch.dtype
     shape: tuple[int, ...]
+    kind: str = DENSE
+
+    def spec(self) -> FieldSpec:
+        """The buffer field storing this leaf (ragged and strings: first axis ``None``)."""
+        lead: tuple[int | None, ...] = () if self.kind == DENSE else (None,)
+        return FieldSpec((*lead, *self.shape), _NUMPY[self.dtype])
 
 
 @dataclass(frozen=True)
@@ -54,11 +75,11 @@ class Layout:
 
     def fields(self) -> dict[str, FieldSpec]:
         """Field name -> :class:`~rlbuffers.FieldSpec` (shape: the leaf's shape of one row)."""
-        return {e.field: FieldSpec(e.shape, _NUMPY[e.dtype]) for e in self.entries}
+        return {e.field: e.spec() for e in self.entries}
 
-    def to_fields(self, data: Any, n: int) -> dict[str, np.ndarray]:
+    def to_fields(self, data: Any, n: int) -> dict[str, Any]:
         """``data`` (a TensorDict of batch ``[n, *row_batch]`` or a tensor ``[n, *shape]``) as
-        ``{field: ndarray[n, *shape]}``.
+        ``{field: ndarray[n, *shape]}`` (ragged and string leaves: a list of n arrays).
 
         Raises:
             ValueError: a key missing or added, or a leaf whose dtype or shape differs from the
@@ -74,9 +95,16 @@ class Layout:
             raise ValueError(f"data: expected the keys {sorted(want)} of the storage's first "
                              f"write, got {sorted(leaves)} (missing: {sorted(want - set(leaves))}, "
                              f"new: {sorted(set(leaves) - want)})")
-        out = {}
+        out: dict[str, Any] = {}
         for e in self.entries:
             t = leaves[e.key]
+            if e.kind == STR:
+                out[e.field] = [np.frombuffer(v.encode("utf-8"), np.uint8)
+                                for v in _strings(e.key, t, n)]
+                continue
+            if e.kind == RAGGED:
+                out[e.field] = [_to_numpy(r) for r in _ragged_rows(e, t, n)]
+                continue
             _check_dense(e.key, t)
             if t.dtype != e.dtype or tuple(t.shape) != (n, *e.shape):
                 raise ValueError(f"data[{e.key!r}]: expected {e.dtype} of shape "
@@ -84,11 +112,31 @@ class Layout:
             out[e.field] = _to_numpy(t)
         return out
 
-    def from_fields(self, rows: Mapping[str, np.ndarray], batch: Sequence[int]) -> Any:
-        """``rows`` (``{field: ndarray[N, *shape]}``) as a TensorDict of batch ``[*batch,
-        *row_batch]`` (or a tensor), ``prod(batch) == N``."""
-        leaves = {e.key: _from_numpy(rows[e.field], e.dtype).reshape((*batch, *e.shape))
-                  for e in self.entries}
+    def from_fields(self, rows: Mapping[str, Any], batch: Sequence[int]) -> Any:
+        """``rows`` (``{field: ndarray[N, *shape]}``; ragged fields: a list of N arrays) as a
+        TensorDict of batch ``[*batch, *row_batch]`` (or a tensor), ``prod(batch) == N``.
+        Ragged leaves come back as a jagged nested tensor ``[N, j, *shape]`` (one row,
+        ``batch == ()``: a dense ``[len, *shape]``), strings as a ``NonTensorStack`` (one row:
+        ``NonTensorData``).
+
+        Raises:
+            ValueError: ``batch`` has more than one axis and the rows hold ragged or string
+                leaves (those are read by 1-d indices, as TorchRL's samplers give).
+        """
+        if len(batch) > 1 and any(e.kind != DENSE for e in self.entries):
+            raise ValueError(f"index of shape {tuple(batch)}: rows with ragged or string "
+                             "entries are read by an int or a 1-d index")
+        leaves: dict[tuple[str, ...], Any] = {}
+        for e in self.entries:
+            v = rows[e.field]
+            if e.kind == DENSE:
+                leaves[e.key] = _from_numpy(v, e.dtype).reshape((*batch, *e.shape))
+            elif e.kind == STR:
+                strings = [bytes(np.ascontiguousarray(r)).decode("utf-8") for r in v]
+                leaves[e.key] = strings[0] if not batch else strings
+            else:
+                parts = [_from_numpy(r, e.dtype) for r in v]
+                leaves[e.key] = parts[0] if not batch else _jagged(parts, e)
         if self.tensor:
             return leaves[TENSOR_KEY]
         td = TensorDict({}, batch_size=[*batch, *self.row_batch])
@@ -101,7 +149,8 @@ class Layout:
         return {"tensor": self.tensor, "row_batch": list(self.row_batch),
                 "entries": [{"field": e.field, "key": list(e.key),
                              "dtype": str(e.dtype).removeprefix("torch."),
-                             "shape": list(e.shape)} for e in self.entries]}
+                             "shape": list(e.shape), **({"kind": e.kind} if e.kind != DENSE
+                                                        else {})} for e in self.entries]}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Layout:
@@ -112,55 +161,129 @@ class Layout:
         """
         try:
             entries = tuple(Entry(str(e["field"]), tuple(e["key"]), _BY_NAME[e["dtype"]],
-                                  tuple(int(s) for s in e["shape"])) for e in d["entries"])
+                                  tuple(int(s) for s in e["shape"]), _kind(e.get("kind", DENSE)))
+                            for e in d["entries"])
             return cls(entries, tuple(int(s) for s in d["row_batch"]), bool(d["tensor"]))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"metadata['torchrl']: not a ZarrStorage layout ({e!r})") from None
 
 
-def layout_of(row: Any) -> Layout:
-    """The layout of one row: a TensorDict (each leaf a field; nested keys joined with '.',
-    root ``done``/``terminated``/``truncated`` named ``root.done`` ...; a name the buffer
-    refuses, e.g. one starting with ``_``: ``key<i>``) or a tensor.
+def layout_of(data: Any) -> Layout:
+    """The layout of the rows of ``data``: a TensorDict of batch ``[n, *row_batch]`` (each leaf
+    a field; nested keys joined with '.', root ``done``/``terminated``/``truncated`` named
+    ``root.done`` ...; a name the buffer refuses, e.g. one starting with ``_``: ``key<i>``)
+    or a tensor ``[n, *shape]``. A nested tensor leaf (ragged along its axis after the batch)
+    becomes a ragged field, a non-tensor leaf of strings a ragged ``uint8`` field; both need
+    ``row_batch == ()``.
 
     Raises:
-        TypeError: a row that is neither, or a leaf that is not a tensor (non-tensor data,
-            nested/ragged tensors) or whose dtype cannot be stored.
+        TypeError: ``data`` is neither, or a leaf that cannot be stored: a non-tensor that is
+            not a str, a nested tensor ragged along another axis, or an unstored dtype.
     """
-    if isinstance(row, torch.Tensor):
-        return Layout((_entry(0, TENSOR_KEY, row),), (), True)
-    if not is_tensor_collection(row):
-        raise TypeError(f"data: expected a TensorDict or a tensor, got {type(row).__name__}")
-    leaves = _leaves(row)
-    entries = tuple(_entry(i, k, t) for i, (k, t) in enumerate(sorted(leaves.items())))
+    if isinstance(data, torch.Tensor):
+        return Layout((_entry(0, TENSOR_KEY, data, ()),), (), True)
+    if not is_tensor_collection(data):
+        raise TypeError(f"data: expected a TensorDict or a tensor, got {type(data).__name__}")
+    row_batch = tuple(data.batch_size[1:])
+    leaves = _leaves(data)
+    entries = tuple(_entry(i, k, t, row_batch) for i, (k, t) in enumerate(sorted(leaves.items())))
     names = [e.field for e in entries]
     if len(set(names)) != len(names):
         raise TypeError(f"data: keys {sorted(leaves)} flatten to repeated field names {names}")
-    return Layout(entries, tuple(row.batch_size), False)
+    return Layout(entries, row_batch, False)
+
+
+def _kind(kind: Any) -> str:
+    if kind not in (DENSE, RAGGED, STR):
+        raise ValueError(f"entry kind {kind!r}")
+    return str(kind)
+
+
+def _strings(key: tuple[str, ...], v: Any, n: int) -> list[str]:
+    """The ``n`` strings of a non-tensor leaf of a batch of ``n`` rows.
+
+    Raises:
+        TypeError: not a non-tensor of strings. ValueError: not ``n`` of them.
+    """
+    if not is_non_tensor(v):
+        raise TypeError(f"data[{key!r}]: expected non-tensor strings like the storage's "
+                        f"first write, got {type(v).__name__}")
+    values = v.tolist()
+    if not isinstance(values, list):
+        values = [values]
+    bad = [x for x in values if not isinstance(x, str)]
+    if bad:
+        raise TypeError(f"data[{key!r}]: non-tensor data must be str to be stored, got "
+                        f"{type(bad[0]).__name__} ({bad[0]!r:.40})")
+    if len(values) != n:
+        raise ValueError(f"data[{key!r}]: expected {n} strings, got {len(values)}")
+    return values
+
+
+def _ragged_rows(e: Entry, t: Any, n: int) -> list[torch.Tensor]:
+    """The ``n`` rows ``[len_i, *e.shape]`` of a ragged leaf: a nested tensor, or a dense one
+    ``[n, len, *e.shape]`` (one row written alone comes dense).
+
+    Raises:
+        ValueError: another dtype, trailing shape or row count.
+        TypeError: not a tensor.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"data[{e.key!r}]: expected a nested tensor, got {type(t).__name__}")
+    rows = list(t.unbind(0))
+    for r in rows:
+        if r.dtype != e.dtype or r.ndim != 1 + len(e.shape) or tuple(r.shape[1:]) != e.shape:
+            raise ValueError(f"data[{e.key!r}]: expected rows of {e.dtype} shaped "
+                             f"[len, *{list(e.shape)}], got {r.dtype} of shape {list(r.shape)}")
+    if len(rows) != n:
+        raise ValueError(f"data[{e.key!r}]: expected {n} rows, got {len(rows)}")
+    return rows
+
+
+def _jagged(parts: list[torch.Tensor], e: Entry) -> torch.Tensor:
+    """Rows ``[len_i, *e.shape]`` as one jagged nested tensor ``[N, j, *e.shape]``."""
+    if not parts:  # torch cannot build an empty nested tensor
+        return torch.empty((0, 0, *e.shape), dtype=e.dtype)
+    return torch.nested.nested_tensor(parts, layout=torch.jagged)
 
 
 def _check_dense(key: tuple[str, ...], t: Any) -> None:
     if not isinstance(t, torch.Tensor) or t.is_nested or t.layout != torch.strided:
         kind = "a nested tensor" if isinstance(t, torch.Tensor) else type(t).__name__
-        raise TypeError(f"data[{key!r}]: expected a dense tensor, got {kind} (non-tensor and "
-                        "nested/ragged entries are not stored: docs/torchrl.md)")
+        raise TypeError(f"data[{key!r}]: expected a dense tensor like the storage's first "
+                        f"write, got {kind} (docs/torchrl.md)")
 
 
-def _entry(i: int, key: tuple[str, ...], t: Any) -> Entry:
-    _check_dense(key, t)
-    if t.dtype not in _NUMPY:
-        raise TypeError(f"data[{key!r}]: dtype {t.dtype} is not stored; expected one of "
-                        f"{sorted(_BY_NAME)}")
+def _entry(i: int, key: tuple[str, ...], t: Any, row_batch: tuple[int, ...]) -> Entry:
+    """The entry of leaf ``t`` of a batch ``[n, *row_batch]`` (a tensor ``[n, *shape]``)."""
     name = ".".join(key)
     if name in EPISODE_END_FIELDS:  # TorchRL's root flags are a state's, shaped (1,): not
         name = f"root.{name}"       # the buffer's episode ends (docs/torchrl.md)
     field = name if not field_name_problem(name) else f"key{i}"
-    return Entry(field, key, t.dtype, tuple(t.shape))
+    kind, dtype, shape = DENSE, getattr(t, "dtype", None), tuple(getattr(t, "shape", ())[1:])
+    if is_non_tensor(t) or (isinstance(t, torch.Tensor) and t.is_nested):
+        if row_batch:
+            raise TypeError(f"data[{key!r}]: ragged and string entries need rows of batch [] "
+                            f"(a storage of single transitions), got rows of {list(row_batch)}")
+        if is_non_tensor(t):
+            _strings(key, t, len(t.tolist()) if isinstance(t.tolist(), list) else 1)
+            kind, dtype, shape = STR, torch.uint8, ()
+        else:
+            first = t.unbind(0)[0] if t.size(0) else t
+            kind, shape = RAGGED, tuple(first.shape[1:])
+            _ragged_rows(Entry(field, key, t.dtype, shape, RAGGED), t, t.size(0))
+    else:
+        _check_dense(key, t)
+    if dtype not in _NUMPY:
+        raise TypeError(f"data[{key!r}]: dtype {dtype} is not stored; expected one of "
+                        f"{sorted(_BY_NAME)}")
+    return Entry(field, key, dtype, shape, kind)
 
 
 def _leaves(td: TensorDictBase) -> dict[tuple[str, ...], Any]:
+    """Every leaf, non-tensor ones included (TensorDict's default leaves skip them)."""
     return {(k,) if isinstance(k, str) else tuple(k): td.get(k)
-            for k in td.keys(include_nested=True, leaves_only=True)}
+            for k in td.keys(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor)}
 
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:
