@@ -77,8 +77,11 @@ def scripted_generate(tok):
 
 
 def test_well_formed_path_end_to_end(tiny_dir, monkeypatch):
+    # The rewards before issue 49 (--proposer-reward band, --critic-batch first): every
+    # well-formed proposal attempted, scored against its own stated answer.
     cfg = config(tiny_dir, seeds_per_step=1, proposer_samples=4, solver_samples=4,
-                 critiques_per_problem=2, critic_samples=4)
+                 critiques_per_problem=2, critic_samples=4, proposer_reward="band",
+                 critic_batch="first")
     model, tok, _ = roles.make_model(cfg)
     monkeypatch.setattr(rollout, "generate", scripted_generate(tok))
     prompts = roles.Prompts(tok, cfg.max_prompt_tokens, ByteLRUCache(1 << 20))
@@ -252,6 +255,13 @@ def test_held_out_evaluation_of_a_run(tiny_dir, tmp_path, capsys, monkeypatch):
     assert pool["from_step"] == 2 and pool["correct"]["n"] == 36
     for c in out["checkpoints"]:
         assert c["solver_accuracy"]["n"] == 12
+        # The reported critic figure: its own verdict (margin > 0), first in the checkpoint
+        # (after the solver), None when the attempts hold one class only.
+        assert list(c)[:4] == ["step", "solver_accuracy", "critic_balanced_accuracy_raw",
+                               "critic_balanced_accuracy_raw_balanced_set"]
+        raw = c["critic_balanced_accuracy_raw"]
+        if raw is not None:
+            assert raw["ci95"][0] <= raw["value"] <= raw["ci95"][1] and raw["n"] == 12
         first = c["critic_first_attempts"]
         assert first["accuracy"]["n"] == 12 and first["majority_rate"]["rate"] >= 0.5
         lo, hi = first["accuracy"]["wilson95"]
@@ -271,6 +281,8 @@ def test_held_out_evaluation_of_a_run(tiny_dir, tmp_path, capsys, monkeypatch):
     assert out["calibration_set"]["training_seeds"] == 5
     assert out["calibration_set"]["correct"]["n"] == 15
     assert out["proposer"]["first"]["steps"] == [1, 1] and out["proposer"]["last"]["n"] == 4
+    assert out["proposer"]["verified_last"]["n"] == 4  # counted from the metrics rows
+    assert out["proposer"]["solvable_last"]["k"] <= out["proposer"]["verified_last"]["k"]
     says, labels = np.array([True, False, False, False]), np.array([True, True, False, False])
     assert evaluate.balanced_accuracy(says, labels) == 0.75
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainers.config import check_rules
+from trainers.crsp.judging import CRITIC_BATCHES
 from trainers.crsp.rewards import CLASS_WEIGHTS
 from trainers.crsp.verdict import MODES
 from trainers.llm.config import LLM_RESUMABLE, LLMConfig, check_dtype, check_llm
@@ -33,7 +34,24 @@ class Config(LLMConfig):
     solver right on a fraction p of attempts, ``p**K + (1 - p)**K`` of its correctness
     groups are flat: 0.69 at K = 4, 0.47 at K = 8 for p = 0.09)."""
     critiques_per_problem: int = 1
-    """Solver attempts per problem that the critic judges (the first ones)."""
+    """Solver attempts per problem that the critic judges (with --critic-batch first: the
+    first ones; balanced: ``ceil(this * problems / 2)`` per class)."""
+    proposer_reward: str = "learnability"
+    """The proposer's extrinsic reward: 'learnability' (``1 - |2p - 1|`` of the solver's
+    success rate p on a proposal whose stated answer the verifier confirms, 0 for any other:
+    ``trainers/crsp/verify.py``; the solver attempts verified proposals only, scored against
+    the verified answer) or 'band' (runs before issue 49: 1 when the solver's rate of
+    agreement with the proposal's own stated answer is strictly between 0 and 1, the solver
+    attempting every well-formed proposal, rewarded half by that agreement, half by the
+    critic's verdicts). A run resumed from a config.json without this setting keeps 'band'."""
+    critic_batch: str = "balanced"
+    """Which attempts the critic judges (``trainers/crsp/judging.py``): 'balanced' (equal
+    numbers of correct and incorrect attempts with ground truth per step, a class short
+    topped up from earlier steps' attempts) or 'first' (the first --critiques-per-problem
+    attempts of every problem; runs before issue 49, and what a resumed run whose
+    config.json lacks this setting keeps)."""
+    critic_reservoir: int = 64
+    """Earlier attempts kept per class to top up a balanced critic batch (0: none)."""
     critic_samples: int = 4
     """Verdicts (each with its reason) per judged attempt: a group (1: running
     normalisation instead)."""
@@ -124,6 +142,26 @@ def longest_completion(c: Config) -> int:
     return max(c.proposer_tokens, c.solver_tokens, c.critic_tokens)
 
 
+#: ``--proposer-reward`` choices.
+PROPOSER_REWARDS = ("learnability", "band")
+
+#: Settings added by issue 49, with the value a run created before them had: a resumed run
+#: whose config.json lacks one keeps that behaviour (``legacy_settings``).
+LEGACY = {"proposer_reward": "band", "critic_batch": "first"}
+
+
+def legacy_settings(c: Config, saved: dict[str, object]) -> list[str]:
+    """On ``--resume``, set each :data:`LEGACY` setting missing from the run's saved
+    config (``saved``: its JSON object) to the behaviour the run was created with. Returns
+    the settings changed (for the log)."""
+    changed = []
+    for name, old in LEGACY.items():
+        if name not in saved and getattr(c, name) != old:
+            setattr(c, name, old)
+            changed.append(f"--{name.replace('_', '-')} {old}")
+    return changed
+
+
 #: Settings a resumed run may change; the rest must match the run's config.json.
 RESUMABLE = LLM_RESUMABLE | {"steps", "tensor_summary"}
 
@@ -174,6 +212,10 @@ def check_config(c: Config) -> None:
         "critic_class_weights": (c.critic_class_weights in CLASS_WEIGHTS,
                                  f"one of {', '.join(CLASS_WEIGHTS)}"),
         "critic_class_window": (c.critic_class_window >= 1, ">= 1"),
+        "proposer_reward": (c.proposer_reward in PROPOSER_REWARDS,
+                            f"one of {', '.join(PROPOSER_REWARDS)}"),
+        "critic_batch": (c.critic_batch in CRITIC_BATCHES, f"one of {', '.join(CRITIC_BATCHES)}"),
+        "critic_reservoir": (c.critic_reservoir >= 0, ">= 0"),
         "lora_rank": (c.lora_rank >= 1, ">= 1 (roles are adapters)"),
         "alpha0": (c.alpha0 >= 0, ">= 0"),
         "alpha_decay": (0 < c.alpha_decay <= 1, "in (0, 1]"),

@@ -7,6 +7,10 @@
   training seed problem *or any problem the run's proposer wrote* (read from ``DIR/buffer``),
   the overlap recomputed on the result (0); one greedy attempt each, scored by the task's
   verifier (a wrong number scores what no answer scores);
+- the critic's own verdict (``margin > 0``, no threshold fitted) first, as
+  ``critic_balanced_accuracy_raw``: balanced accuracy on the first attempt of every held-out
+  problem with its 95% interval (:func:`balanced_accuracy_ci`), and the same on the balanced
+  set; the calibrated threshold below is a secondary reading only;
 - critic verdict accuracy on held-out solver attempts (``--critic-attempts`` sampled attempts
   per problem by that checkpoint's solver, labelled by the verifier), the verdict being the
   likelier of the two verdict continuations (``rollout.verdict_logprobs``): on the first
@@ -21,7 +25,9 @@
   an operating point set on training data, never on the held-out set, by the same procedure
   for every checkpoint;
 - from ``metrics.jsonl``, the proposer's well-formed proposals over the first and the last
-  ``--window`` steps;
+  ``--window`` steps, and (runs from issue 49 on) its verified proposals (the stated answer
+  confirmed by ``trainers.crsp.verify``) and solvable ones (verified, and the solver reached
+  the answer at least once): training proposals, not a held-out figure;
 
 each with its 95% Wilson interval. Prints one JSON object (and writes ``--out``,
 by default ``DIR/eval.json``)."""
@@ -43,7 +49,7 @@ from trainers.crsp.rewards import balanced_accuracy
 from trainers.crsp.roles import ROLE_ID, Prompts, activate, make_model
 from trainers.crsp.rollout import verdict_logprobs
 from trainers.llm.evaluation import HELD_OUT_SEED, held_out, task_correct
-from trainers.llm.generation import generate
+from trainers.llm.generation import EVAL_THREADS, generate
 from trainers.llm.tasks import extract_answer, task_problems, wilson
 from trainers.phases import Count, heartbeat
 from trainers.summary import json_bytes
@@ -106,6 +112,31 @@ def auc(scores: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
     se = np.sqrt((a * (1 - a) + (n1 - 1) * (q1 - a * a) + (n0 - 1) * (q2 - a * a)) / (n1 * n0))
     return {"auc": a, "ci95": [max(0.0, a - 1.96 * se), min(1.0, a + 1.96 * se)],
             "n_correct": n1, "n_incorrect": n0}
+
+
+def balanced_accuracy_ci(says: np.ndarray, labels: np.ndarray) -> dict[str, Any] | None:
+    """Balanced accuracy ``BA = (TPR + TNR) / 2`` of verdicts ``says`` against ``labels``
+    (bool[n] each, True: correct) with its 95% interval: each recall's Wilson interval
+    combined by MOVER (method of variance estimates recovery: Zou & Donner 2008,
+    "Construction of confidence limits about effect measures: a general approach", Stat.
+    Med. 27; the square-and-add of Newcombe 1998, method 10, for a sum instead of a
+    difference): ``BA - sqrt((TPR - l1)^2 + (TNR - l0)^2) / 2``, ``BA + sqrt((u1 - TPR)^2 +
+    (u0 - TNR)^2) / 2``. It treats the two recalls as independent: exact on attempts of
+    distinct problems (one attempt per problem); on the balanced set, where a problem gives
+    one attempt of each class, the recalls may correlate. None when a class is missing."""
+    y, v = np.asarray(labels, bool), np.asarray(says, bool)
+    n1, n0 = int(y.sum()), int((~y).sum())
+    if not n1 or not n0:
+        return None
+    tp, tn = int((v & y).sum()), int((~v & ~y).sum())
+    (l1, u1), (l0, u0) = wilson(tp, n1), wilson(tn, n0)
+    tpr, tnr = tp / n1, tn / n0
+    ba = (tpr + tnr) / 2
+    lo = ba - 0.5 * float(np.hypot(tpr - l1, tnr - l0))
+    hi = ba + 0.5 * float(np.hypot(u1 - tpr, u0 - tnr))
+    return {"value": ba, "ci95": [max(0.0, lo), min(1.0, hi)], "n": n1 + n0,
+            "tpr": proportion(tp, n1), "tnr": proportion(tn, n0),
+            "says_correct": float(v.mean()), "interval": "MOVER of Wilson recalls"}
 
 
 def critic_figures(says: np.ndarray, labels: np.ndarray, margin: np.ndarray | None = None
@@ -246,8 +277,15 @@ def evaluate_checkpoint(cfg: Config, model: Any, tok: Any, step: int,
     p_idx, a_idx = pick[:, 0], pick[:, 1]
     out: dict[str, Any] = {"step": step,
                            "solver_accuracy": proportion(int(sum(solved)), len(problems))}
+    # The reported critic figure (issue 49): its own verdict, the likelier continuation
+    # (margin > 0), as balanced accuracy with its interval: on the first attempt of every
+    # problem (distinct problems: independent items) and on the balanced set.
+    raw = margin > 0.0
+    out["critic_balanced_accuracy_raw"] = balanced_accuracy_ci(raw[:, 0], labels[:, 0])
+    out["critic_balanced_accuracy_raw_balanced_set"] = balanced_accuracy_ci(
+        raw[p_idx, a_idx], labels[p_idx, a_idx])
     thresholds = {"": 0.0}
-    if calibration is not None:
+    if calibration is not None:  # a secondary reading: a threshold set afterwards
         c_problems, c_pool = calibration
         out["calibration"] = youden_threshold(
             margins(cfg, model, tok, c_problems, c_pool).reshape(-1), c_pool[1].reshape(-1))
@@ -279,7 +317,18 @@ def proposer_windows(run_dir: Path, cfg: Config, window: int) -> dict[str, Any]:
         k = round(sum(r["proposals_valid"] * per_step for r in rs))
         return {**proportion(k, per_step * len(rs)), "steps": [rs[0]["step"], rs[-1]["step"]]}
 
-    return {"first": part(rows[:window]), "last": part(rows[-window:]), "steps": len(rows)}
+    def counted(rs: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
+        rs = [r for r in rs if key in r]  # rows of runs before issue 49 lack the counts
+        if not rs:
+            return None
+        return {**proportion(sum(r[key] for r in rs), sum(r["proposals"] for r in rs)),
+                "steps": [rs[0]["step"], rs[-1]["step"]]}
+
+    out = {"first": part(rows[:window]), "last": part(rows[-window:]), "steps": len(rows)}
+    for key, name in (("proposals_verified", "verified"), ("proposals_solvable", "solvable")):
+        out[f"{name}_first"] = counted(rows[:window], key)
+        out[f"{name}_last"] = counted(rows[-window:], key)
+    return out
 
 
 def check_args(a: argparse.Namespace) -> list[int]:
@@ -329,12 +378,17 @@ def main(argv: list[str] | None = None) -> None:
                     help="training seed problems whose attempts set each checkpoint's "
                          "calibrated verdict threshold (0: no calibrated figures)")
     ap.add_argument("--window", type=int, default=20, help="steps per proposer window")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="ignored since issue 49: the evaluation runs on one thread "
+                         f"(generation.EVAL_THREADS), so its figures do not depend on it")
     ap.add_argument("--out", type=Path, default=None, help="JSON file (DIR/eval.json)")
     a = ap.parse_args(argv)
     cfg = Config(**saved_config(Config, a.run_dir / "config.json"))
     steps = check_args(a)
-    torch.set_num_threads(a.threads)
+    if a.threads != EVAL_THREADS:
+        print(f"--threads {a.threads}: ignored, the evaluation runs on {EVAL_THREADS} thread(s) "
+              "so that its figures do not depend on the thread count", flush=True)
+    torch.set_num_threads(EVAL_THREADS)  # sampled attempts and margins too, not only greedy
     seed = cfg.seed + HELD_OUT_SEED if a.eval_seed is None else a.eval_seed
     source = steps[-1] if a.attempts_from is None else a.attempts_from
     model, tok = load_checkpoint(cfg, a.run_dir, source)

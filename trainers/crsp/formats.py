@@ -20,6 +20,14 @@ PROPOSER_SYSTEM = (
     "Example problem: What is 3 + 4?\n"
     "You write: <problem>Tom has 5 pens and buys 2 more. How many pens does he have?</problem>"
     "<answer>7</answer>")
+#: The proposer's system prompt with ``--proposer-reward learnability``: a problem whose
+#: numbers and operation are stated (so ``trainers.crsp.verify`` can confirm its answer).
+PROPOSER_SYSTEM_VERIFIABLE = (
+    "You write new math problems. Read the example problem, then write a different problem "
+    "of the same kind that states its numbers and its operation inside <problem></problem> "
+    "and its correct numeric answer inside <answer></answer>.\n"
+    "Example problem: What is 3 + 4?\n"
+    "You write: <problem>What is the sum of 12 and 5?</problem><answer>17</answer>")
 SOLVER_SYSTEM = (SYSTEM + "\nExample problem: What is 2 + 5?\n"
                  "You write: 2 + 5 = 7. <answer>7</answer>")
 CRITIC_SYSTEM = (
@@ -38,10 +46,13 @@ PROBLEM_RE = re.compile(r"<problem>(.*?)</problem>", re.S)
 REASON_RE = re.compile(r"[^\W_]")  # a letter or a digit
 
 
-def render(tok: Any, role: str, user: str) -> str:
-    """``role``'s chat prompt of ``user``'s message, assistant header and prefill (text)."""
+def render(tok: Any, role: str, user: str, verifiable: bool = False) -> str:
+    """``role``'s chat prompt of ``user``'s message, assistant header and prefill (text);
+    ``verifiable``: the proposer is asked for a problem whose answer can be verified
+    (:data:`PROPOSER_SYSTEM_VERIFIABLE`)."""
+    system = PROPOSER_SYSTEM_VERIFIABLE if verifiable and role == "proposer" else SYSTEMS[role]
     text = tok.apply_chat_template(
-        [{"role": "system", "content": SYSTEMS[role]}, {"role": "user", "content": user}],
+        [{"role": "system", "content": system}, {"role": "user", "content": user}],
         add_generation_prompt=True, tokenize=False)
     return str(text) + PREFILL[role]
 

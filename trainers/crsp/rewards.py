@@ -10,8 +10,11 @@ from a seed problem, a *solver* answers problems, a *critic* judges a solution. 
   proposer's answer on proposed ones), class-balanced (:func:`balanced_verdict_reward`:
   +-1 weighted by the inverse frequency of the attempt's class, so a verdict that ignores the
   attempt, e.g. always the majority one, earns 0 in expectation and a perfect critic 1);
-- proposer: solvability in a band (the solver's success rate on the problem is neither 0 nor
-  1) plus *creativity*, the novelty of the problem against a bounded sketch of earlier ones
+- proposer (``--proposer-reward learnability``, the default): :func:`learnability`, ``1 -
+  |2p - 1|`` of the solver's success rate ``p`` on a proposal whose stated answer the
+  verifier confirms (``trainers.crsp.verify``), 0 for any other (a made-up answer earns
+  nothing); ``band`` (runs before issue 49): solvability in a band (the solver's success
+  rate against the proposal's own stated answer is neither 0 nor 1); plus *creativity*, the novelty of the problem against a bounded sketch of earlier ones
   and against its own seed example (MinHash signatures, Broder 1997, via ``datasketch``, in a
   ring of fixed size);
 - every role: a format term (``trainers.crsp.formats.format_score``, partial credit, weight
@@ -63,6 +66,32 @@ def solvability(success: np.ndarray) -> np.ndarray:
     """1.0 where the solver's success rate (float[N] in [0, 1]) is strictly inside (0, 1)."""
     s = np.asarray(success, np.float64)
     return ((s > 0) & (s < 1)).astype(np.float32)
+
+
+def learnability(success: np.ndarray, verified: np.ndarray) -> np.ndarray:
+    """The proposer's learnability reward (float32[N]): ``1 - |2p - 1|`` for a proposal whose
+    stated answer the verifier confirmed (``verified``: bool[N]), ``p`` (``success``: float[N]
+    in [0, 1]) the fraction of the solver's attempts that reach that answer; 0 for an
+    unverified one. 1 at p = 1/2, 0 for a proposal the solver always or never solves.
+
+    This is R-Zero's uncertainty reward for its Challenger, ``1 - 2 |p_hat - 1/2|`` (Huang
+    et al. 2025, "R-Zero: Self-Evolving Reasoning LLM from Zero Data", arXiv 2508.05004,
+    Sec. 3.2), with the answer supplied by a verifier as in Absolute Zero's proposer reward
+    (Zhao et al. 2025, arXiv 2505.03335, Sec. 3.1, Eq. 4: 0 for a task solved always or
+    never, ``1 - r_solve`` otherwise; its Sec. 3.3 validates a proposed task by running it):
+    R-Zero scores against the solver's own majority vote, which would pay a proposal whose
+    stated answer is made up.
+
+    Raises:
+        ValueError: the shapes differ or a rate lies outside [0, 1].
+    """
+    p, ok = np.asarray(success, np.float64), np.asarray(verified, bool)
+    if p.shape != ok.shape or p.ndim != 1:
+        raise ValueError(f"success / verified: expected float[N] and bool[N], got {p.shape} "
+                         f"and {ok.shape}")
+    if ((p < 0) | (p > 1)).any():
+        raise ValueError(f"success: expected rates in [0, 1], got {p[(p < 0) | (p > 1)][:3]}")
+    return np.where(ok, 1.0 - np.abs(2.0 * p - 1.0), 0.0).astype(np.float32)
 
 
 def length_reward(lengths: Sequence[int], target: int, mini_batch: int = 1024) -> np.ndarray:
@@ -152,6 +181,10 @@ TRUTH = "critic_truth"
 
 #: Key in the trainer's statistics of the decayed class counts (:class:`ClassWindow`).
 WINDOW = "critic_truth_window"
+
+#: Key in the trainer's statistics of the earlier attempts that top up a balanced critic
+#: batch (``trainers.crsp.judging.Reservoir``; only with ``--critic-batch balanced``).
+RESERVOIR = "critic_reservoir"
 
 #: ``--critic-class-weights`` choices: the class frequency from the step's judged attempts,
 #: from a decayed window of the latest judged attempts, or from every attempt so far.

@@ -80,6 +80,9 @@ class Prompts:
     max_tokens: int
     cache: ByteLRUCache
     truncated: int = 0
+    verifiable: bool = False
+    """The proposer's prompt asks for a verifiable problem (``--proposer-reward
+    learnability``: ``formats.PROPOSER_SYSTEM_VERIFIABLE``)."""
 
     def __call__(self, role: str, user: str) -> np.ndarray:
         """int64 token ids of ``role``'s system prompt, ``user``'s message and the role's
@@ -87,7 +90,7 @@ class Prompts:
         key = (role, user)
         ids = self.cache.get(key)
         if ids is None:
-            text = render(self.tok, role, user)
+            text = render(self.tok, role, user, self.verifiable)
             ids = np.asarray(self.tok(text, add_special_tokens=False)["input_ids"], np.int64)
             self.cache.put(key, ids)
         if len(ids) > self.max_tokens:

@@ -17,7 +17,9 @@ from rlbuffers.memory import RunningMeanStd
 from rlbuffers.memory.micro_batch import split_tokens
 from trainers.crsp.config import Config, group_size, length_target, longest_completion
 from trainers.crsp.formats import STOP, VERDICTS, cut_at_stop, format_scores, proposal_parts
+from trainers.crsp.judging import Reservoir, judged_labels, select
 from trainers.crsp.rewards import (
+    RESERVOIR,
     TRUTH,
     WINDOW,
     ClassWindow,
@@ -28,12 +30,14 @@ from trainers.crsp.rewards import (
     balanced_verdict_reward,
     class_rate,
     confusion,
+    learnability,
     length_reward,
     solvability,
     step_class_rate,
 )
 from trainers.crsp.roles import ROLES, Prompts, activate
 from trainers.crsp.verdict import verdict_advantages, verdict_loss
+from trainers.crsp.verify import entry_score, verified_entry
 from trainers.llm.device import to_device
 from trainers.llm.generation import generate
 from trainers.llm.packed_logprobs import packed_batch, packed_logprobs
@@ -181,8 +185,12 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
     distribution against the ground truth, balanced accuracy and majority-class rate).
     ``stats`` also keeps the class frequencies of the judged attempts that the critic's
     verdict reward is balanced with: running (``rewards.TRUTH``) and windowed
-    (``rewards.WINDOW``, a ``ClassWindow``, created here when missing)."""
+    (``rewards.WINDOW``, a ``ClassWindow``, created here when missing), and with
+    ``--critic-batch balanced`` the earlier attempts that top up the critic's batch
+    (``rewards.RESERVOIR``, a ``judging.Reservoir``, created here when missing)."""
     alpha = alpha or alpha_schedule(cfg.alpha0, cfg.alpha_decay)
+    if cfg.critic_batch == "balanced":
+        stats.setdefault(RESERVOIR, Reservoir(cfg.critic_reservoir))
     sampling = cfg.sampling(longest_completion(cfg), generate_dtype=cfg.generate_dtype)
     packing = cfg.packing(cfg.pack_tokens, cfg.train_dtype)
     out = {r: RoleBatch() for r in ROLES}
@@ -196,24 +204,36 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
     parts = [proposal_parts(text(c)) for c in out["proposer"].completions]
     valid = np.array([q is not None and a is not None for q, a in parts])
     source = [i // cfg.proposer_samples for i in range(len(parts))]  # the seed of each
-    # Solver: attempts on every seed and every well-formed proposal.
+    # The verifier recomputes each well-formed proposal's answer (trainers/crsp/verify.py).
+    entries = [verified_entry(q, a, score) if v else None
+               for (q, a), v in zip(parts, valid, strict=True)]
+    verified = np.array([e is not None for e in entries])
+    learn = cfg.proposer_reward == "learnability"
+    attempted = verified if learn else valid  # band: every well-formed proposal, unverified
+    # Solver: attempts on every seed and every attempted proposal.
     problems = [(s["question"], s.get("entry", s), None) for s in seeds] + [
-        (q, None, a) for (q, a), v in zip(parts, valid, strict=True) if v]
+        (q, e, None) if learn else (q, None, a)
+        for (q, a), e, v in zip(parts, entries, attempted, strict=True) if v]
     s_prompts = [np.asarray(s["prompt_ids"], np.int64) if "prompt_ids" in s  # the token store
                  else prompts("solver", s["question"]) for s in seeds]
     s_prompts += [prompts("solver", q) for q, _, _ in problems[len(seeds):]]
     attempts = sample(model, tok, sampling, "solver", s_prompts, cfg.solver_samples,
                       cfg.solver_tokens)
     outcome: list[list[float]] = []
-    for p, comps, (_, entry, answer) in zip(s_prompts, attempts, problems, strict=True):
+    n_seed = len(seeds)
+    for k, (p, comps, (_, entry, answer)) in enumerate(zip(s_prompts, attempts, problems,
+                                                           strict=True)):
         out["solver"].add(p, comps)
         got = [extract_answer(text(c))[0] for c, _ in comps]
-        outcome.append([0.0 if not g else float(score(g, entry) == 1.0) if entry is not None
+        outcome.append([0.0 if not g else float(score(g, entry) == 1.0) if k < n_seed
+                        else float(entry_score(score, g, entry) == 1.0) if entry is not None
                         else numeric_match(g, answer) for g in got])
     # Critic: --critic-samples verdicts (then a reason each) per judged attempt.
-    judged = [(k, j) for k in range(len(problems)) for j in range(cfg.critiques_per_problem)]
-    c_prompts = [prompts("critic", f"Problem:\n{problems[k][0]}\n\nSolution:\n"
-                                   f"{text(attempts[k][j][0])}") for k, j in judged]
+    judged = select(cfg.critic_batch, [q for q, _, _ in problems],
+                    [[text(c) for c, _ in comps] for comps in attempts], outcome,
+                    cfg.critiques_per_problem, stats.get(RESERVOIR))
+    c_prompts = [prompts("critic", f"Problem:\n{j.problem}\n\nSolution:\n{j.attempt}")
+                 for j in judged]
     options = verdict_ids(tok)
     v_logprobs = verdict_logprobs(model, tok, c_prompts, packing) if judged \
         else np.zeros((0, 2))
@@ -231,13 +251,13 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
         group = reasons[i * cfg.critic_samples:(i + 1) * cfg.critic_samples]
         out["critic"].add(p, [(np.concatenate([options[bool(v)], r[0][0]]), r[0][1])
                               for v, r in zip(verdicts[i], group, strict=True)])
-    # Rewards: extrinsic per role.
-    n_seed = len(seeds)
-    says_correct = {kj: float(verdicts[i].mean()) for i, kj in enumerate(judged)}
-    solver_r = [o if k < n_seed or (k, j) not in says_correct else
+    # Rewards: extrinsic per role. The solver: correctness (band: on a proposal, half its
+    # agreement with the stated answer, half the critic's verdicts on the attempt).
+    says_correct = {jd.source: float(verdicts[i].mean()) for i, jd in enumerate(judged)}
+    solver_r = [o if learn or k < n_seed or (k, j) not in says_correct else
                 0.5 * o + 0.5 * says_correct[(k, j)]
                 for k, row in enumerate(outcome) for j, o in enumerate(row)]
-    truth = np.array([bool(outcome[k][j]) for k, j in judged], bool)
+    truth = judged_labels(judged)
     stats.setdefault(TRUTH, RunningMeanStd()).update(truth.astype(np.float64))
     agree = (verdicts == truth[:, None]).astype(np.float32).reshape(-1)
     rate = critic_class_rate(cfg, stats, truth)
@@ -248,15 +268,17 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
         c.verdict_options, c.verdict_coef = [options[True], options[False]], cfg.verdict_coef
         c.verdict_advantage = verdict_advantages(v_logprobs, truth, rate, cfg.verdict_loss)
         c.skip = [len(options[bool(v)]) for row in verdicts for v in row]
-    rates = iter([float(np.mean(row)) for row in outcome[n_seed:]])
-    band = np.array([solvability(np.array([next(rates)]))[0] if v else 0.0 for v in valid],
-                    np.float32)
+    success = np.zeros(len(parts))  # per proposal: the solver's rate (0 if not attempted)
+    success[attempted] = [float(np.mean(row)) for row in outcome[n_seed:]]
+    proposer_r = learnability(success, verified) if learn else np.where(
+        valid, solvability(success), 0.0).astype(np.float32)
+    solvable = verified & (success > 0)  # the verified answer reached at least once
     novelty = np.zeros(len(parts), np.float32)
     new_problems = [q for (q, _), v in zip(parts, valid, strict=True) if v]
     novelty[valid] = sketch.novelty(new_problems, [seeds[source[i]]["question"]
                                                    for i in np.flatnonzero(valid)])
     sketch.add(new_problems)
-    extrinsic = {"proposer": band, "solver": np.array(solver_r, np.float32),
+    extrinsic = {"proposer": proposer_r, "solver": np.array(solver_r, np.float32),
                  "critic": critic_r}
     metrics: dict[str, Any] = {}
     for role in ROLES:
@@ -283,12 +305,21 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
                 "running" if role == "critic" else "group")
         metrics[f"{role}_reward"] = float(b.reward.mean()) if len(b.reward) else 0.0
         metrics[f"{role}_format"] = float(np.mean(b.parts["format"])) if len(b.reward) else 0.0
-    seed_truth = truth[[k < n_seed for k, _ in judged]]
-    seed_agree = agree.reshape(len(judged), -1)[[k < n_seed for k, _ in judged]] \
-        if judged else np.zeros((0, 1))
+    from_seed = [j.source is not None and j.source[0] < n_seed for j in judged]
+    seed_truth = truth[from_seed]
+    seed_agree = agree.reshape(len(judged), -1)[from_seed] if judged else np.zeros((0, 1))
     says, labels = verdicts.reshape(-1), np.repeat(truth, verdicts.shape[1])
     metrics.update({
         "alpha": alpha(step), "proposals_valid": float(np.mean(valid)),
+        # Issue 49: proposals whose stated answer the verifier confirms, and those of them
+        # whose verified answer the solver reaches at least once (counts: Wilson intervals
+        # over steps; rates over every proposal of the step).
+        "proposals": len(parts), "proposals_verified": int(verified.sum()),
+        "proposals_solvable": int(solvable.sum()),
+        "proposer_verified_rate": float(np.mean(verified)) if len(parts) else 0.0,
+        "proposer_solvable_rate": float(np.mean(solvable)) if len(parts) else 0.0,
+        "proposer_learnability": float(np.mean(learnability(success, verified)))
+        if len(parts) else 0.0, "critic_judged": len(judged),
         "seed_accuracy": float(np.mean(outcome[:n_seed])),
         "proposed_solve_rate": float(np.mean(outcome[n_seed:])) if outcome[n_seed:] else 0.0,
         "critic_agreement": float(np.mean(agree)) if len(agree) else 0.0,

@@ -59,11 +59,19 @@ from rlbuffers.stream.tokenize import TextTokenizer
 from trainers.common import Run, open_run, open_token_store, rng_states
 from trainers.config import start
 from trainers.crsp.buffer import buffer_fields, utterances
-from trainers.crsp.config import RESUMABLE, Config, check_config, longest_completion
+from trainers.crsp.config import (
+    RESUMABLE,
+    Config,
+    check_config,
+    legacy_settings,
+    longest_completion,
+)
 from trainers.crsp.formats import render
 from trainers.crsp.naive import naive_grads
 from trainers.crsp.resume import load_checkpoint
+from trainers.crsp.judging import Reservoir
 from trainers.crsp.rewards import (
+    RESERVOIR,
     TRUTH,
     WINDOW,
     ClassWindow,
@@ -102,7 +110,8 @@ class Trainer:
     amb: AdaptiveMicroBatch
     prompts: Prompts
     sketch: NoveltySketch
-    stats: dict[str, Any]  # RunningMeanStd per role and TRUTH; ClassWindow at WINDOW
+    stats: dict[str, Any]  # RunningMeanStd per role and TRUTH; ClassWindow at WINDOW;
+    # with --critic-batch balanced, the judging.Reservoir at RESERVOIR
     rng: np.random.Generator
     state: dict[str, Any]  # step, groups, data order (plain data)
     plan: dict[str, Any]  # the memory plan's numbers (in every metrics row)
@@ -279,10 +288,13 @@ def setup(cfg: Config, device: torch.device, rank: int, world: int
         from trainers.crsp.fsdp import shard_base
         units = shard_base(model)
     t = Trainer(cfg, device, model, tok, reference, opts, amb,
-                Prompts(tok, cfg.max_prompt_tokens, ByteLRUCache(cfg.prompt_cache_bytes)),
+                Prompts(tok, cfg.max_prompt_tokens, ByteLRUCache(cfg.prompt_cache_bytes),
+                        verifiable=cfg.proposer_reward == "learnability"),
                 NoveltySketch(cfg.sketch_capacity, cfg.sketch_perm, cfg.seed),
                 {**{r: RunningMeanStd() for r in (*ROLES, TRUTH)},
-                 WINDOW: ClassWindow(cfg.critic_class_window)},
+                 WINDOW: ClassWindow(cfg.critic_class_window),
+                 **({RESERVOIR: Reservoir(cfg.critic_reservoir)}
+                    if cfg.critic_batch == "balanced" else {})},
                 np.random.default_rng(cfg.seed),
                 {"step": 0, "groups": 0, "data": {}}, plan,
                 alpha_schedule(cfg.alpha0, cfg.alpha_decay), units)
@@ -334,6 +346,13 @@ def start_ranks(cfg: Config) -> tuple[torch.device, int, int]:
 def main(argv: list[str] | None = None) -> None:
     cfg = start(Config, argv, module="trainers.crsp", doc=__doc__, resumable=RESUMABLE,
                 check=check_config)
+    if cfg.resume:  # a run created before a setting existed keeps its old behaviour
+        from rlbuffers.safe_load import load_json
+
+        kept = legacy_settings(cfg, load_json(Path(cfg.run_dir) / "config.json", dict))
+        if kept:
+            log.info("resuming a run created before these settings: keeping %s",
+                     ", ".join(kept))
     device, rank, world = start_ranks(cfg)
     train_threads = cfg.train_threads or os.cpu_count() or 1
     torch.set_num_threads(train_threads)

@@ -7,10 +7,14 @@ questions under any seed. Here a problem's identity is its *content*, not its se
 
 - ``content_keys(question)``: the question's normalised text (lower case, whitespace and
   punctuation removed) and, when it holds numbers, its operand key: the sorted numbers
-  (signs kept) with the sorted operator symbols (``+ - * / × ÷`` standing between spaces).
-  ``Calculate 3 + 5.`` and ``Calculate 5 + 3.`` share the operand key, and so do
-  ``-( 4 + -9 )`` and ``4 + -9``: conservative, a candidate is dropped if *any* of its keys
-  is a training problem's key.
+  (signs kept) with the distinct operations the question names, whatever its wording
+  (``trainers.llm.operations``: symbols between operands, spaced or not, and operation
+  words such as add / plus / sum, minus / subtract / difference, times / multiply /
+  product, divide / quotient). ``Calculate 3 + 5.``, ``Calculate 5 + 3.``, ``What is
+  3+5?``, ``Add 3 and 5`` and ``What is the sum of 5 and 3?`` share the operand key, and so
+  do ``-( 4 + -9 )`` and ``4 + -9``: conservative, a candidate is dropped if *any* of its
+  keys is a training problem's key (a word problem naming the numbers of a sum drops that
+  sum from the held-out set).
 - ``held_out(task, task_config, train_problems, size, seed)``: draws candidates from the task
   (at most ``max_draws`` draws of ``chunk = max(2 * size, 256)``, with seeds ``seed, seed +
   chunk, ...``: reasoning-gym seeds item i with ``seed + i``, so the draws never repeat),
@@ -58,6 +62,7 @@ import numpy as np
 import torch
 
 from trainers.llm.generation import generate
+from trainers.llm.operations import operations
 from trainers.llm.settings import Sampling
 from trainers.llm.tasks import extract_answer, numeric_match, render, task_problems, wilson
 
@@ -68,19 +73,19 @@ CorrectFn = Callable[[str | None, dict[str, Any]], float]
 HELD_OUT_SEED = 1_000_003
 
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?")
-_OPERATOR = re.compile(r"(?<!\S)[-+*/×÷](?!\S)")
 _NOT_WORD = re.compile(r"[^0-9a-z+\-*/×÷]+")
 
 
 def content_keys(question: str) -> frozenset[Key]:
     """The content keys of a question: ``("text", normalised text)`` and, when it holds
-    numbers, ``("operands", sorted numbers, sorted operators)`` (numbers as floats, so ``7``
-    and ``7.0`` agree)."""
+    numbers, ``("operands", sorted numbers, operations)`` (numbers as floats, so ``7`` and
+    ``7.0`` agree; ``operations``: the sorted distinct operator symbols the question names
+    by symbol or word, ``trainers.llm.operations.operations``)."""
     q = question.lower()
     keys: set[Key] = {("text", _NOT_WORD.sub("", q))}
     numbers = [float(n) for n in _NUMBER.findall(q)]
     if numbers:
-        keys.add(("operands", tuple(sorted(numbers)), tuple(sorted(_OPERATOR.findall(q)))))
+        keys.add(("operands", tuple(sorted(numbers)), operations(q)))
     return frozenset(keys)
 
 

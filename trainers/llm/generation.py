@@ -39,6 +39,26 @@ def generation_batch(sampling: Sampling, model: Any, n: int, longest_prompt: int
     return max(1, min(cap, budget // per_seq))
 
 
+#: torch intra-op threads of greedy decoding (evaluation), whatever the caller's setting: a
+#: CPU matrix product's summation order may depend on the thread count (MKL's sgemm gives
+#: different fp32 bits with 1 and 2 threads for some row counts: 4-15 rows of 576 x 576 on
+#: this machine's Xeon), and greedy tokens follow the bits (one checkpoint scored 24/400
+#: with --threads 2 and 25/400 with --threads 1; issue 49).
+EVAL_THREADS = 1
+
+
+@contextmanager
+def fixed_threads(n: int) -> Iterator[None]:
+    """For the ``with`` block, ``torch.set_num_threads(n)``; the caller's count is put back
+    afterwards (also on error)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
 @torch.no_grad()
 def generate(model: Any, tok: Any, prompts: list[np.ndarray], sampling: Sampling, *,
              n_per_prompt: int, greedy: bool = False, max_new: int | None = None,
@@ -48,10 +68,13 @@ def generate(model: Any, tok: Any, prompts: list[np.ndarray], sampling: Sampling
     which they keep, and whether they were cut at the length limit), in prompt order, with the
     KV cache, in batches under the memory budget (halved on out-of-memory). A prompt's KV cache
     is computed once and copied to its ``n_per_prompt`` sequences (prefix sharing).
-    ``on_finished(k)``: told as sequences finish, ``k`` at a time (a "k of n" heartbeat)."""
+    ``on_finished(k)``: told as sequences finish, ``k`` at a time (a "k of n" heartbeat).
+    ``greedy`` decoding (evaluation) runs on :data:`EVAL_THREADS` threads whatever the
+    caller's setting, so its tokens do not depend on it."""
     model.eval()
     dtype = getattr(torch, sampling.generate_dtype)
-    with merged_lora(model, dtype), weights_as(model, dtype):
+    with fixed_threads(EVAL_THREADS) if greedy else nullcontext(), \
+            merged_lora(model, dtype), weights_as(model, dtype):
         return _generate(model, tok, prompts, sampling, n_per_prompt, greedy, max_new,
                          on_finished)
 
