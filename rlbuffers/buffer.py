@@ -44,7 +44,8 @@ class ReplayBuffer(BufferReads):
     def __init__(self, tier: PersistentTier, *, mode: str,
                  working_dir: str | os.PathLike[str] | None = None,
                  fresh: bool = False, sampler: Sampler | None = None,
-                 lock: WriterLock | None = None, pinned: bool = False) -> None:
+                 lock: WriterLock | None = None, pinned: bool = False,
+                 cache_bytes: int | None = None) -> None:
         m, loc = tier.manifest, tier.loc
         #: the buffer's directory (a ``Path``) or URL (a ``str``)
         self.path: Path | str = loc.path
@@ -57,7 +58,8 @@ class ReplayBuffer(BufferReads):
         self._closed = True
         self._load_state(m, sampler)
         self._storage: ReadOnlyStorage | WritableStorage = (
-            ReadOnlyStorage(tier, pinned=pinned) if mode == "r" else
+            ReadOnlyStorage(tier, opening.READ_CACHE_BYTES if cache_bytes is None else
+                            int(cache_bytes), pinned=pinned) if mode == "r" else
             WritableStorage(tier, working_dir_of(loc, working_dir), fresh=fresh))
         self._closed = False
         if self._storage.manifest is not m:  # a reader whose commit moved on while leasing
@@ -115,7 +117,8 @@ class ReplayBuffer(BufferReads):
     def open(cls, path: str | os.PathLike[str], *, mode: str = "r+",
              working_dir: str | os.PathLike[str] | None = None,
              storage_options: Mapping[str, Any] | None = None,
-             commit: int | None = None, generation: int | None = UNSET) -> ReplayBuffer:
+             commit: int | None = None, generation: int | None = UNSET,
+             cache_bytes: int | None = None) -> ReplayBuffer:
         """Open the last commit at ``path`` (a working tier that mirrors it is reused, else
         rebuilt chunk by chunk); data added after the last ``save`` is discarded.
 
@@ -124,19 +127,24 @@ class ReplayBuffer(BufferReads):
                 from committed chunks; the writer's later saves do not change it).
             commit: (``mode="r"``) the number of a kept older commit to read instead of the
                 last. generation: deprecated spelling of ``commit``.
+            cache_bytes: (``mode="r"``) most bytes of decoded chunks a reader keeps (default
+                256 MiB; 0: none, each read decodes its chunks again).
             working_dir, storage_options: as ``create``.
 
         Raises:
-            NotABufferError: no buffer there. FormatVersionError: a newer format. ValueError: an
-            unknown mode. CorruptChunkError: a chunk to rebuild fails its checksum.
+            NotABufferError: no buffer there. FormatVersionError: a newer format.
+            ValueError: an unknown mode, ``commit`` or ``cache_bytes`` with ``mode="r+"``, or
+                a ``cache_bytes`` that is not an int >= 0.
+            CorruptChunkError: a chunk to rebuild fails its checksum.
             SnapshotReclaimedError: commit ``commit`` is not kept.
         """
         commit = renamed_keyword("generation", generation, "commit", commit)
-        opening.check_open_mode(mode, commit)
+        opening.check_open_mode(mode, commit, cache_bytes)
         loc = make_location(path, dict(storage_options or {}))
         tier = opening.open_checked(loc, commit)  # no buffer or a bad one: raised before a lock
         if mode == "r":
-            return cls(tier, mode=mode, working_dir=working_dir, pinned=commit is not None)
+            return cls(tier, mode=mode, working_dir=working_dir, pinned=commit is not None,
+                       cache_bytes=cache_bytes)
         # a writer: the lock, then the manifest again (no other writer commits after that)
         return opening.with_writer_lock(loc, working_dir_of(loc, working_dir), lambda lock: cls(
             open_tier(loc), mode=mode, working_dir=working_dir, lock=lock))
@@ -166,8 +174,9 @@ class ReplayBuffer(BufferReads):
     def end_episode(self) -> bool:
         """End the newest transition's episode without changing its fields (an environment reset
         with no ``terminated``/``truncated``/``done`` flag): the next transition starts one,
-        stacked fields included. Kept by the next ``save``. Returns False (no change) if the
-        buffer is empty or that episode has ended already. Raises ReadOnlyError (``mode="r"``).
+        stacked fields included; ``episode_ids`` and the offline exports see the boundary.
+        Kept by the next ``save``. Returns False (no change) if the buffer is empty or that
+        episode has ended already. Raises ReadOnlyError (``mode="r"``).
         """
         self._writer()
         ring = rows.end_episode(self._ring, self._gather)
@@ -179,7 +188,8 @@ class ReplayBuffer(BufferReads):
 
     fields = property(lambda self: dict(self._fields), doc="Field name -> spec (user fields).")
     total_added = property(lambda self: self._ring.total_added, doc="Transitions ever added.")
-    episodes = property(lambda self: self._ring.episodes, doc="Episodes ended so far.")
+    episodes = property(lambda self: self._ring.episodes, doc="Episodes ended so far: also "
+                        "the episode number of the next transition (see ``episode_ids``).")
     commit = property(lambda self: self._storage.manifest.commit,
                       doc="The number of the commit on disk (0 at create, +1 per save).")
     generation = renamed_attribute("generation", "commit")

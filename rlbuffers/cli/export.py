@@ -1,12 +1,13 @@
 """``rlbuffers export``: a stored buffer as an offline dataset, streamed episode by episode.
 
 ``rlbuffers export minari BUFFER DATASET_ID [--env ID] [--data-format F] [--overwrite]
-[--keep-partial-first] [--author A] [--algorithm-name N] [--description D] [--quiet]``
-writes a local Minari dataset (:func:`rlbuffers.integrations.minari.to_minari`);
+[--keep-partial-first] [--cache-mb N] [--author A] [--algorithm-name N] [--description D]
+[--quiet]`` writes a local Minari dataset (:func:`rlbuffers.integrations.minari.to_minari`);
 ``rlbuffers export parquet BUFFER OUT [--file-mb N] [--overwrite] [--keep-partial-first]
-[--quiet]`` Parquet files + ``meta/info.json``
+[--cache-mb N] [--quiet]`` Parquet files + ``meta/info.json``
 (:func:`rlbuffers.integrations.parquet.to_parquet`). Both read the buffer's last commit
-(a read-only snapshot: safe while a writer runs).
+(a read-only snapshot: safe while a writer runs) with a decoded-chunk cache sized for one
+ordered read (``--cache-mb`` sets it).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ def add_export_parser(subparsers: Any) -> argparse.ArgumentParser:
         "minari", help="a local Minari dataset that minari.load_dataset reads",
         description="Write the buffer's episodes as a new local Minari dataset (under "
         "MINARI_DATASETS_PATH, default ~/.minari/datasets). Fields: obs, next_obs, action, "
-        "reward, terminated (or done), truncated. A wrapped ring's partial first episode is "
-        "dropped; an unfinished last episode is written truncated.")
+        "reward, terminated (or done), truncated. Episodes end where the buffer's do (end "
+        "flags and end_episode()). A wrapped ring's partial first episode is dropped; an "
+        "unfinished last episode is written truncated.")
     m.add_argument("buffer", help="the buffer's directory")
     m.add_argument("dataset_id", help="(namespace/)name-v<version>, e.g. rlbuffers/pendulum-v0")
     m.add_argument("--env", default=None, metavar="ID",
@@ -54,9 +56,20 @@ def add_export_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="replace an earlier export of that name")
         sp.add_argument("--keep-partial-first", action="store_true",
                         help="also write a wrapped ring's partial oldest episode")
+        sp.add_argument("--cache-mb", type=int, default=None, metavar="N",
+                        help="MiB of decoded chunks the reader keeps (default: what one "
+                        "ordered read needs, at most 256)")
         sp.add_argument("--quiet", action="store_true", help="no progress bar")
         sp.set_defaults(func=func)
     return p
+
+
+def _cache_bytes(args: argparse.Namespace) -> int | None:
+    if args.cache_mb is None:
+        return None
+    if args.cache_mb < 0:
+        raise ValueError(f"--cache-mb: expected an integer >= 0, got {args.cache_mb}")
+    return int(args.cache_mb) * 2**20
 
 
 def _export_minari(args: argparse.Namespace) -> int:
@@ -65,12 +78,14 @@ def _export_minari(args: argparse.Namespace) -> int:
     meta = {k: getattr(args, k) for k in ("author", "algorithm_name", "description",
                                           "author_email", "code_permalink")
             if getattr(args, k) is not None}
+    cache = _cache_bytes(args)
     progress, close = progress_bar(args.quiet, " steps")
     t0 = time.perf_counter()
     try:
         r = to_minari(args.buffer, args.dataset_id, env=args.env, data_format=args.data_format,
                       overwrite=args.overwrite, metadata=meta or None,
-                      drop_partial_first=not args.keep_partial_first, progress=progress)
+                      drop_partial_first=not args.keep_partial_first, cache_bytes=cache,
+                      progress=progress)
     finally:
         close()
     notes = []
@@ -90,12 +105,14 @@ def _export_parquet(args: argparse.Namespace) -> int:
 
     if args.file_mb < 1:
         raise ValueError(f"--file-mb: expected an integer >= 1, got {args.file_mb}")
+    cache = _cache_bytes(args)
     progress, close = progress_bar(args.quiet, " rows")
     t0 = time.perf_counter()
     try:
         info = to_parquet(args.buffer, args.out, file_bytes=args.file_mb * 2**20,
                           overwrite=args.overwrite,
-                          drop_partial_first=not args.keep_partial_first, progress=progress)
+                          drop_partial_first=not args.keep_partial_first, cache_bytes=cache,
+                          progress=progress)
     finally:
         close()
     dropped = info["source"]["dropped_rows"]

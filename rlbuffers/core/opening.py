@@ -27,6 +27,9 @@ from rlbuffers.storage.store import working_dir_of, writer_lock_path
 
 #: Keys that ``sample`` adds next to the fields (no field may take them).
 SAMPLE_KEYS = ("indices", "weights")
+#: Default bytes of decoded chunks a reader (``mode="r"``) keeps: ``ReplayBuffer.open``'s
+#: ``cache_bytes``.
+READ_CACHE_BYTES = 256 * 2**20
 
 B = TypeVar("B")
 
@@ -78,11 +81,19 @@ def with_writer_lock(loc: Any, wdir: Path, build: Callable[[WriterLock], B]) -> 
         raise
 
 
-def check_open_mode(mode: str, commit: int | None) -> None:
-    """Raise ValueError unless ``mode`` is ``"r"`` or ``"r+"`` (``"r"`` when ``commit`` is
-    given)."""
+def check_open_mode(mode: str, commit: int | None, cache_bytes: int | None = None) -> None:
+    """Raise ValueError unless ``mode`` is ``"r"`` or ``"r+"`` (``"r"`` when ``commit`` or
+    ``cache_bytes`` is given) and ``cache_bytes`` is None or an int >= 0."""
     if mode not in ("r", "r+") or (commit is not None and mode != "r"):
         raise ValueError(f"mode: expected 'r' or 'r+' ('r' with commit), got {mode!r}")
+    if cache_bytes is None:
+        return
+    if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, (int, np.integer)) \
+            or cache_bytes < 0:
+        raise ValueError(f"cache_bytes: expected an int >= 0 (bytes), got {cache_bytes!r}")
+    if mode != "r":
+        raise ValueError("cache_bytes: only readers (mode='r') decode chunks through a cache; "
+                         "a writer (mode='r+') reads its uncompressed working tier")
 
 
 def sampler_and_rng(m: Manifest, path: Path | str,

@@ -1,5 +1,6 @@
 """The reading half of :class:`rlbuffers.ReplayBuffer`: drawing a batch with the sampler,
-transitions by position, and priority updates of sampled transitions."""
+transitions and their episode numbers by position, and priority updates of sampled
+transitions."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from rlbuffers.errors import BufferClosedError, ReadOnlyError
 from rlbuffers.packed import check_ragged_format
 from rlbuffers.ring import RingState
 from rlbuffers.sampling import samplers
-from rlbuffers.sampling.samplers import PRIORITY, SampleContext, Sampler
+from rlbuffers.sampling.samplers import EPISODE_ID, PRIORITY, SampleContext, Sampler
 from rlbuffers.spec import FieldSpec
 from rlbuffers.storage.create import positive_int
 from rlbuffers.storage.store import ReadOnlyStorage, WritableStorage
@@ -111,6 +112,30 @@ class BufferReads:
         positions = self._ring.positions(key)
         out = self._rows(self._ring.slots(np.atleast_1d(positions)))
         return {n: v[0] for n, v in out.items()} if positions.ndim == 0 else out
+
+    def episode_ids(self, key: int | slice | np.ndarray | list[int]) -> Any:
+        """The episode number of transitions by position, ``key`` as in ``buf[key]`` (0 =
+        oldest, -1 = newest): int64 ``[N]`` for a slice or int array, an ``np.int64`` for an
+        int. For the ``indices`` (transition ids) that ``sample`` returns, pass
+        ``indices - (buf.total_added - len(buf))``.
+
+        Episodes are numbered 0, 1, 2, ... in the order they began, over the buffer's whole
+        life: a transition's number is how many episodes had ended when it was added. An
+        episode ends at a transition with ``terminated``, ``truncated`` or ``done`` set, or
+        at :meth:`end_episode` (a reset with no flag). So the numbers never decrease from
+        oldest to newest and step by one at each episode start: transition ``i`` is the last
+        of its episode exactly when ``ids[i + 1] != ids[i]`` (the newest: when
+        ``ids[-1] < buf.episodes``, the number the next transition gets). Every episode has a
+        transition, so episode ``e`` began at transition id ``>= e``.
+
+        Raises:
+            IndexError: a position outside ``[-len, len)``, or an array of more than 1 dim.
+            BufferClosedError: the buffer is closed.
+        """
+        positions = self._ring.positions(key)
+        ids = self._gather(EPISODE_ID, self._ring.slots(np.atleast_1d(positions)))
+        ids = np.asarray(ids, dtype=np.int64)
+        return ids[0] if positions.ndim == 0 else ids
 
     def update_priorities(self, indices: Any, priorities: Any) -> int:
         """Set new priorities (e.g. ``|TD error|``, float[N], finite, >= 0) of sampled

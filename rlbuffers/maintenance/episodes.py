@@ -1,14 +1,26 @@
 """A stored buffer read in order, oldest first, in bounded memory: pieces of at most
 ``block_bytes`` (each inside one episode) and whole episodes, one at a time. What the offline
 exports (:mod:`rlbuffers.integrations.minari`, :mod:`rlbuffers.integrations.parquet`) stream
-from; it reads through the public :class:`~rlbuffers.ReplayBuffer` API only (``buf[a:b]``).
+from; it reads through the public :class:`~rlbuffers.ReplayBuffer` API only (``buf[a:b]``,
+``buf.episode_ids(slice(a, b))``).
 
-Episode boundaries: a row ends its episode when one of ``terminated``, ``truncated``, ``done``
-is True, or when the next row's ``episode_field`` (e.g. the ``episode`` index that
-``rlbuffers convert minari`` stores) differs from its own. A ring buffer that has wrapped
-(``total_added > capacity``) lost the start of its oldest episode: the rows before its first
-episode end are dropped (``drop_partial_first``, default True) and counted in
-:attr:`EpisodeReader.dropped_rows`. The newest episode may be unfinished (``ended`` False).
+Episode boundaries are the buffer's own (:meth:`~rlbuffers.ReplayBuffer.episode_ids`): a row
+ends its episode when the next row's episode number differs, or, for the newest row, when
+``buf.episodes`` has moved past it. That covers the ``terminated``, ``truncated`` and ``done``
+flags and :meth:`~rlbuffers.ReplayBuffer.end_episode` (a reset with no flag) alike. A row also
+ends its episode when the next row's ``episode_field`` (e.g. the ``episode`` index that
+``rlbuffers convert minari`` stores) differs from its own.
+
+A ring buffer that has wrapped (``total_added > capacity``) overwrote its oldest rows, and with
+them, in general, the start of its oldest stored episode: the rows before its first episode
+end are dropped (``drop_partial_first``, default True) and counted in
+:attr:`EpisodeReader.dropped_rows`. Whether that episode began exactly at the oldest stored
+row depends on the episode number of the row just before it, which was overwritten; the ring
+keeps only ``total_added`` and ``episodes`` (no start marker per row). One case is certain:
+episode ``e`` began at transition id ``>= e`` (every episode has a row), so when the oldest
+row's episode number equals its transition id (``total_added - len(buf)``; every earlier
+episode was one row long, as in bandit or single-turn data), its episode began there and is
+kept whole. The newest episode may be unfinished (``ends`` False).
 """
 
 from __future__ import annotations
@@ -19,8 +31,10 @@ from typing import Any
 
 import numpy as np
 
-#: fields that end an episode when True (as in :func:`rlbuffers.ReplayBuffer.create`)
-END_FLAGS = ("terminated", "truncated", "done")
+from rlbuffers.core.opening import READ_CACHE_BYTES
+from rlbuffers.storage.location import make_location
+from rlbuffers.storage.manifest import read_manifest
+
 #: default most raw bytes read per piece
 BLOCK_BYTES = 32 * 2**20
 
@@ -52,6 +66,26 @@ def row_bytes(spec: Any) -> int:
     return max(1, int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize)
 
 
+def scan_cache_bytes(path: Any, *, block_bytes: int = BLOCK_BYTES,
+                     storage_options: dict[str, Any] | None = None) -> int:
+    """A reader's decoded-chunk cache (``ReplayBuffer.open(path, mode="r", cache_bytes=...)``)
+    big enough to read the buffer at ``path`` once, oldest first, in blocks of
+    ``block_bytes`` (an :class:`EpisodeReader`) with every chunk decoded once: one block plus
+    two decoded chunks of each column (a smaller field's chunk spans many blocks and must
+    stay cached between them), at most ``ReplayBuffer.open``'s default (256 MiB). Ragged
+    columns count 1 KiB per row. Reads the last commit's manifest only.
+
+    Raises:
+        NotABufferError, FormatVersionError: as ``ReplayBuffer.open``.
+    """
+    m = read_manifest(make_location(path, storage_options))
+    chunks = 0
+    for name, spec in m.specs.items():
+        rows = min(m.layout.stored_chunk_rows[name], m.capacity)
+        chunks += rows * (1024 if spec.ragged else max(1, spec.item_bytes))
+    return int(min(READ_CACHE_BYTES, block_bytes + 2 * chunks))
+
+
 def _take(rows: dict[str, Any], a: int, b: int) -> dict[str, Any]:
     return {k: v[a:b] for k, v in rows.items()}
 
@@ -70,14 +104,19 @@ def concat(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 class EpisodeReader:
-    """Read ``buf`` (an open :class:`~rlbuffers.ReplayBuffer`) oldest first.
+    """Read ``buf`` (an open :class:`~rlbuffers.ReplayBuffer`) oldest first, split into
+    episodes where :meth:`~rlbuffers.ReplayBuffer.episode_ids` says (end flags and
+    ``end_episode()`` alike) and where ``episode_field`` changes.
 
     Args:
         buf: the buffer (any mode; ``mode="r"`` reads one commit).
         block_bytes: most raw bytes per piece (> 0).
         episode_field: an integer field whose change also ends an episode (None: none; the
             default ``"episode"`` is used only when the buffer has it).
-        drop_partial_first: drop the oldest, partial episode of a wrapped ring.
+        drop_partial_first: drop the oldest episode of a wrapped ring unless it provably
+            began at the oldest stored row: when its episode number equals that row's
+            transition id (every earlier episode was one row long; no other case can be
+            told, see the module docstring).
 
     Raises:
         ValueError: ``block_bytes`` < 1, or ``episode_field`` not a field of ``buf``.
@@ -95,20 +134,26 @@ class EpisodeReader:
             episode_field = None
         self.buf = buf
         self.episode_field = episode_field
-        self.flags = [f for f in END_FLAGS if f in fields]
         self.block_rows = max(1, block_bytes // sum(row_bytes(s) for s in fields.values()))
+        #: the ring has overwritten rows (``total_added > capacity``)
         self.wrapped = buf.total_added > buf.capacity
-        self.drop_partial_first = drop_partial_first and self.wrapped
+        #: the oldest stored episode began at the oldest stored row (always, unless wrapped)
+        self.first_whole = not self.wrapped or (
+            len(buf) > 0 and int(buf.episode_ids(0)) == buf.total_added - len(buf))
+        self.drop_partial_first = drop_partial_first and not self.first_whole
         #: rows dropped as the partial first episode (known once the read passed them)
         self.dropped_rows = 0
         #: rows read after the dropped ones
         self.rows = 0
 
-    def _ends(self, rows: dict[str, Any], next_episode: Any) -> np.ndarray:
-        n = len(next(iter(rows.values())))
+    def _ends(self, rows: dict[str, Any], ids: np.ndarray, n: int,
+              next_episode: Any) -> np.ndarray:
+        """bool[n]: which of ``n`` rows end their episode; ``ids`` holds their episode numbers
+        and, when the block is not the last, the next row's."""
         ends = np.zeros(n, dtype=bool)
-        for f in self.flags:
-            ends |= np.asarray(rows[f], dtype=bool)
+        ends[:len(ids) - 1] = ids[1:] != ids[:-1]
+        if len(ids) == n:  # the newest row: ended when the buffer's count moved past it
+            ends[-1] = ids[-1] < self.buf.episodes
         if self.episode_field is not None:
             ep = np.asarray(rows[self.episode_field])
             ends[:-1] |= ep[1:] != ep[:-1]
@@ -125,10 +170,11 @@ class EpisodeReader:
         while pos < size:
             end = min(size, pos + step)
             block = self.buf[pos:end]
+            ids = self.buf.episode_ids(slice(pos, end + 1))  # and the next row's, if any
             nxt = None
             if self.episode_field is not None and end < size:
                 nxt = self.buf[end][self.episode_field]
-            ends = self._ends(block, nxt)
+            ends = self._ends(block, ids, end - pos, nxt)
             a = 0
             for b in (*(np.flatnonzero(ends) + 1).tolist(), end - pos):
                 if b <= a:
@@ -143,7 +189,6 @@ class EpisodeReader:
                     episode += stop
                 a = b
             pos = end
-
     def __iter__(self) -> Iterator[Piece]:
         """Whole episodes, one at a time (each a :class:`Piece`; the newest may be unfinished:
         ``ends`` False)."""

@@ -14,11 +14,13 @@ random rows (how a Minari user gets a batch of transitions).
 Memory (section ``offline_memory``): a synthetic image dataset (``84x84x3`` uint8
 observations) of ``--memory-gb`` GB is written with ``create_dataset_from_buffers`` (no JPEG),
 then converted (``from_minari``), exported to Minari and to Parquet, each in a child process
-inside a memory cgroup of ``--cap-gb`` (the cgroup code of ``bench_larger_than_ram``); as a
+inside a memory cgroup of ``--cap-gb`` (the cgroup code of ``bench_larger_than_ram``); each
+export twice: with the reader's chunk cache the exports pick (``scan_cache_bytes``) and with
+``ReplayBuffer.open``'s default 256 MiB (what the exports used before they chose one). As a
 control, a child loads the dataset's observations into RAM (an in-memory loader).
 
 Run: ``python -m tools.bench.bench_offline [--steps 20000] [--repeats 3] [--memory-gb 2]
-[--cap-gb 1] [--skip-memory]``.
+[--cap-gb 1] [--skip-memory] [--skip-speed]``.
 """
 
 from __future__ import annotations
@@ -183,10 +185,14 @@ def _big(task: str, d: Path) -> dict:
         n = len(buf)
         buf.close()
         return {"rows": n}
-    if task == "big_to_minari":
-        return {"rows": to_minari(d / "bigbuf", "bench/bigback-v0", overwrite=True).steps}
-    if task == "big_to_parquet":
-        return {"rows": to_parquet(d / "bigbuf", d / "bigpq", overwrite=True)["total_frames"]}
+    # the export's own cache (None), or the open default of 256 MiB
+    cache = 256 * 2**20 if task.endswith("_256") else None
+    if task.startswith("big_to_minari"):
+        return {"rows": to_minari(d / "bigbuf", "bench/bigback-v0", overwrite=True,
+                                  cache_bytes=cache).steps, "cache_bytes": cache}
+    if task.startswith("big_to_parquet"):
+        return {"rows": to_parquet(d / "bigbuf", d / "bigpq", overwrite=True,
+                                   cache_bytes=cache)["total_frames"], "cache_bytes": cache}
     # big_in_ram: the control, every observation of the dataset in a list in RAM
     kept = [e.observations for e in minari.load_dataset(BIG_ID).iterate_episodes()]
     return {"rows": sum(len(o) for o in kept)}
@@ -280,16 +286,23 @@ def speed(d: Path, env: dict, steps: int, repeats: int) -> str:
 
 
 def memory(d: Path, env: dict, gb: float, cap_gb: float) -> str:
+    from rlbuffers.maintenance.episodes import scan_cache_bytes
     from tools.bench.bench_larger_than_ram import MemoryCap
 
+    load0 = os.getloadavg()[0]
     rc, made = _run("big_write", d, env, extra=["--memory-gb", str(gb)])
     if rc != 0:
         sys.exit("bench_offline: writing the big dataset failed")
-    rows, how = [], ""
+    rows, how, own = [], "", ""
     for task, what in (("big_convert", "rlbuffers convert minari"),
-                       ("big_to_minari", "rlbuffers export minari"),
-                       ("big_to_parquet", "rlbuffers export parquet"),
+                       ("big_to_minari_256", "rlbuffers export minari, 256 MiB cache (before)"),
+                       ("big_to_minari", "rlbuffers export minari, its own cache"),
+                       ("big_to_parquet_256", "rlbuffers export parquet, 256 MiB cache "
+                        "(before)"),
+                       ("big_to_parquet", "rlbuffers export parquet, its own cache"),
                        ("big_in_ram", "control: every observation in a list in RAM")):
+        if task == "big_to_minari":  # the buffer exists now: the cache the export picks
+            own = f"{scan_cache_bytes(d / 'bigbuf') / 2**20:.0f} MiB"
         cap = MemoryCap(int(cap_gb * 2**30))
         try:
             rc, r = _run(task, d, env, cap.preexec)
@@ -307,9 +320,14 @@ def memory(d: Path, env: dict, gb: float, cap_gb: float) -> str:
             f"({made['episodes']} episodes of 1,000 steps, 84x84x3 uint8 observations, no JPEG) "
             f"converted and exported, each in a child process capped at {cap_gb:g} GiB by "
             f"{how}; the buffer holds obs and next_obs, so its working tier is twice the "
-            "observations. VmHWM counts the working tier's pages mapped into the process "
+            "observations. Each export runs with the read-only reader's decoded-chunk cache at "
+            "`ReplayBuffer.open`'s default, 256 MiB (what the exports used before), and at the "
+            f"size the export picks for one ordered read (`scan_cache_bytes`: {own} here). "
+            "VmHWM counts the working tier's pages mapped into the process "
             "(page cache the kernel may evict); RssAnon is the process's own memory, sampled "
-            "every 20 ms.\n\n" + table(
+            f"every 20 ms. Load (1-minute average, {os.cpu_count()} cores): {load0:.1f} at the "
+            f"start, {os.getloadavg()[0]:.1f} at the end: times on a busy machine are longer."
+            "\n\n" + table(
                 ["child", "result", "rows", "time", "peak RSS: VmHWM / RssAnon",
                  "cgroup peak (incl. page cache) / OOM kills"], rows))
 

@@ -8,10 +8,13 @@ and ``next_obs`` (or ``obs.<key>`` / ``next_obs.<key>`` for Dict and Tuple space
 and ``episode_seed`` (each episode's reset seed). An episode's ``observations`` are its
 ``obs`` rows plus the ``next_obs`` of its last step.
 
-Episodes (:class:`~rlbuffers.maintenance.episodes.EpisodeReader`): a wrapped ring's oldest,
-partial episode is **dropped** (its start was overwritten), and counted in the report; the
-newest episode, if unfinished, is written with ``truncations[-1] = True`` (what Minari's
-``DataCollector`` does to an episode it flushes) and counted as ``unfinished``.
+Episodes are the buffer's own (:class:`~rlbuffers.maintenance.episodes.EpisodeReader`, from
+:meth:`~rlbuffers.ReplayBuffer.episode_ids`): one ended with ``end_episode()`` and no flag is
+written with neither flag on its last step, and ``convert minari`` ends it there again. A
+wrapped ring's oldest episode is **dropped** (its start was overwritten; unless it provably
+began at the oldest row), and counted in the report; the newest episode, if unfinished, is
+written with ``truncations[-1] = True`` (what Minari's ``DataCollector`` does to an episode
+it flushes) and counted as ``unfinished``.
 
 Spaces: those recorded by ``convert minari`` (``metadata["minari"]``), else those of ``env``,
 else inferred from the fields (Box over the dtype's range; bool: MultiBinary).
@@ -31,7 +34,7 @@ import numpy as np
 
 from rlbuffers.buffer import ReplayBuffer
 from rlbuffers.integrations.minari.spaces import infer_space, unflatten
-from rlbuffers.maintenance.episodes import EpisodeReader, Piece, concat
+from rlbuffers.maintenance.episodes import EpisodeReader, Piece, concat, scan_cache_bytes
 
 __all__ = ["MinariExport", "to_minari"]
 
@@ -130,6 +133,7 @@ def to_minari(buffer: ReplayBuffer | str | os.PathLike[str], dataset_id: str, *,
               env: Any = None, observation_space: Any = None, action_space: Any = None,
               data_format: str = "hdf5", overwrite: bool = False,
               metadata: dict[str, Any] | None = None, drop_partial_first: bool = True,
+              cache_bytes: int | None = None,
               progress: Callable[[int, int], None] | None = None) -> MinariExport:
     """Write the buffer's episodes, oldest first, as the local Minari dataset ``dataset_id``
     (under ``MINARI_DATASETS_PATH``, default ``~/.minari/datasets``).
@@ -144,14 +148,17 @@ def to_minari(buffer: ReplayBuffer | str | os.PathLike[str], dataset_id: str, *,
         metadata: dataset metadata (``algorithm_name``, ``author``, ``author_email``,
             ``code_permalink``, ``description``...); default: what ``convert minari`` kept.
         drop_partial_first: drop a wrapped ring's partial oldest episode (True), or write it.
+        cache_bytes: the decoded-chunk cache of the reader opened for a path (None: what one
+            ordered read needs, :func:`~rlbuffers.maintenance.episodes.scan_cache_bytes`,
+            at most 256 MiB); an open buffer reads through its own.
         progress: called as ``progress(steps_done, buffer_size)`` after each episode.
 
     Returns:
         a :class:`MinariExport`.
 
     Raises:
-        ValueError: a malformed ``dataset_id``, an unknown ``data_format``, missing fields,
-            an empty buffer, or no episode left.
+        ValueError: a malformed ``dataset_id``, an unknown ``data_format``, a negative
+            ``cache_bytes``, missing fields, an empty buffer, or no episode left.
         FileExistsError: the dataset exists and ``overwrite`` is False.
     """
     if data_format not in ("hdf5", "arrow", "parquet"):
@@ -159,7 +166,9 @@ def to_minari(buffer: ReplayBuffer | str | os.PathLike[str], dataset_id: str, *,
                          f"{data_format!r}")
     _check_id(dataset_id)
     own = not isinstance(buffer, ReplayBuffer)
-    buf = buffer if isinstance(buffer, ReplayBuffer) else ReplayBuffer.open(buffer, mode="r")
+    buf = buffer if isinstance(buffer, ReplayBuffer) else ReplayBuffer.open(
+        buffer, mode="r", cache_bytes=scan_cache_bytes(buffer) if cache_bytes is None
+        else cache_bytes)
     try:
         _check_fields(buf.fields)
         if len(buf) == 0:

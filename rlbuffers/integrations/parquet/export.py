@@ -9,8 +9,9 @@ reads and the Hugging Face Hub serves::
 Columns: every field (:mod:`~rlbuffers.integrations.parquet.columns`: nested lists, or each
 row's raw bytes for rows of >= 4 KiB such as images), plus ``index`` (row number),
 ``episode_index`` and ``frame_index`` (step within the episode), all int64.
-Episodes are those of :class:`~rlbuffers.maintenance.episodes.EpisodeReader`: a wrapped ring's
-partial oldest episode is dropped (``source.dropped_rows`` in ``info.json``), and
+Episodes are the buffer's own (:class:`~rlbuffers.maintenance.episodes.EpisodeReader`, from
+:meth:`~rlbuffers.ReplayBuffer.episode_ids`: flags and ``end_episode()`` alike): a wrapped
+ring's partial oldest episode is dropped (``source.dropped_rows`` in ``info.json``), and
 ``last_episode_ended`` says whether the newest episode had ended. Written a piece at a time
 (<= 32 MiB raw), so memory stays bounded whatever the buffer's size; the output appears
 complete or not at all (written beside ``OUT`` and renamed in).
@@ -31,7 +32,7 @@ import pyarrow.parquet as pq
 
 from rlbuffers.buffer import ReplayBuffer
 from rlbuffers.integrations.parquet.columns import BINARY_BYTES, arrow_type, encoding, to_arrow
-from rlbuffers.maintenance.episodes import EpisodeReader, Piece
+from rlbuffers.maintenance.episodes import BLOCK_BYTES, EpisodeReader, Piece, scan_cache_bytes
 
 __all__ = ["FORMAT", "to_parquet"]
 
@@ -96,6 +97,7 @@ def _raw_bytes(piece: Piece) -> int:
 def to_parquet(buffer: ReplayBuffer | str | os.PathLike[str], out: str | os.PathLike[str], *,
                file_bytes: int = 100 * 2**20, overwrite: bool = False,
                drop_partial_first: bool = True, binary_bytes: int | None = BINARY_BYTES,
+               cache_bytes: int | None = None,
                progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Write the buffer as Parquet files under ``out`` (see the module docstring).
 
@@ -108,22 +110,28 @@ def to_parquet(buffer: ReplayBuffer | str | os.PathLike[str], out: str | os.Path
         binary_bytes: fixed-shape fields with rows of at least this many bytes are written as
             raw bytes (``"binary"``; None: every field as lists), see
             :mod:`~rlbuffers.integrations.parquet.columns`.
+        cache_bytes: the decoded-chunk cache of the reader opened for a path (None: what one
+            ordered read needs, :func:`~rlbuffers.maintenance.episodes.scan_cache_bytes`,
+            at most 256 MiB); an open buffer reads through its own.
         progress: called as ``progress(rows_read, buffer_size)`` after each piece.
 
     Returns:
         the ``info.json`` dict.
 
     Raises:
-        ValueError: ``file_bytes`` < 1, a complex field, an empty buffer, or ``out``
-            holding something other than an earlier export.
+        ValueError: ``file_bytes`` < 1, a negative ``cache_bytes``, a complex field, an
+            empty buffer, or ``out`` holding something other than an earlier export.
         FileExistsError: ``out`` exists and ``overwrite`` is False.
     """
     if isinstance(file_bytes, bool) or not isinstance(file_bytes, int) or file_bytes < 1:
         raise ValueError(f"file_bytes: expected an int >= 1, got {file_bytes!r}")
     dest = Path(out)
     _check_out(dest, overwrite)
+    block = min(BLOCK_BYTES, file_bytes)
     own = not isinstance(buffer, ReplayBuffer)
-    buf = buffer if isinstance(buffer, ReplayBuffer) else ReplayBuffer.open(buffer, mode="r")
+    buf = buffer if isinstance(buffer, ReplayBuffer) else ReplayBuffer.open(
+        buffer, mode="r", cache_bytes=scan_cache_bytes(buffer, block_bytes=block)
+        if cache_bytes is None else cache_bytes)
     tmp = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
     try:
         fields = buf.fields
@@ -134,7 +142,7 @@ def to_parquet(buffer: ReplayBuffer | str | os.PathLike[str], out: str | os.Path
                             for n, s in fields.items()] + [pa.field(n, pa.int64())
                                                            for n in EXTRA])
         shutil.rmtree(tmp, ignore_errors=True)
-        info = _write(buf, tmp, schema, enc, file_bytes, drop_partial_first, progress)
+        info = _write(buf, tmp, schema, enc, file_bytes, block, drop_partial_first, progress)
         (tmp / "meta").mkdir(parents=True, exist_ok=True)
         (tmp / "meta" / "info.json").write_text(json.dumps(info, indent=1))
         if dest.exists():
@@ -158,11 +166,10 @@ def _check_out(dest: Path, overwrite: bool) -> None:
 
 
 def _write(buf: ReplayBuffer, root: Path, schema: pa.Schema, enc: dict[str, str],
-           file_bytes: int, drop_partial_first: bool,
+           file_bytes: int, block_bytes: int, drop_partial_first: bool,
            progress: Callable[[int, int], None] | None) -> dict[str, Any]:
     fields = buf.fields
-    reader = EpisodeReader(buf, block_bytes=min(32 * 2**20, file_bytes),
-                           drop_partial_first=drop_partial_first)
+    reader = EpisodeReader(buf, block_bytes=block_bytes, drop_partial_first=drop_partial_first)
     files = _Files(root, schema, file_bytes)
     offsets, index, frame, last_ended = [0], 0, 0, True
     try:
