@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import zarr
 
 from rlbuffers.errors import (
@@ -54,7 +53,10 @@ from rlbuffers.storage.zarr_arrays import (
     array_path,
     check_against_arrays,
     check_kept,
+    chunk_encoder,
     decode_chunk,
+    ragged_blob,
+    write_chunks,
 )
 from rlbuffers.storage.zarr_helpers import DECODE_ERRORS, check_array_meta
 from rlbuffers.storage.zarr_helpers import naming as _naming
@@ -90,7 +92,8 @@ class ZarrTier:
         self._meta: dict[str, tuple[int, Any]] = {}  # name -> (ndim, array metadata); never changes
         self._staged: dict[str, dict[int, int]] = {}  # name -> {chunk: bytes} of the open save
         self._history: dict[int, Manifest] = {}  # kept commits' manifests read so far
-        self._stage_arrays: dict[str, zarr.Array] = {}  # arrays the open save writes
+        self._stage_arrays: dict[str, zarr.Array | None] = {}  # arrays the open save writes
+        self._encoders: dict[str, Any] = {}  # name -> zarr_arrays.chunk_encoder's, or None
         #: a format 1-2 buffer: its chunks are the files in <field>/ (commit 0)
         self._legacy = manifest.chunks is None
         #: the commit this tier reads.
@@ -218,9 +221,8 @@ class ZarrTier:
     # -- saving ---------------------------------------------------------------------------
     def stage_chunks(self, commit: int, name: str, c: int, data: Any) -> int:
         """Encode a run of consecutive chunks of ``name``, starting at chunk ``c``, into the
-        array of ``commit`` (invisible to readers until :meth:`commit`). Zarr encodes the
-        chunks of one run concurrently (the Blosc and crc32c codecs release the GIL), so callers
-        bound a run's size, not its count.
+        array of ``commit`` (invisible to readers until :meth:`commit`), several chunks at once
+        (fixed fields on local disk: ``write_chunks``, else Zarr): bound a run's size.
 
         Args:
             data: the rows of chunks ``c, c+1, ...``, ``[n, *shape]`` (fixed) or a list of n
@@ -230,20 +232,25 @@ class ZarrTier:
             bytes written (compressed, including the checksums).
         """
         dst = array_path(name, commit)
-        stage = self._stage_arrays.get(dst)
-        if stage is None:
+        if dst not in self._stage_arrays:
             self.loc.check_inside(dst)  # then a copy that never follows a symlink:
             self.loc.copy(f"{name}/zarr.json", f"{dst}/zarr.json")
-            stage = self._stage_arrays[dst] = self._open(dst, mode="r+")
-        a = c * self.layout.stored_chunk_rows[name]
-        if self.specs[name].ragged:
-            blob = np.empty(len(data), dtype=object)
-            blob[:] = [np.ascontiguousarray(v).tobytes() for v in data]
-            data = blob
+            self._stage_arrays[dst] = None  # opened only if zarr writes (below)
+        k = self.layout.stored_chunk_rows[name]
+        last = c + ceil_div(len(data), k)
+        if name not in self._encoders:  # the staged zarr.json is a copy of this array's
+            self._encoders[name] = None if self.specs[name].ragged or not self.loc.local \
+                else chunk_encoder(self._array(name))
         with _naming(self.loc.full(dst)):
-            stage[a : a + len(data)] = data
+            if self._encoders[name] is not None:  # whole chunks, encoded as zarr would
+                keys = [self.chunk_key(name, i) for i in range(c, last)]
+                write_chunks(self.loc, dst, keys, data, k, self._encoders[name])
+            else:
+                stage = self._stage_arrays[dst] or self._open(dst, mode="r+")
+                self._stage_arrays[dst] = stage
+                stage[c * k : c * k + len(data)] = ragged_blob(data) \
+                    if self.specs[name].ragged else data
         sizes = self._staged.setdefault(name, {})
-        last = c + ceil_div(len(data), self.layout.stored_chunk_rows[name])
         for i in range(c, last):
             sizes[i] = self.loc.size(f"{dst}/{self.chunk_key(name, i)}")
         return sum(sizes[i] for i in range(c, last))
