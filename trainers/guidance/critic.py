@@ -16,7 +16,7 @@ import torch
 
 from rlbuffers import ReplayBuffer
 from trainers.guidance.config import Config
-from trainers.guidance.rollout import Policies, rng_devices
+from trainers.guidance.rollout import Policies, generation_sampling, rng_devices
 from trainers.llm.generation import generate
 
 
@@ -149,7 +149,7 @@ def value_batch(buf: ReplayBuffer, policies: Policies, tok: Any, ctok: Any, cfg:
         with torch.random.fork_rng(devices=rng_devices(policies.models["agent"])):
             torch.manual_seed(cfg.seed * 1_000_003 + iteration)
             torch.set_num_threads(cfg.generate_threads)
-            sampling = cfg.utterance_sampling()
+            sampling = generation_sampling(cfg, policies)
             for role, turns, max_new in (("agent", (0, 2), cfg.max_answer_tokens),
                                          ("guidance", (1,), cfg.max_hint_tokens)):
                 idx = [i for i, t in enumerate(s["turn"]) if t in turns]

@@ -7,14 +7,17 @@ the micro-batch plan of a step."""
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import numpy as np
 import torch
 
-from rlbuffers.memory import AdaptiveMicroBatch, token_logprobs
+from rlbuffers.memory import AdaptiveMicroBatch, PeakMemory, token_logprobs
 from rlbuffers.memory.budget import StepCost, plan_micro_batch, probe_activation_bytes
 from rlbuffers.memory.errors import MemoryBudgetError
+from rlbuffers.memory.oom import free_memory
+from rlbuffers.memory.process import trim_heap
 from trainers.guidance.config import Config
 from trainers.guidance.rollout import Policies
 from trainers.llm.device import to_device
@@ -111,7 +114,7 @@ def policy_step(policies: Policies, role: str, opt: torch.optim.Optimizer,
 
 
 def utterance_step_cost(policies: Policies, role: str, tokens: int, action_tokens: int,
-                        pad_id: int, cfg: Config) -> StepCost:
+                        pad_id: int, cfg: Config, budget: int | None = None) -> StepCost:
     """The measured memory of a policy step per token, on utterances of ``tokens`` tokens
     (``action_tokens`` of them the action): ``probe_activation_bytes`` runs ``role``'s real
     step (decoder forward with the attention mask, chunked LM-head log-probs, backward into the
@@ -122,7 +125,15 @@ def utterance_step_cost(policies: Policies, role: str, tokens: int, action_token
     allocator kept from the previous one: 1 and 2 utterances read 305-413 MiB per 203-token
     SmolLM2-135M utterance where real micro-batches took 457), hence 3, not 2. Measured
     once, on the longest utterances (the agent's): a second probe in the same process reads
-    less still. Gradients are zeroed afterwards."""
+    less still. Gradients are zeroed afterwards.
+
+    Within ``budget`` (issue 49): the step on 3 utterances is itself a peak (SmolLM2-135M on
+    529-token gsm_symbolic utterances: ~1.3 GiB each, so 3 took the process to 5.2 GB, above
+    every later phase). So one utterance is measured first, on the process's first step (no
+    warm-up, so no page the allocator kept hides it); when 3 of those would pass ``budget``
+    the micro-batch can hold at most 2 and the probe stops there: that one step's extra bytes
+    are the cost, all counted per token (fixed part 0), which overstates, never understates,
+    a micro-batch's."""
     model = policies.use(role)
     model.train()
     device = next(model.parameters()).device
@@ -138,8 +149,22 @@ def utterance_step_cost(policies: Policies, role: str, tokens: int, action_token
         (lp * micro["weight"][micro["target"]]).sum().backward()
         model.zero_grad(set_to_none=True)
 
+    cuda = device if device.type == "cuda" else None
+    if budget is not None:
+        free_memory()
+        trim_heap()
+        with PeakMemory(device=cuda) as peak:
+            step(make_batch(1))
+        one = peak.peak_extra_bytes
+        if 3 * one > budget:
+            cost = StepCost(fixed_bytes=0, bytes_per_item=0,
+                            bytes_per_token=math.ceil(one / tokens))
+            log.info("one %d-token utterance's step took %.1f MiB: 3 would pass the budget "
+                     "(%.0f MiB), so no 3-utterance probe; cost %s", tokens, one / MIB,
+                     budget / MIB, cost)
+            return cost
     return probe_activation_bytes(step, make_batch, sizes=(1, 3), tokens_per_item=tokens,
-                                  device=device if device.type == "cuda" else None)
+                                  device=cuda)
 
 
 def micro_batches(role: str, model: Any, budget: int | None, items: int, tokens_per_item: int,

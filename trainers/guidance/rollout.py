@@ -6,6 +6,7 @@ on a rollout pool."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -137,6 +138,39 @@ def make_policies(cfg: Config, naive: bool) -> tuple[Policies, Any, Path]:
     return Policies({"agent": agent, "guidance": guidance}, reference), tok, path
 
 
+def weight_copy_bytes(model: torch.nn.Module, sampling: Sampling) -> int:
+    """Bytes of the weight copies ``trainers.llm.generation.generate`` holds while it decodes
+    with ``model``: the merged copy of every LoRA-adapted weight (``merged_lora``, in
+    ``sampling.generate_dtype``) and, on the CPU with ``packed_weights``, the oneDNN-packed
+    copy of every ``torch.nn.Linear`` weight, the LM head included (``packed_linears``).
+    For SmolLM2-135M: 425 MB merged + 538 MB packed (fp32)."""
+    from peft.tuners.lora import Linear as LoraLinear
+
+    size = getattr(torch, sampling.generate_dtype).itemsize
+    merged = sum(m.get_base_layer().weight.numel() * size for m in model.modules()
+                 if isinstance(m, LoraLinear))
+    cpu = next(model.parameters()).device.type == "cpu"
+    packed = sum(m.weight.numel() * size for m in model.modules()
+                 if type(m) is torch.nn.Linear) if cpu and sampling.packed_weights else 0
+    return merged + packed
+
+
+def generation_sampling(cfg: Config, policies: Policies, device: Any = None) -> Sampling:
+    """The :class:`Sampling` of every utterance (``cfg.utterance_sampling``) with the
+    generation batches sized so that a generate call stays inside ``--memory-budget``
+    (issue 49): ``generate`` sizes its batch from the KV cache of prompt + completion (and two
+    rows of logits) per sequence, but it also holds :func:`weight_copy_bytes` while it
+    decodes, and the cache exists twice for a moment (the prefill's cache beside the
+    preallocated one, and the kept rows' copy when finished sequences are dropped). So the
+    batch gets ``(budget - weight copies) / 2``; at least one sequence. With no budget:
+    unchanged."""
+    s = cfg.utterance_sampling(device)
+    if s.memory_budget is None:
+        return s
+    left = max(0, s.memory_budget - weight_copy_bytes(policies.models["agent"], s))
+    return dataclasses.replace(s, memory_budget=left // 2)
+
+
 # ------------------------------------------------------------------------------------------
 # The episode job
 # ------------------------------------------------------------------------------------------
@@ -235,7 +269,7 @@ def episode_job(weights: dict[str, Any], cfg: Config, questions: list[str],
         policies.load_adapter_state(role, weights[role])
     with torch.random.fork_rng(devices=rng_devices(policies.models["agent"])):
         torch.manual_seed(seed)
-        return play(policies, tok, questions, cfg.utterance_sampling(),
+        return play(policies, tok, questions, generation_sampling(cfg, policies),
                     max_answer_tokens=cfg.max_answer_tokens,
                     max_hint_tokens=cfg.max_hint_tokens, hints=cfg.hints_per_answer,
                     keep_hint=cfg.keep_hint)

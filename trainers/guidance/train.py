@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 import trainers.guidance
 from rlbuffers import ReplayBuffer
 from rlbuffers.memory import AdaptiveMicroBatch, MemoryMonitor, auto_budget, polyak_update_
+from rlbuffers.memory.process import trim_heap
 from rlbuffers.memory.reference import reference_bytes_saved
 from rlbuffers.rollouts import make_pool
 from rlbuffers.rollouts.pool import RolloutPool
@@ -56,6 +57,7 @@ from trainers.guidance.rollout import (
     ROLES,
     Policies,
     collect,
+    generation_sampling,
     longest_utterances,
     make_policies,
     play,
@@ -153,7 +155,8 @@ def evaluate(learner: Learner, problems: list[dict[str, Any]], train_keys: set[K
         try:
             with heartbeat(f"held-out evaluation: {len(questions)} problems", count=count):
                 return play(learner.policies, learner.tok, questions,
-                            cfg.utterance_sampling(learner.device), hints=1, greedy=True,
+                            generation_sampling(cfg, learner.policies, learner.device),
+                            hints=1, greedy=True,
                             max_answer_tokens=cfg.max_answer_tokens,
                             max_hint_tokens=cfg.max_hint_tokens, on_finished=count.add,
                             keep_hint=cfg.keep_hint)
@@ -162,6 +165,7 @@ def evaluate(learner: Learner, problems: list[dict[str, Any]], train_keys: set[K
 
     out = evaluation.evaluate(play_greedy, problems, task_correct(cfg.task, cfg.task_config),
                               train_keys=train_keys)
+    trim_heap()  # the generation's freed pages back to the system (as after every phase)
     return {**out, "agent_frozen": cfg.freeze_agent, "hint_reward": cfg.hint_reward,
             "keep_hint": cfg.keep_hint}
 
@@ -355,7 +359,8 @@ def setup_updates(cfg: Config, device: torch.device, policies: Policies, tok: An
         with heartbeat(f"measuring a policy step's memory on {longest['agent']}-token "
                        "utterances"):
             cost = utterance_step_cost(policies, trained[0], longest["agent"],
-                                       cfg.max_answer_tokens, tok.pad_token_id, cfg)
+                                       cfg.max_answer_tokens, tok.pad_token_id, cfg, budget)
+        trim_heap()  # the probe's pages back to the system before the evaluation
     for role, items in (("agent", E * (1 + K)), ("guidance", E * K)):
         if role in policies.frozen:
             continue
