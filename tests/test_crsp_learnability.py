@@ -191,3 +191,35 @@ def test_rollout_rewards_verified_sometimes_solved_proposals_only(tiny_dir, monk
                                  stats, step=1)
     assert m["proposals_solvable"] == 0 and batches["proposer"].parts["extrinsic"] == [0.0] * 4
     assert m["critic_judged"] == 6 and m["critic_truth_correct"] == 0.5
+
+
+def test_held_out_proposer_figures_count_verified_and_solvable(tiny_dir, monkeypatch):
+    from trainers.crsp import evaluate
+
+    cfg = Config(model=str(tiny_dir), lora_rank=4, max_prompt_tokens=400, proposer_tokens=40,
+                 solver_tokens=12, memory_budget="none", task="basic_arithmetic")
+    model, tok, _ = roles.make_model(cfg)
+    calls = {"proposal": 0}
+    base = scripted(tok, ANSWERS)
+
+    def fake(model_, tok_, prompts, sampling, *, n_per_prompt, max_new=None, greedy=False,
+             on_finished=None):
+        if tok.decode(prompts[0]).endswith("problem>"):  # one proposal per problem, in turn
+            out = []
+            for _ in prompts:
+                text = PROPOSALS[calls["proposal"] % len(PROPOSALS)]
+                calls["proposal"] += 1
+                out.append((np.asarray(tok(text, add_special_tokens=False)["input_ids"]),
+                            False))
+            return out
+        return base(model_, tok_, prompts, sampling, n_per_prompt=n_per_prompt,
+                    max_new=max_new or 12)
+
+    monkeypatch.setattr(evaluate, "generate", fake)
+    problems = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(8)]
+    got = evaluate.proposer_figures(cfg, model, model, tok, problems, 0, 4)
+    # 8 proposals: twice each of PROPOSALS; verified: the sum of 12 and 5 (solved 2 of 4
+    # times) and 1 + 1 (always solved); the made-up answer and the story are not.
+    assert got["n"] == 8 and got["well_formed"]["k"] == 8
+    assert got["verified"]["k"] == 4 and got["solvable"]["k"] == 4
+    assert got["learnable"]["k"] == 2

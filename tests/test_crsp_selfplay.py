@@ -282,6 +282,10 @@ def test_held_out_evaluation_of_a_run(tiny_dir, tmp_path, capsys, monkeypatch):
     assert out["calibration_set"]["correct"]["n"] == 15
     assert out["proposer"]["first"]["steps"] == [1, 1] and out["proposer"]["last"]["n"] == 4
     assert out["proposer"]["verified_last"]["n"] == 4  # counted from the metrics rows
+    for c in out["checkpoints"]:  # the proposer on held-out problems, one proposal each
+        prop = c["proposer"]
+        assert prop["n"] == 12 and prop["well_formed"]["n"] == 12
+        assert prop["solvable"]["k"] <= prop["verified"]["k"] <= prop["well_formed"]["k"]
     assert out["proposer"]["solvable_last"]["k"] <= out["proposer"]["verified_last"]["k"]
     says, labels = np.array([True, False, False, False]), np.array([True, True, False, False])
     assert evaluate.balanced_accuracy(says, labels) == 0.75

@@ -24,6 +24,9 @@
   *training* seed problems (sampled attempts by the same solver, labelled by the verifier):
   an operating point set on training data, never on the held-out set, by the same procedure
   for every checkpoint;
+- the proposer on held-out data (``--proposer-eval-size``, :func:`proposer_figures`): from
+  each of the first held-out problems one proposal, its stated answer verified, the verified
+  ones attempted by the ``--attempts-from`` solver: verified and solvable rates;
 - from ``metrics.jsonl``, the proposer's well-formed proposals over the first and the last
   ``--window`` steps, and (runs from issue 49 on) its verified proposals (the stated answer
   confirmed by ``trainers.crsp.verify``) and solvable ones (verified, and the solver reached
@@ -44,21 +47,23 @@ import torch
 from trainers.common import metrics_rows, write_atomic
 from trainers.config import saved_config
 from trainers.crsp.config import Config
+from trainers.crsp.figures import (  # noqa: F401 - auc, youden_threshold: the module's API
+    auc,
+    balanced_accuracy,
+    balanced_accuracy_ci,
+    balanced_set,
+    critic_figures,
+    proportion,
+    youden_threshold,
+)
 from trainers.crsp.formats import proposal_parts
-from trainers.crsp.rewards import balanced_accuracy
 from trainers.crsp.roles import ROLE_ID, Prompts, activate, make_model
 from trainers.crsp.rollout import verdict_logprobs
 from trainers.llm.evaluation import HELD_OUT_SEED, held_out, task_correct
 from trainers.llm.generation import EVAL_THREADS, generate
-from trainers.llm.tasks import extract_answer, task_problems, wilson
+from trainers.llm.tasks import extract_answer, task_problems
 from trainers.phases import Count, heartbeat
 from trainers.summary import json_bytes
-
-
-def proportion(k: float, n: int) -> dict[str, Any]:
-    """``k`` of ``n`` with its 95% Wilson interval (plain data)."""
-    lo, hi = wilson(k, n) if n else (0.0, 0.0)
-    return {"k": k, "n": n, "rate": k / n if n else 0.0, "wilson95": [lo, hi]}
 
 
 def proposals(run_dir: Path, tok: Any) -> list[dict[str, Any]]:
@@ -94,114 +99,6 @@ def evaluation_set(cfg: Config, run_dir: Path, tok: Any, size: int, seed: int
     written = proposals(run_dir, tok)
     problems, report = held_out(cfg.task, cfg.task_config, seeds + written, size, seed)
     return problems, {**report, "training_seeds": len(seeds), "proposals": len(written)}
-
-
-def auc(scores: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
-    """Area under the ROC curve of ``scores`` (float[n], higher: more likely correct) against
-    ``labels`` (bool[n], both classes present): the probability that a correct attempt scores
-    above an incorrect one, ties counted half (the Mann-Whitney U / (n1 n0)), with the 95%
-    interval of Hanley & McNeil 1982 ("The meaning and use of the area under a ROC curve",
-    Radiology 143, eq. 1-3). Threshold-free: 0.5 for a critic that does not look at the
-    attempt, whatever verdict it prefers."""
-    s, y = np.asarray(scores, np.float64), np.asarray(labels, bool)
-    pos, neg = s[y], s[~y]
-    diff = pos[:, None] - neg[None, :]
-    a = float(((diff > 0) + 0.5 * (diff == 0)).mean())
-    n1, n0 = len(pos), len(neg)
-    q1, q2 = a / (2 - a), 2 * a * a / (1 + a)
-    se = np.sqrt((a * (1 - a) + (n1 - 1) * (q1 - a * a) + (n0 - 1) * (q2 - a * a)) / (n1 * n0))
-    return {"auc": a, "ci95": [max(0.0, a - 1.96 * se), min(1.0, a + 1.96 * se)],
-            "n_correct": n1, "n_incorrect": n0}
-
-
-def balanced_accuracy_ci(says: np.ndarray, labels: np.ndarray) -> dict[str, Any] | None:
-    """Balanced accuracy ``BA = (TPR + TNR) / 2`` of verdicts ``says`` against ``labels``
-    (bool[n] each, True: correct) with its 95% interval: each recall's Wilson interval
-    combined by MOVER (method of variance estimates recovery: Zou & Donner 2008,
-    "Construction of confidence limits about effect measures: a general approach", Stat.
-    Med. 27; the square-and-add of Newcombe 1998, method 10, for a sum instead of a
-    difference): ``BA - sqrt((TPR - l1)^2 + (TNR - l0)^2) / 2``, ``BA + sqrt((u1 - TPR)^2 +
-    (u0 - TNR)^2) / 2``. It treats the two recalls as independent: exact on attempts of
-    distinct problems (one attempt per problem); on the balanced set, where a problem gives
-    one attempt of each class, the recalls may correlate. None when a class is missing."""
-    y, v = np.asarray(labels, bool), np.asarray(says, bool)
-    n1, n0 = int(y.sum()), int((~y).sum())
-    if not n1 or not n0:
-        return None
-    tp, tn = int((v & y).sum()), int((~v & ~y).sum())
-    (l1, u1), (l0, u0) = wilson(tp, n1), wilson(tn, n0)
-    tpr, tnr = tp / n1, tn / n0
-    ba = (tpr + tnr) / 2
-    lo = ba - 0.5 * float(np.hypot(tpr - l1, tnr - l0))
-    hi = ba + 0.5 * float(np.hypot(u1 - tpr, u0 - tnr))
-    return {"value": ba, "ci95": [max(0.0, lo), min(1.0, hi)], "n": n1 + n0,
-            "tpr": proportion(tp, n1), "tnr": proportion(tn, n0),
-            "says_correct": float(v.mean()), "interval": "MOVER of Wilson recalls"}
-
-
-def critic_figures(says: np.ndarray, labels: np.ndarray, margin: np.ndarray | None = None
-                   ) -> dict[str, Any]:
-    """Verdict accuracy, the majority-class rate and balanced accuracy of ``says`` against
-    ``labels`` (bool[n] each; True: correct), and with ``margin`` (float[n], the verdict
-    log-prob margin ``L_correct - L_incorrect``) its :func:`auc`."""
-    n, k = len(labels), int(labels.sum())
-    both = 0 < k < n
-    return {"accuracy": proportion(int((says == labels).sum()), n),
-            "majority_rate": proportion(max(k, n - k), n),
-            "balanced_accuracy": balanced_accuracy(says, labels) if both else None,
-            "says_correct": float(says.mean()) if n else 0.0,
-            "attempts_correct": proportion(k, n),
-            **({"auc": auc(margin, labels)} if margin is not None and both else {})}
-
-
-def youden_threshold(margin: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
-    """The verdict threshold ``tau`` that maximises balanced accuracy (equivalently Youden's
-    ``J = TPR + TNR - 1``: Youden 1950, "Index for rating diagnostic tests") of ``margin >
-    tau`` against ``labels`` (float[n], bool[n]): over every distinct cut of the sorted
-    margins, ``tau`` the midpoint between the two margins it falls between (below the
-    smallest: everything "correct"; at the largest: everything "incorrect"); the lowest such
-    ``tau`` on ties. Returns ``{"tau", "balanced_accuracy", "n"}``; ``tau`` 0.0 and
-    ``balanced_accuracy`` None when a class is missing.
-
-    Raises:
-        ValueError: ``margin`` and ``labels`` of different lengths.
-    """
-    m, y = np.asarray(margin, np.float64), np.asarray(labels, bool)
-    if m.shape != y.shape or m.ndim != 1:
-        raise ValueError(f"margin / labels: expected float[n] and bool[n], got {m.shape} and "
-                         f"{y.shape}")
-    n1 = int(y.sum())
-    n0 = len(y) - n1
-    if not n1 or not n0:
-        return {"tau": 0.0, "balanced_accuracy": None, "n": len(y)}
-    order = np.argsort(m, kind="stable")
-    ms, ys = m[order], y[order]
-    # Cut after the first i sorted margins (i = 0..n): those say "incorrect", the rest
-    # "correct"; only cuts between distinct margins are realisable by a threshold.
-    below_neg = np.concatenate([[0], np.cumsum(~ys)])  # true negatives
-    below_pos = np.concatenate([[0], np.cumsum(ys)])  # false negatives
-    ba = 0.5 * ((n1 - below_pos) / n1 + below_neg / n0)
-    ok = np.ones(len(ms) + 1, bool)
-    ok[1:-1] = ms[1:] > ms[:-1]
-    i = int(np.flatnonzero(ok)[np.argmax(ba[ok])])
-    tau = (ms[0] - 1.0 if i == 0 else ms[-1] if i == len(ms)
-           else 0.5 * (ms[i - 1] + ms[i]))
-    return {"tau": float(tau), "balanced_accuracy": float(ba[i]), "n": len(y)}
-
-
-def balanced_set(labels: np.ndarray) -> np.ndarray:
-    """Indices ``(problem, attempt)`` (int[2m, 2]) of a class-balanced set from ``labels``
-    (bool[P, K]: attempt k of problem p was correct): each problem's first correct and first
-    incorrect attempt, then the first ``m`` of each class by problem order, ``m`` the smaller
-    class's count."""
-    firsts: dict[bool, list[tuple[int, int]]] = {True: [], False: []}
-    for p, row in enumerate(labels):
-        for y in (True, False):
-            hit = np.flatnonzero(row == y)
-            if len(hit):
-                firsts[y].append((p, int(hit[0])))
-    m = min(len(firsts[True]), len(firsts[False]))
-    return np.array(firsts[True][:m] + firsts[False][:m], np.int64).reshape(-1, 2)
 
 
 def load_checkpoint(cfg: Config, run_dir: Path, step: int) -> tuple[Any, Any]:
@@ -299,6 +196,47 @@ def evaluate_checkpoint(cfg: Config, model: Any, tok: Any, step: int,
     return out
 
 
+def proposer_figures(cfg: Config, model: Any, solver: Any, tok: Any,
+                     problems: list[dict[str, Any]], seed: int, attempts: int
+                     ) -> dict[str, Any]:
+    """The proposer of ``model`` writes one proposal from each held-out problem (sampled,
+    torch seeded with ``seed``); the verifier confirms or not its stated answer
+    (``verify.verified_entry``); the solver of ``solver`` (one checkpoint for every proposer:
+    ``--attempts-from``) makes ``attempts`` sampled attempts at each verified one. Returns,
+    over all proposals, ``well_formed``, ``verified``, ``solvable`` (verified, the answer
+    reached at least once: the issue's ``proposer_solvable_rate``) and ``learnable`` (0 < p
+    < 1), each with its Wilson interval."""
+    from trainers.crsp.formats import STOP, cut_at_stop
+    from trainers.crsp.verify import entry_score, verified_entry
+
+    scorer = task_problems(cfg.task, 1, 0, cfg.task_config).score_answer
+    prompts = Prompts(tok, cfg.max_prompt_tokens, _cache(),
+                      verifiable=cfg.proposer_reward == "learnability")
+    activate(model, "proposer")
+    torch.manual_seed(seed)
+    with heartbeat(f"proposer: one proposal from each of {len(problems)} held-out problems"):
+        written = generate(model, tok, [prompts("proposer", "Problem:\n" + p["question"])
+                                        for p in problems],
+                           cfg.sampling(cfg.proposer_tokens, generate_dtype=cfg.generate_dtype),
+                           n_per_prompt=1, max_new=cfg.proposer_tokens)
+    parts = [proposal_parts(tok.decode(cut_at_stop(tok, c, STOP["proposer"])[0],
+                                       skip_special_tokens=True)) for c, _ in written]
+    entries = [verified_entry(q, a, scorer) if q and a else None for q, a in parts]
+    checked = [e for e in entries if e is not None]
+    rates = []
+    if checked:
+        texts, _ = solver_attempts(cfg, solver, tok, checked, seed + 1, attempts)
+        hits = np.array([entry_score(scorer, extract_answer(t)[0], checked[i // attempts])
+                         == 1.0 for i, t in enumerate(texts)]).reshape(len(checked), attempts)
+        rates = hits.mean(1).tolist()
+    n = len(problems)
+    return {"n": n, "attempts": attempts,
+            "well_formed": proportion(sum(q is not None and a is not None for q, a in parts), n),
+            "verified": proportion(len(checked), n),
+            "solvable": proportion(sum(r > 0 for r in rates), n),
+            "learnable": proportion(sum(0 < r < 1 for r in rates), n)}
+
+
 def _cache() -> Any:
     from rlbuffers.cache import ByteLRUCache
 
@@ -347,6 +285,7 @@ def check_args(a: argparse.Namespace) -> list[int]:
     check_rules(a, {"eval_size": (a.eval_size >= 1, ">= 1"),
                     "critic_attempts": (a.critic_attempts >= 1, ">= 1"),
                     "calibration_size": (a.calibration_size >= 0, ">= 0"),
+                    "proposer_eval_size": (a.proposer_eval_size >= 0, ">= 0"),
                     "window": (a.window >= 1, ">= 1"),
                     "threads": (1 <= a.threads <= MAX_THREADS, f"in [1, {MAX_THREADS}]")})
     steps = [int(p) for p in parts]
@@ -378,9 +317,13 @@ def main(argv: list[str] | None = None) -> None:
                     help="training seed problems whose attempts set each checkpoint's "
                          "calibrated verdict threshold (0: no calibrated figures)")
     ap.add_argument("--window", type=int, default=20, help="steps per proposer window")
+    ap.add_argument("--proposer-eval-size", type=int, default=100,
+                    help="held-out problems the proposer writes from (one proposal each, "
+                         "the first of the --eval-size ones), for its verified and solvable "
+                         "rates (0: none)")
     ap.add_argument("--threads", type=int, default=1,
                     help="ignored since issue 49: the evaluation runs on one thread "
-                         f"(generation.EVAL_THREADS), so its figures do not depend on it")
+                         "(generation.EVAL_THREADS), so its figures do not depend on it")
     ap.add_argument("--out", type=Path, default=None, help="JSON file (DIR/eval.json)")
     a = ap.parse_args(argv)
     cfg = Config(**saved_config(Config, a.run_dir / "config.json"))
@@ -406,6 +349,10 @@ def main(argv: list[str] | None = None) -> None:
         m = model if step == source else load_checkpoint(cfg, a.run_dir, step)[0]
         checkpoints.append(evaluate_checkpoint(cfg, m, tok, step, problems, (texts, labels),
                                                calibration))
+        if a.proposer_eval_size:  # the same held-out seeds and solver for every proposer
+            checkpoints[-1]["proposer"] = proposer_figures(
+                cfg, m, model, tok, problems[:a.proposer_eval_size], seed + 2,
+                a.critic_attempts)
         del m
     out: dict[str, Any] = {
         "held_out": report, "overlap": report["overlap"],

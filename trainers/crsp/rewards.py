@@ -14,8 +14,9 @@ from a seed problem, a *solver* answers problems, a *critic* judges a solution. 
   |2p - 1|`` of the solver's success rate ``p`` on a proposal whose stated answer the
   verifier confirms (``trainers.crsp.verify``), 0 for any other (a made-up answer earns
   nothing); ``band`` (runs before issue 49): solvability in a band (the solver's success
-  rate against the proposal's own stated answer is neither 0 nor 1); plus *creativity*, the novelty of the problem against a bounded sketch of earlier ones
-  and against its own seed example (MinHash signatures, Broder 1997, via ``datasketch``, in a
+  rate against the proposal's own stated answer is neither 0 nor 1); plus *creativity*, the
+  novelty of the problem against a bounded sketch of earlier ones and against its own seed
+  example (MinHash signatures, Broder 1997, via ``datasketch``, in a
   ring of fixed size);
 - every role: a format term (``trainers.crsp.formats.format_score``, partial credit, weight
   ``--format-weight``, no decay) and a length term, ``-|tokens - target| / target`` clipped

@@ -160,6 +160,44 @@ def choose_verdicts(logprobs: np.ndarray, k: int) -> np.ndarray:
     return (torch.rand(len(logprobs), k, dtype=torch.float64) < p_correct[:, None]).numpy()
 
 
+def outcomes(attempts: list[list[tuple[np.ndarray, bool]]],
+             problems: list[tuple[str, Any, str | None]], n_seed: int, score: Any,
+             text: Any) -> list[list[float]]:
+    """Per problem, 1.0 / 0.0 per solver attempt: seed problems (the first ``n_seed``) by the
+    task's verifier ``score(answer, entry)``; a verified proposal (an entry) by the verifier
+    against its recomputed answer (``verify.entry_score``); an unverified one (``band``) by
+    agreement with its stated answer. No answer scores 0."""
+    out = []
+    for k, (comps, (_, entry, answer)) in enumerate(zip(attempts, problems, strict=True)):
+        got = [extract_answer(text(c))[0] for c, _ in comps]
+        out.append([0.0 if not g else float(score(g, entry) == 1.0) if k < n_seed
+                    else float(entry_score(score, g, entry) == 1.0) if entry is not None
+                    else numeric_match(g, answer) for g in got])
+    return out
+
+
+def reservoir(cfg: Config, stats: dict[str, Any]) -> Reservoir | None:
+    """``stats[RESERVOIR]`` (created when missing) with ``--critic-batch balanced``, else
+    None."""
+    if cfg.critic_batch != "balanced":
+        return None
+    return stats.setdefault(RESERVOIR, Reservoir(cfg.critic_reservoir))
+
+
+def proposer_rewards(mode: str, valid: np.ndarray, verified: np.ndarray,
+                     attempted: np.ndarray, rows: list[list[float]]
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """The proposer's extrinsic rewards (float32[N]) and the solver's success rate on each
+    proposal (float64[N], 0 where not attempted) from ``rows``, the outcomes of the attempted
+    proposals in order: :func:`rewards.learnability` (``learnability``) or the solvability
+    band of a well-formed proposal (``band``)."""
+    success = np.zeros(len(valid))
+    success[attempted] = [float(np.mean(row)) for row in rows]
+    if mode == "learnability":
+        return learnability(success, verified), success
+    return np.where(valid, solvability(success), 0.0).astype(np.float32), success
+
+
 def critic_class_rate(cfg: Config, stats: dict[str, Any], truth: np.ndarray) -> float:
     """The frequency of correct judged attempts that the critic's class weights use
     (``--critic-class-weights``), after adding the step's ``truth`` (bool[M]) to the window
@@ -189,8 +227,6 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
     ``--critic-batch balanced`` the earlier attempts that top up the critic's batch
     (``rewards.RESERVOIR``, a ``judging.Reservoir``, created here when missing)."""
     alpha = alpha or alpha_schedule(cfg.alpha0, cfg.alpha_decay)
-    if cfg.critic_batch == "balanced":
-        stats.setdefault(RESERVOIR, Reservoir(cfg.critic_reservoir))
     sampling = cfg.sampling(longest_completion(cfg), generate_dtype=cfg.generate_dtype)
     packing = cfg.packing(cfg.pack_tokens, cfg.train_dtype)
     out = {r: RoleBatch() for r in ROLES}
@@ -219,19 +255,14 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
     s_prompts += [prompts("solver", q) for q, _, _ in problems[len(seeds):]]
     attempts = sample(model, tok, sampling, "solver", s_prompts, cfg.solver_samples,
                       cfg.solver_tokens)
-    outcome: list[list[float]] = []
     n_seed = len(seeds)
-    for k, (p, comps, (_, entry, answer)) in enumerate(zip(s_prompts, attempts, problems,
-                                                           strict=True)):
+    for p, comps in zip(s_prompts, attempts, strict=True):
         out["solver"].add(p, comps)
-        got = [extract_answer(text(c))[0] for c, _ in comps]
-        outcome.append([0.0 if not g else float(score(g, entry) == 1.0) if k < n_seed
-                        else float(entry_score(score, g, entry) == 1.0) if entry is not None
-                        else numeric_match(g, answer) for g in got])
+    outcome = outcomes(attempts, problems, n_seed, score, text)
     # Critic: --critic-samples verdicts (then a reason each) per judged attempt.
     judged = select(cfg.critic_batch, [q for q, _, _ in problems],
                     [[text(c) for c, _ in comps] for comps in attempts], outcome,
-                    cfg.critiques_per_problem, stats.get(RESERVOIR))
+                    cfg.critiques_per_problem, reservoir(cfg, stats))
     c_prompts = [prompts("critic", f"Problem:\n{j.problem}\n\nSolution:\n{j.attempt}")
                  for j in judged]
     options = verdict_ids(tok)
@@ -268,10 +299,8 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
         c.verdict_options, c.verdict_coef = [options[True], options[False]], cfg.verdict_coef
         c.verdict_advantage = verdict_advantages(v_logprobs, truth, rate, cfg.verdict_loss)
         c.skip = [len(options[bool(v)]) for row in verdicts for v in row]
-    success = np.zeros(len(parts))  # per proposal: the solver's rate (0 if not attempted)
-    success[attempted] = [float(np.mean(row)) for row in outcome[n_seed:]]
-    proposer_r = learnability(success, verified) if learn else np.where(
-        valid, solvability(success), 0.0).astype(np.float32)
+    proposer_r, success = proposer_rewards(cfg.proposer_reward, valid, verified, attempted,
+                                           outcome[n_seed:])
     solvable = verified & (success > 0)  # the verified answer reached at least once
     novelty = np.zeros(len(parts), np.float32)
     new_problems = [q for (q, _), v in zip(parts, valid, strict=True) if v]

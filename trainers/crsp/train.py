@@ -67,9 +67,9 @@ from trainers.crsp.config import (
     longest_completion,
 )
 from trainers.crsp.formats import render
+from trainers.crsp.judging import Reservoir
 from trainers.crsp.naive import naive_grads
 from trainers.crsp.resume import load_checkpoint
-from trainers.crsp.judging import Reservoir
 from trainers.crsp.rewards import (
     RESERVOIR,
     TRUTH,
@@ -343,16 +343,22 @@ def start_ranks(cfg: Config) -> tuple[torch.device, int, int]:
     return device, rank, world
 
 
+def keep_legacy(cfg: Config) -> None:
+    """On ``--resume``, a run created before a setting existed keeps its old behaviour
+    (``config.legacy_settings``, logged)."""
+    if not cfg.resume:
+        return
+    from rlbuffers.safe_load import load_json
+
+    kept = legacy_settings(cfg, load_json(Path(cfg.run_dir) / "config.json", dict))
+    if kept:
+        log.info("resuming a run created before these settings: keeping %s", ", ".join(kept))
+
+
 def main(argv: list[str] | None = None) -> None:
     cfg = start(Config, argv, module="trainers.crsp", doc=__doc__, resumable=RESUMABLE,
                 check=check_config)
-    if cfg.resume:  # a run created before a setting existed keeps its old behaviour
-        from rlbuffers.safe_load import load_json
-
-        kept = legacy_settings(cfg, load_json(Path(cfg.run_dir) / "config.json", dict))
-        if kept:
-            log.info("resuming a run created before these settings: keeping %s",
-                     ", ".join(kept))
+    keep_legacy(cfg)
     device, rank, world = start_ranks(cfg)
     train_threads = cfg.train_threads or os.cpu_count() or 1
     torch.set_num_threads(train_threads)
