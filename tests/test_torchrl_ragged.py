@@ -144,3 +144,18 @@ def test_errors_name_the_key(tmp_path):
         TensorDictReplayBuffer(storage=ZarrStorage(tmp_path / "c", 4)).extend(grid)
     with pytest.raises(ValueError, match="read by an int or a 1-d index"):
         rb.storage.get(torch.tensor([[0, 1]]))
+
+
+def test_a_tensorclass_str_field_is_each_rows_string(tmp_path):
+    from tensordict import tensorclass
+
+    @tensorclass
+    class Step:
+        obs: torch.Tensor
+        text: str
+
+    z = ZarrStorage(tmp_path / "z", 5)
+    z.set(range(3), Step(obs=torch.arange(3), text="same for all", batch_size=[3]))
+    got = z.get(slice(None))
+    assert torch.equal(got["obs"], torch.arange(3))
+    assert got.get("text").tolist() == ["same for all"] * 3

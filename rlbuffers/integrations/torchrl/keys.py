@@ -205,6 +205,8 @@ def _strings(key: tuple[str, ...], v: Any, n: int) -> list[str]:
     Raises:
         TypeError: not a non-tensor of strings. ValueError: not ``n`` of them.
     """
+    if isinstance(v, str):  # a tensorclass's str field: one string for the whole batch
+        return [v] * n
     if not is_non_tensor(v):
         raise TypeError(f"data[{key!r}]: expected non-tensor strings like the storage's "
                         f"first write, got {type(v).__name__}")
@@ -261,12 +263,13 @@ def _entry(i: int, key: tuple[str, ...], t: Any, row_batch: tuple[int, ...]) -> 
         name = f"root.{name}"       # the buffer's episode ends (docs/torchrl.md)
     field = name if not field_name_problem(name) else f"key{i}"
     kind, dtype, shape = DENSE, getattr(t, "dtype", None), tuple(getattr(t, "shape", ())[1:])
-    if is_non_tensor(t) or (isinstance(t, torch.Tensor) and t.is_nested):
+    if isinstance(t, str) or is_non_tensor(t) or (isinstance(t, torch.Tensor) and t.is_nested):
         if row_batch:
             raise TypeError(f"data[{key!r}]: ragged and string entries need rows of batch [] "
                             f"(a storage of single transitions), got rows of {list(row_batch)}")
-        if is_non_tensor(t):
-            _strings(key, t, len(t.tolist()) if isinstance(t.tolist(), list) else 1)
+        if isinstance(t, str) or is_non_tensor(t):
+            _strings(key, t, 1 if isinstance(t, str) or not isinstance(t.tolist(), list)
+                     else len(t.tolist()))
             kind, dtype, shape = STR, torch.uint8, ()
         else:
             first = t.unbind(0)[0] if t.size(0) else t
