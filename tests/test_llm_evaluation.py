@@ -159,13 +159,15 @@ def test_evaluation_heartbeats_say_how_many_problems_are_done(monkeypatch):
     logger = logging.getLogger("trainers.phases")
     watch = Watch(logging.INFO)
     logger.addHandler(watch)
-    monkeypatch.setattr(logger, "level", logging.INFO)
+    level = logger.level
+    logger.setLevel(logging.INFO)  # setLevel, not the attribute: it clears isEnabledFor's cache
     try:
         problems = [{"question": f"Calculate {a} + 1.", "answer": str(a + 1)} for a in range(5)]
         got = evaluate(None, FakeTok(["1"] * 5), problems, Sampling(max_completion_tokens=8),
                        numeric_correct, progress="held-out evaluation before: 5 task problems")
     finally:
         logger.removeHandler(watch)
+        logger.setLevel(level)
     assert got["n"] == 5
     assert said[0] == "held-out evaluation before: 5 task problems..."
     assert any(line.startswith("held-out evaluation before: 5 task problems ")
