@@ -98,6 +98,12 @@ class Config(RunConfig):
     extra); '': none (trainers/erl/offline.py)."""
     offline_fraction: float = 0.5
     """Share of each TD3 batch drawn from --offline-data (0.5: RLPD's symmetric sampling)."""
+    eval_every: int = 5
+    """Evaluate the learner (TD3's actor, no exploration noise, on a separately seeded env)
+    before the first generation and after every this many; 0: never (trainers/erl/evaluate.py;
+    rows in run_dir/eval.jsonl). Training is the same with or without it."""
+    eval_episodes: int = 10
+    """Episodes per evaluation (the same reset seeds at every evaluation)."""
 
 
 #: Settings a resumed run may change; the rest must match the run's config.json.
@@ -144,6 +150,8 @@ def check_config(c: Config) -> None:
         "workers": (c.workers >= 1, ">= 1"),
         "rollout_backend": (c.rollout_backend in BACKENDS, "'', 'inprocess' or 'ray'"),
         "offline_fraction": prob(c.offline_fraction),
+        "eval_every": (c.eval_every >= 0, ">= 0"),
+        "eval_episodes": (c.eval_episodes >= 1, ">= 1"),
     })
 
 

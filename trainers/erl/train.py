@@ -27,7 +27,8 @@ evolution operators in ``evolution.py``, the TD3 learner in ``td3.py``, the flag
 Writes into ``--run-dir``: ``config.json``, ``buffer/`` (the replay buffer),
 ``ckpt/generation-N/`` (``state.json``: trainer counters and history; ``population.pt``,
 ``learner.pt`` (networks, targets, optimizers), ``rng.pt``, ``best_actor.pt``),
-``metrics.jsonl`` (one JSON line per generation) and ``curve.png`` (learning curve).
+``metrics.jsonl`` (one JSON line per generation), ``eval.jsonl`` (the learner's deterministic
+evaluations, ``--eval-every``: ``evaluate.py``) and ``curve.png`` (learning curve).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import contextlib
 import functools
 import logging
 import math
+import random
 import time
 from collections import Counter
 from pathlib import Path
@@ -60,6 +62,7 @@ from trainers.common import (
 from trainers.config import start
 from trainers.curves import Series, plot_curve
 from trainers.erl.config import RESUMABLE, Config, check_config
+from trainers.erl.evaluate import Evaluation, check_evals, metrics_fields
 from trainers.erl.evolution import evolve
 from trainers.erl.offline import check_offline, make_mixture, open_offline
 from trainers.erl.rollout import Actor, actor_weights, episode_job, make_env
@@ -192,7 +195,8 @@ def draw_curve(path: Path, history: list[dict[str, Any]], *, env: str) -> None:
                title=f"ERL + TD3 on {env}",
                series=[Series("best_fitness", "best actor (fitness)"),
                        Series("mean_fitness", "population mean"),
-                       Series("learner_return", "TD3 learner (noisy)")])
+                       Series("learner_return", "TD3 learner (noisy)"),
+                       Series("eval_return_mean", "TD3 learner, no noise (eval mean)")])
 
 
 def restore(run: Run, fresh: dict[str, Any], population: list[Actor], learner: Learner,
@@ -208,7 +212,8 @@ def restore(run: Run, fresh: dict[str, Any], population: list[Actor], learner: L
     ckpt = run.checkpoint
     assert ckpt is not None
     state = run.load_state()
-    check_state(state, {"trainer": fresh}, ckpt / "state.json")
+    template = {k: v for k, v in fresh.items() if k != "evals"}  # absent in older runs
+    check_state(state, {"trainer": template}, ckpt / "state.json")
     check_unit(state["trainer"], run, ckpt / "state.json")
     with restoring(ckpt / "population.pt", f"{len(population)} actors' state dicts"):
         for actor, sd in zip(population, load_torch(ckpt / "population.pt"), strict=True):
@@ -220,7 +225,9 @@ def restore(run: Run, fresh: dict[str, Any], population: list[Actor], learner: L
         if type(learner.updates) is not int:
             raise TypeError(f"'updates' = {learner.updates!r}")
     load_rng(ckpt / "rng.pt", rng)
-    return dict(state["trainer"])
+    trainer = dict(state["trainer"])
+    trainer["evals"] = check_evals(trainer.get("evals"), ckpt / "state.json")
+    return trainer
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -237,10 +244,13 @@ def main(argv: list[str] | None = None) -> None:
     low, high = env.action_space.low, env.action_space.high
     env.close()
     torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)  # unused by ERL, seeded so that rng.pt is the same run to run
     rng = np.random.default_rng(cfg.seed)
     population = [Actor(obs_dim, act_dim, cfg.hidden, low, high) for _ in range(cfg.pop_size)]
     learner = Learner(obs_dim, act_dim, cfg, low, high)
-    trainer = {"generation": 0, "env_steps": 0, "episodes": 0, "wall_seconds": 0.0}
+    trainer: dict[str, Any] = {"generation": 0, "env_steps": 0, "episodes": 0,
+                               "wall_seconds": 0.0,
+                               "evals": []}  # evaluation rows (trainers/erl/evaluate.py)
     offline_kind = ""
     if cfg.offline_data:  # checked before the run directory is made
         offline_kind = check_offline(cfg.offline_data, obs_dim, act_dim)
@@ -266,6 +276,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"{trainer['env_steps']:,} env steps, buffer {len(buf):,} transitions",
                   flush=True)
         plan = memory_plan(cfg, fields, population, learner)
+        evaluation = stack.enter_context(Evaluation(cfg, run, trainer, learner.actor))
         batches: Any = buf  # what TD3 batches are drawn from: the buffer, or a mixture
         if offline_kind:
             offline = open_offline(cfg.offline_data, offline_kind, cfg.run_dir)
@@ -300,6 +311,9 @@ def main(argv: list[str] | None = None) -> None:
                     population = evolve(population, fitness, cfg, rng)
                     if gen % cfg.sync_every == 0:
                         population[-1].load_state_dict(learner.actor.state_dict())
+                # Evaluation: the learner's actor without noise, on its own env (no RNG, no
+                # buffer: training is the same without it).
+                evaluated = evaluation.after_generation(gen, learner.updates, phases)
                 # 5. Commit: checkpoint, then the buffer commit that makes generation `gen`
                 # complete; its row goes to metrics.jsonl and the curve.
                 trainer["generation"] = gen
@@ -315,7 +329,8 @@ def main(argv: list[str] | None = None) -> None:
                        "wall_seconds": round(trainer["wall_seconds"], 2),
                        "rollout_nodes": nodes, **figures, "rss_bytes": mem.rss_bytes,
                        "peak_rss_bytes": mem.peak_rss_bytes,
-                       "available_bytes": mem.available_bytes, **plan}
+                       "available_bytes": mem.available_bytes, **plan,
+                       **metrics_fields(evaluated)}
                 with phases("commit", timed=False):  # its seconds: the commit's own line
                     run.commit(gen, row, state={"trainer": dict(trainer)},
                                torch_files={"population.pt": [a.state_dict() for a in population],
@@ -323,6 +338,7 @@ def main(argv: list[str] | None = None) -> None:
                                             "rng.pt": rng_states(rng),
                                             "best_actor.pt": best.state_dict()},
                                metadata={"env_steps": trainer["env_steps"]})
+                    evaluation.save()
                 # 6. Progress: the per-phase line (INFO) and the one-line summary.
                 phases.log("generation", gen)
                 print(progress_line(row, cfg, time.perf_counter() - t0), flush=True)

@@ -1,0 +1,185 @@
+"""tools/learning_results.py (issue 49 item 6): docs/results/learning.json is what the script
+writes from the committed eval files, byte for byte (a hand edit fails here); its intervals
+against naive references; a row per eval file; the generic input format."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tools import learning_results as lr
+
+REPO = lr.REPO
+
+
+def naive_wilson(k: int, n: int, z: float = lr.Z95) -> list[float]:
+    """The score interval by its definition: every p whose z-test does not reject k / n,
+    found on a fine grid refined by bisection."""
+    phat = k / n
+
+    def inside(p: float) -> bool:
+        return abs(phat - p) <= z * math.sqrt(p * (1 - p) / n) + 1e-15
+
+    def edge(lo: float, hi: float) -> float:  # inside(lo) != inside(hi)
+        for _ in range(100):
+            mid = (lo + hi) / 2
+            if inside(mid) == inside(lo):
+                lo = mid
+            else:
+                hi = mid
+        return (lo + hi) / 2
+
+    low = 0.0 if inside(0.0) else edge(0.0, phat if phat > 0 else 1e-12)
+    high = 1.0 if inside(1.0) else edge(phat if phat < 1 else 1 - 1e-12, 1.0)
+    return [low, high]
+
+
+@pytest.mark.parametrize("k,n", [(0, 10), (1, 10), (5, 10), (10, 10), (9, 200), (226, 400),
+                                 (260, 508), (3, 7), (1599, 1600)])
+def test_wilson_matches_the_naive_score_interval(k, n):
+    assert lr.wilson(k, n) == pytest.approx(naive_wilson(k, n), abs=1e-9)
+
+
+def test_newcombe_matches_the_guidance_trainers_per_item_version():
+    from trainers.guidance.evaluation import paired_difference
+
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        n = int(rng.integers(5, 300))
+        first = rng.random(n) < rng.random()
+        second = np.where(rng.random(n) < 0.7, first, rng.random(n) < rng.random())
+        fixes, breaks = int((~first & second).sum()), int((first & ~second).sum())
+        diff, ci = lr.newcombe_paired(n, int(first.sum()), fixes, breaks)
+        want = paired_difference(first, second, z=lr.Z95)
+        assert diff == pytest.approx(want[0], abs=1e-12)
+        assert ci == pytest.approx(list(want[1:]), abs=1e-12)
+    with pytest.raises(ValueError):
+        lr.newcombe_paired(10, 2, 1, 3)  # more breaks than items right first
+
+
+def test_mcnemar_and_t_against_references():
+    def brute(b: int, c: int) -> float:  # sum of the outcomes no more likely than the observed
+        m = b + c
+        probs = [math.comb(m, i) / 2 ** m for i in range(m + 1)]
+        return min(1.0, sum(p for p in probs if p <= probs[b] * (1 + 1e-12)))
+
+    for b, c in [(11, 23), (0, 0), (0, 5), (7, 7), (30, 12)]:
+        assert lr.mcnemar_exact(b, c) == pytest.approx(brute(b, c), rel=1e-12)
+    assert lr.mcnemar_exact(11, 23) == pytest.approx(0.0576, abs=1e-4)  # issue 49's 0.058
+    table = {1: 12.706204736, 2: 4.302652730, 4: 2.776445105, 9: 2.262157163, 30: 2.042272456}
+    for df, q in table.items():
+        assert lr.t_quantile(df) == pytest.approx(q, abs=1e-8)
+    mean, ci = lr.t_interval([1.0, 2.0, 6.0])
+    assert mean == 3.0 and ci == pytest.approx([3 - 4.302652730 * math.sqrt(7 / 3),
+                                                3 + 4.302652730 * math.sqrt(7 / 3)])
+
+
+def test_learning_json_is_what_the_script_writes_from_the_committed_evals():
+    assert lr.OUT.read_bytes() == lr.render(lr.build()), \
+        "docs/results/learning.json differs: regenerate it with python -m tools.learning_results"
+    check = subprocess.run([sys.executable, "-m", "tools.learning_results", "--check"], cwd=REPO,
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_row_per_eval_file_and_every_row_well_formed():
+    index = json.loads((lr.EVALS / "index.json").read_text())
+    files = sorted(p.name for p in lr.EVALS.iterdir() if p.name != "index.json")
+    assert sorted(e["file"] for e in index) == files  # every copied file is read
+    rows = json.loads(lr.OUT.read_text())
+    for e in index:
+        mine = [r for r in rows if r.get("source") == e["file"]]
+        assert mine, e["file"]
+        assert all(r["system"] == e["system"] and r["run"] == e["run"] for r in mine)
+    for r in rows:
+        assert r["system"] in lr.SYSTEMS
+        for key in ("metric", "seed", "run", "before", "before_ci95", "after", "ci95", "n",
+                    "overlap"):
+            assert key in r, (key, r)
+        lo, hi = r["ci95"]
+        assert lo <= r["after"] <= hi
+        if r["system"] == "guidance":
+            assert "agent_frozen" in r
+        if r["interval"] == "wilson":
+            assert r["after"] == r["k"] / r["n"]
+            assert r["ci95"] == lr.wilson(r["k"], r["n"])
+
+
+def write_index(d, entries):
+    (d / "index.json").write_text(json.dumps(entries))
+
+
+def test_the_generic_format_and_every_reader(tmp_path):
+    figures = {"learning_figures": [
+        {"metric": "proposer_solvable_rate", "before": {"k": 2, "n": 80},
+         "after": {"k": 30, "n": 80}, "overlap": 0, "role": "proposer"},
+        {"metric": "hint_effect", "before": None,
+         "after": {"n": 200, "first": 80, "fixes": 11, "breaks": 23}, "overlap": 0},
+        {"metric": "critic_auc", "before": {"value": 0.5, "ci95": [0.4, 0.6], "n": 10},
+         "after": {"values": [1.0, 2.0, 3.0]}}]}
+    (tmp_path / "new.json").write_text(json.dumps(figures))
+    guidance = {"before": {"turn1": {"accuracy": 0.4, "n": 200, "overlap": 0},
+                           "turn2": {"accuracy": 0.175, "n": 200}, "fixes": 11, "breaks": 56},
+                "after": {"turn1": {"accuracy": 0.4, "n": 200, "overlap": 0},
+                          "turn2": {"accuracy": 0.34, "n": 200}, "fixes": 11, "breaks": 23,
+                          "iteration": 30, "agent_frozen": True}}
+    (tmp_path / "g.json").write_text(json.dumps(guidance))
+    grpo = {"before": {"task": {"accuracy": 0.11, "n": 200, "overlap": 0}},
+            "after": {"task": {"accuracy": 0.575, "n": 200, "overlap": 0}, "step": 70}}
+    (tmp_path / "grpo.json").write_text(json.dumps(grpo))
+    for s, shift in ((1, 0.0), (2, 100.0)):
+        lines = [{"generation": g, "env_steps": 6000 * g, "td3_updates": 0, "n": 2,
+                  "mean": 0.0, "std": 0.0, "returns": [g * 10.0 + shift, g * 10.0 + shift + 1]}
+                 for g in (0, 2, 4)]
+        (tmp_path / f"erl{s}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    shutil.copy(lr.EVALS / "crsp_eval_36e.json", tmp_path / "crsp.json")
+    write_index(tmp_path, [
+        {"file": "new.json", "kind": "figures", "system": "crsp", "run": "r", "seed": 5},
+        {"file": "g.json", "kind": "guidance", "system": "guidance", "run": "g", "seed": 0},
+        {"file": "grpo.json", "kind": "grpo", "system": "grpo", "run": "e34", "seed": 0},
+        {"file": "erl1.jsonl", "kind": "erl", "system": "erl", "run": "a", "seed": 1, "group": "G"},
+        {"file": "erl2.jsonl", "kind": "erl", "system": "erl", "run": "b", "seed": 2, "group": "G"},
+        {"file": "crsp.json", "kind": "crsp", "system": "crsp", "run": "c", "seed": 0}])
+    rows = lr.build(tmp_path)
+    by = {(r["run"], r["metric"]): r for r in rows}
+    solv = by["r", "proposer_solvable_rate"]
+    assert solv["after"] == 30 / 80 and solv["ci95"] == lr.wilson(30, 80) and solv["apart"]
+    assert solv["role"] == "proposer" and solv["seed"] == 5 and solv["before_k"] == 2
+    hint = by["r", "hint_effect"]
+    assert hint["before"] is None and hint["after"] == pytest.approx(-12 / 200)
+    assert hint["mcnemar_p"] == pytest.approx(lr.mcnemar_exact(11, 23))
+    assert by["r", "critic_auc"]["interval"] == "t"
+    g = by["g", "hint_effect"]
+    assert g["agent_frozen"] is True and g["after_at"] == 30
+    assert (g["fixes"], g["breaks"], g["before_breaks"]) == (11, 23, 56)
+    assert g["ci95"] == lr.newcombe_paired(200, 80, 11, 23)[1]
+    assert by["g", "turn2_accuracy"]["k"] == 68
+    assert by["e34", "heldout_accuracy"]["k"] == 115 and by["e34", "heldout_accuracy"]["apart"]
+    erl = by["a", "deterministic_return"]
+    assert (erl["before"], erl["after"], erl["after_at"], erl["n"]) == (0.5, 40.5, 4, 2)
+    pooled = by["G", "deterministic_return"]
+    assert pooled["seed"] is None and pooled["seeds"] == [1, 2] and pooled["n"] == 2
+    assert pooled["after"] == 90.5 and pooled["ci95"] == lr.t_interval([40.5, 140.5])[1]
+    assert pooled["difference"] == 40.0 and pooled["difference_ci95"] == [40.0, 40.0]
+    assert erl["curve"] == [[0, 0, 0.0], [2, 12000, 0.0], [4, 24000, 0.0]]  # the files' means
+    assert pooled["curve"] == [[0, 0, 0.0], [2, 12000, 0.0], [4, 24000, 0.0]]
+    crsp = {r["metric"] for r in rows if r["run"] == "c"}
+    assert {"heldout_accuracy", "critic_balanced_accuracy_raw",
+            "critic_balanced_accuracy_calibrated", "proposer_well_formed_rate"} <= crsp
+    write_index(tmp_path, [{"file": "g.json", "kind": "guidance", "system": "other", "run": "g"}])
+    with pytest.raises(ValueError, match="system"):
+        lr.build(tmp_path)
+
+
+def test_check_mode_reports_a_stale_file(tmp_path):
+    out = tmp_path / "learning.json"
+    out.write_bytes(lr.OUT.read_bytes().replace(b"0.", b"0.9", 1))
+    assert lr.main(["--check", "--out", str(out)]) == 1
+    assert lr.main(["--out", str(out)]) == 0
+    assert out.read_bytes() == lr.OUT.read_bytes()
