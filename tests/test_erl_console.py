@@ -34,8 +34,11 @@ def test_ctrl_c_exits_130_with_one_line_saying_how_to_resume(tmp_path):
     """SIGINT once generation 1's line is out (the process is then inside the loop: the
     line is printed there); the wait is on the output, not on a clock."""
     run_dir = tmp_path / "run"
+    # SIGINT at its default in the child, whatever this process inherited (a job a shell
+    # started in the background has it ignored, and Python then installs no handler).
     proc = subprocess.Popen(trainer_cmd(run_dir, *SLOW, "--generations", "1000"), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout is not None and proc.stderr is not None
     try:
         for line in proc.stdout:
