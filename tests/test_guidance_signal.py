@@ -243,6 +243,9 @@ def test_build_plans_from_the_measured_step_on_the_longest_utterances(tiny, tmp_
     from rlbuffers.memory.budget import StepCost
 
     monkeypatch.setattr(train, "score", lambda problems, index, text, **_: 0.0)
+    # a budget the real steps of the tiny model fit under with room (their true peaks, ~1-17
+    # MB, vary with the allocator), and a faked per-token cost that makes it bind the plan
+    BUDGET, PER_TOKEN = 2**26, 32_000
     probed = []
 
     def fake_probe(step_fn, make_batch, *, sizes, tokens_per_item=None, device=None):
@@ -250,7 +253,7 @@ def test_build_plans_from_the_measured_step_on_the_longest_utterances(tiny, tmp_
         step_fn(batches[0])  # the real step runs on the probe's batch
         probed.append(([(b["attention_mask"].sum(1).tolist(), int(b["target"].sum()))
                         for b in batches], tokens_per_item))
-        return StepCost(fixed_bytes=1000, bytes_per_token=500)
+        return StepCost(fixed_bytes=1000, bytes_per_token=PER_TOKEN)
 
     monkeypatch.setattr(gpolicy, "probe_activation_bytes", fake_probe)
 
@@ -268,7 +271,7 @@ def test_build_plans_from_the_measured_step_on_the_longest_utterances(tiny, tmp_
 
     monkeypatch.setattr(gpolicy, "PeakMemory", NoPeak)
     cfg = parse_config(Config, args(tiny, tmp_path / "mb", "--iterations", "1",
-                                    "--memory-budget", str(2**20), "--hints-per-answer", "2"),
+                                    "--memory-budget", str(BUDGET), "--hints-per-answer", "2"),
                        prog="guidance", description="", resumable=set())
     run = train.build(cfg)
     try:
@@ -282,15 +285,15 @@ def test_build_plans_from_the_measured_step_on_the_longest_utterances(tiny, tmp_
     assert agent != 512 + 2 * 8 + 6
     # once, on rows of `agent` tokens (padded: every second a token shorter), 8-token answers
     assert probed == [([([agent], 8), ([agent, agent - 1, agent], 24)], agent)]
-    assert plans["activation_bytes_per_utterance_agent"] == 500 * agent
-    assert plans["activation_bytes_per_utterance_guidance"] == 500 * guide
+    assert plans["activation_bytes_per_utterance_agent"] == PER_TOKEN * agent
+    assert plans["activation_bytes_per_utterance_guidance"] == PER_TOKEN * guide
 
     def even(fits, items):  # plan_micro_batch: the fewest steps, split evenly
         steps = -(-items // min(fits, items))
         return -(-items // steps)
 
-    assert plans["micro_batch_planned_agent"] == even((2**20 - 1000) // (500 * agent), 3 * 3)
-    assert plans["micro_batch_planned_guidance"] == even((2**20 - 1000) // (500 * guide), 3 * 2)
+    assert plans["micro_batch_planned_agent"] == even((BUDGET - 1000) // (PER_TOKEN * agent), 3 * 3)
+    assert plans["micro_batch_planned_guidance"] == even((BUDGET - 1000) // (PER_TOKEN * guide), 3 * 2)
     # the planned lengths bound the real utterances
     lens = [len(o) + len(a) for o, a in zip(b["observation_ids"], b["action_ids"], strict=True)]
     assert max(x for x, t in zip(lens, b["turn"], strict=True) if t != 1) <= agent
