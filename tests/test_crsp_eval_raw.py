@@ -16,7 +16,7 @@ from tests.heavy import require
 require("reasoning_gym", "transformers", "peft", "tokenizers", "datasketch")
 
 from trainers.crsp.evaluate import balanced_accuracy_ci  # noqa: E402
-from trainers.llm.tasks import wilson  # noqa: E402
+from trainers.statistics import wilson  # noqa: E402
 
 
 def naive(tp, fn, tn, fp):

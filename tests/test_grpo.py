@@ -32,7 +32,8 @@ from trainers.llm.model import load_causal_lm  # noqa: E402
 from trainers.llm.packed_logprobs import packed_batch, packed_logprobs  # noqa: E402
 from trainers.llm.policy_loss import group_advantages, token_weights  # noqa: E402
 from trainers.llm.settings import Sampling, parse_budget  # noqa: E402
-from trainers.llm.tasks import extract_answer, numeric_match, wilson  # noqa: E402
+from trainers.llm.tasks import extract_answer, numeric_match  # noqa: E402
+from trainers.statistics import wilson  # noqa: E402
 
 # peft 0.21 reads a property that transformers 5 deprecates
 pytestmark = pytest.mark.filterwarnings(

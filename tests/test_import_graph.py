@@ -25,7 +25,7 @@ CHECKED = ["rlbuffers", "tools", "trainers"]
 #: What a trainer package (trainers/<name>/) may import from the project: itself, these
 #: shared layers of trainers/ (the LLM parts, the run lifecycle, the config base, the curve,
 #: the per-phase figures, the closing summary), and the library.
-SHARED_TRAINER_LAYERS = {"llm", "common", "config", "curves", "phases", "summary"}
+SHARED_TRAINER_LAYERS = {"llm", "common", "config", "curves", "phases", "summary", "statistics"}
 #: The most lines a module of trainers/ may have (one concept per module, read in one go).
 MAX_TRAINER_MODULE_LINES = 500
 

@@ -63,6 +63,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trainers import statistics
+
 REPO = Path(__file__).resolve().parents[1]
 EVALS = REPO / "docs" / "results" / "evals"
 OUT = REPO / "docs" / "results" / "learning.json"
@@ -73,48 +75,30 @@ SYSTEMS = ("erl", "grpo", "crsp", "guidance")
 # --- statistics ------------------------------------------------------------------------------
 
 def wilson(k: int, n: int, z: float = Z95) -> list[float]:
-    """Wilson score 95% interval of the proportion ``k / n`` (Wilson 1927), clamped to [0, 1]."""
+    """Wilson score 95% interval of the proportion ``k / n`` (:func:`trainers.statistics.wilson`),
+    as a list. Raises ValueError unless 0 <= k <= n and n > 0."""
     if n <= 0 or not 0 <= k <= n:
         raise ValueError(f"k, n: expected 0 <= k <= n, n > 0, got {k}, {n}")
-    p = k / n
-    den = 1 + z * z / n
-    mid = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return [max(0.0, mid - half), min(1.0, mid + half)]
+    return list(statistics.wilson(k, n, z))
 
 
 def newcombe_paired(n: int, first: int, fixes: int, breaks: int,
                     z: float = Z95) -> tuple[float, list[float]]:
     """Difference of paired proportions, second minus first, ``(fixes - breaks) / n``, and its
-    95% interval by Newcombe's hybrid score method (Newcombe 1998, Statistics in Medicine 17,
-    method 10: the two Wilson intervals combined with the phi correlation of the pairs).
+    95% interval by Newcombe's method 10 (:func:`trainers.statistics.newcombe_paired`).
     ``first``: items right in the first measurement; ``fixes``: wrong then right;
-    ``breaks``: right then wrong."""
+    ``breaks``: right then wrong. Raises ValueError when they make no 2x2 table of n items."""
     both = first - breaks
     neither = n - both - fixes - breaks
     if min(both, neither, fixes, breaks) < 0:
         raise ValueError(f"n={n}, first={first}, fixes={fixes}, breaks={breaks}: not a 2x2 table")
-    second = both + fixes
-    p1, p2 = first / n, second / n
-    l1, u1 = wilson(first, n, z)
-    l2, u2 = wilson(second, n, z)
-    den = float(first) * (n - first) * second * (n - second)
-    phi = (both * neither - breaks * fixes) / math.sqrt(den) if den > 0 else 0.0
-    diff = p2 - p1
-    lo = diff - math.sqrt(max(0.0, (p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1)
-                              + (u1 - p1) ** 2))
-    hi = diff + math.sqrt(max(0.0, (u2 - p2) ** 2 - 2 * phi * (u2 - p2) * (p1 - l1)
-                              + (p1 - l1) ** 2))
-    return diff, [max(-1.0, lo), min(1.0, hi)]
+    diff, lo, hi = statistics.newcombe_paired(both, breaks, fixes, neither, z)
+    return diff, [lo, hi]
 
 
 def mcnemar_exact(fixes: int, breaks: int) -> float:
-    """Two-sided exact McNemar p: the binomial test of ``fixes`` among the discordant pairs."""
-    m = fixes + breaks
-    if m == 0:
-        return 1.0
-    tail = sum(math.comb(m, i) for i in range(min(fixes, breaks) + 1)) / 2 ** m
-    return min(1.0, 2 * tail)
+    """Two-sided exact McNemar p (:func:`trainers.statistics.mcnemar_exact`)."""
+    return statistics.mcnemar_exact(breaks, fixes)
 
 
 def t_quantile(df: int, q: float = 0.975) -> float:

@@ -192,7 +192,12 @@ def append_inside(root: str | os.PathLike[str], rel: str | os.PathLike[str],
     Raises:
         UnsafePathError: as :func:`open_inside`.
     """
-    fd = open_inside(root, rel, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    write_all(open_inside(root, rel, os.O_WRONLY | os.O_APPEND | os.O_CREAT), data)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte of ``data`` to the open descriptor ``fd`` (``os.write`` may write
+    fewer), then close it, also on an error."""
     try:
         view = memoryview(data)
         while len(view):

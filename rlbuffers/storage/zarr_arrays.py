@@ -22,6 +22,7 @@ from rlbuffers.spec import FieldSpec
 from rlbuffers.storage.location import Location
 from rlbuffers.storage.manifest import Manifest, read_manifest, upgrade
 from rlbuffers.storage.manifest_schema import check_arrays
+from rlbuffers.storage.safe_files import write_all
 
 #: The directory of the arrays written by commits >= 1 (``versions/g<N>/<field>``).
 VERSIONS = "versions"
@@ -137,14 +138,8 @@ def write_chunks(loc: Location, dst: str, keys: list[str], data: np.ndarray, row
         blob = encode(part)
         path = loc.full(f"{dst}/{keys[i]}")
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o644)
-        try:
-            view = memoryview(blob)
-            while len(view):
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
+        write_all(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                          | os.O_CLOEXEC, 0o644), blob)
 
     global _POOL
     if _POOL is None or _POOL[0] != os.getpid():

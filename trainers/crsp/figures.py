@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from trainers.crsp.rewards import balanced_accuracy
-from trainers.llm.tasks import wilson
+from trainers.statistics import wilson
 
 
 def proportion(k: float, n: int) -> dict[str, Any]:

@@ -8,14 +8,13 @@ exact McNemar p of the discordant pairs, and the counts of answers turn 2 fixes 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from trainers.llm.evaluation import CorrectFn, Key, accuracy, score_completions
-from trainers.llm.tasks import wilson
+from trainers.statistics import mcnemar_exact, newcombe_paired
 
 
 def paired_difference(first: np.ndarray, second: np.ndarray, z: float = 1.96
@@ -23,8 +22,8 @@ def paired_difference(first: np.ndarray, second: np.ndarray, z: float = 1.96
     """The difference of two paired proportions ``mean(second) - mean(first)`` (bool[n]
     each, the same items) and its 95% interval by Newcombe's hybrid score method (Newcombe
     1998, "Improved confidence intervals for the difference between binomial proportions based
-    on paired data", Statistics in Medicine 17, method 10: the two Wilson intervals combined
-    with the phi correlation of the pairs).
+    on paired data", Statistics in Medicine 17, method 10;
+    :func:`trainers.statistics.newcombe_paired`).
 
     Raises:
         ValueError: empty or unequal lengths."""
@@ -36,36 +35,7 @@ def paired_difference(first: np.ndarray, second: np.ndarray, z: float = 1.96
     a = float((first & second).sum())
     b = float((first & ~second).sum())  # right, then wrong (broken)
     c = float((~first & second).sum())  # wrong, then right (fixed)
-    d = n - a - b - c
-    p1, p2 = (a + b) / n, (a + c) / n
-    l1, u1 = wilson(a + b, n, z)
-    l2, u2 = wilson(a + c, n, z)
-    den = (a + b) * (c + d) * (a + c) * (b + d)
-    phi = (a * d - b * c) / math.sqrt(den) if den > 0 else 0.0
-    diff = p2 - p1
-    lo = diff - math.sqrt(max(0.0, (p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1)
-                              + (u1 - p1) ** 2))
-    hi = diff + math.sqrt(max(0.0, (u2 - p2) ** 2 - 2 * phi * (u2 - p2) * (p1 - l1)
-                              + (p1 - l1) ** 2))
-    return diff, max(-1.0, lo), min(1.0, hi)
-
-
-def mcnemar_exact(breaks: int, fixes: int) -> float:
-    """Two-sided exact McNemar p of paired binary outcomes: under the null a discordant pair
-    is a break or a fix with probability 1/2 each, so with ``n = breaks + fixes`` the p is
-    ``min(1, 2 P(X <= min(breaks, fixes)))`` for ``X ~ Binomial(n, 1/2)`` (McNemar 1947; the
-    exact binomial form, e.g. Fagerland, Lydersen and Laake 2013, BMC Med Res Methodol 13:91).
-    1.0 when there is no discordant pair. Exact integer arithmetic up to the last division.
-
-    Raises:
-        ValueError: a negative count."""
-    if breaks < 0 or fixes < 0:
-        raise ValueError(f"breaks, fixes: expected counts >= 0, got {breaks} and {fixes}")
-    n = breaks + fixes
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, i) for i in range(min(breaks, fixes) + 1))
-    return min(1.0, 2 * tail / 2**n)
+    return newcombe_paired(a, b, c, n - a - b - c, z)
 
 
 def summarise(right: np.ndarray) -> dict[str, Any]:

@@ -64,7 +64,8 @@ import torch
 from trainers.llm.generation import generate
 from trainers.llm.operations import operations
 from trainers.llm.settings import Sampling
-from trainers.llm.tasks import extract_answer, numeric_match, render, task_problems, wilson
+from trainers.llm.tasks import extract_answer, numeric_match, render, task_problems
+from trainers.statistics import wilson
 
 Key = tuple[Any, ...]
 CorrectFn = Callable[[str | None, dict[str, Any]], float]

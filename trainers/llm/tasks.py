@@ -108,9 +108,3 @@ def numeric_match(answer: str | None, truth: str) -> float:
                               rel_tol=1e-6, abs_tol=1e-9))
 
 
-def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a binomial proportion k / n, inside [0, 1] (at k = 0 the
-    formula's low end is a rounding error below 0, which printed as ``-0.000``)."""
-    p = k / n
-    mid, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, (mid - half) / (1 + z * z / n)), min(1.0, (mid + half) / (1 + z * z / n))
