@@ -14,8 +14,8 @@ How the cores are split (``--cores C``, default the machine's): sync: ``--genera
 --train-threads C``; N workers: the learner ``--train-threads max(1, C - N)``, each worker
 one thread (``--generate-threads 1``, one Ray CPU each).
 
-Not run at the real model yet (issue 48 left it to a later session): ``python -m
-tools.bench.bench_async`` for the section (hours on the 2-core machine). Smoke run (done on the
+At the real model a round (sync, N=1, N=2) takes ~24 minutes on the 2-core machine, so the
+section's three rounds take ~75 (one round's single runs are in docs/async.md). Smoke run (done on the
 tiny model of ``tests/tiny_lm.py``): ``--steps 3 --runs 1 --no-write --model DIR --task
 basic_arithmetic --train-size 40 --prompts-per-step 2 --group-size 3 --max-completion-tokens 12
 --max-prompt-tokens 120 --pack-tokens 200 --memory-budget none``.
