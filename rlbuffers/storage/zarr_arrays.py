@@ -123,14 +123,14 @@ def chunk_encoder(arr: Any) -> Callable[[np.ndarray], bytes] | None:
 
 
 def write_chunks(loc: Location, dst: str, keys: list[str], data: np.ndarray, rows: int,
-                 encode: Callable[[np.ndarray], bytes]) -> None:
+                 encode: Callable[[np.ndarray], bytes]) -> list[int]:
     """Encode ``data`` (``[n, *shape]``: ``len(keys)`` chunks of ``rows`` rows, the last
     possibly short: padded with zeros, the fill value, as Zarr stores it) and write chunk
     ``i`` to ``dst/keys[i]`` below the local ``loc``, several chunks at once. The files are
     not fsynced here (the commit syncs its tree); a file already there is replaced, a
-    symlink there is refused (``O_NOFOLLOW``)."""
+    symlink there is refused (``O_NOFOLLOW``). Returns each chunk file's size in bytes."""
 
-    def one(i: int) -> None:
+    def one(i: int) -> int:
         part = data[i * rows:(i + 1) * rows]
         if len(part) < rows:
             part = np.concatenate([part, np.zeros((rows - len(part), *part.shape[1:]),
@@ -140,6 +140,7 @@ def write_chunks(loc: Location, dst: str, keys: list[str], data: np.ndarray, row
         os.makedirs(os.path.dirname(path), exist_ok=True)
         write_all(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
                           | os.O_CLOEXEC, 0o644), blob)
+        return len(blob)
 
     global _POOL
     if _POOL is None or _POOL[0] != os.getpid():
@@ -147,5 +148,4 @@ def write_chunks(loc: Location, dst: str, keys: list[str], data: np.ndarray, row
                                                  thread_name_prefix="rlbuffers-encode"))
     jobs = [_POOL[1].submit(one, i) for i in range(len(keys))]
     wait(jobs)  # all of them, even after a failure: none writes once the save has moved on
-    for job in jobs:
-        job.result()
+    return [job.result() for job in jobs]

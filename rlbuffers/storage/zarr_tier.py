@@ -244,16 +244,16 @@ class ZarrTier:
         with _naming(self.loc.full(dst)):
             if self._encoders[name] is not None:  # whole chunks, encoded as zarr would
                 keys = [self.chunk_key(name, i) for i in range(c, last)]
-                write_chunks(self.loc, dst, keys, data, k, self._encoders[name])
+                written = write_chunks(self.loc, dst, keys, data, k, self._encoders[name])
             else:
                 stage = self._stage_arrays[dst] or self._open(dst, mode="r+")
                 self._stage_arrays[dst] = stage
                 stage[c * k : c * k + len(data)] = ragged_blob(data) \
                     if self.specs[name].ragged else data
-        sizes = self._staged.setdefault(name, {})
-        for i in range(c, last):
-            sizes[i] = self.loc.size(f"{dst}/{self.chunk_key(name, i)}")
-        return sum(sizes[i] for i in range(c, last))
+                written = [self.loc.size(f"{dst}/{self.chunk_key(name, i)}")
+                           for i in range(c, last)]
+        self._staged.setdefault(name, {}).update(zip(range(c, last), written, strict=True))
+        return sum(written)
 
     def commit(self, manifest: Manifest) -> None:
         """Commit ``manifest`` with the chunks staged for ``manifest.commit``: make them
