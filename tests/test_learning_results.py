@@ -183,3 +183,46 @@ def test_check_mode_reports_a_stale_file(tmp_path):
     assert lr.main(["--check", "--out", str(out)]) == 1
     assert lr.main(["--out", str(out)]) == 0
     assert out.read_bytes() == lr.OUT.read_bytes()
+
+
+def test_crsp_files_of_issue_49_give_the_raw_critic_and_the_held_out_proposer(tmp_path):
+    """An evaluation written by issue 49's ``trainers.crsp.evaluate`` (its figures made by the
+    same functions): the raw critic row is the file's first-attempt balanced accuracy with the
+    file's MOVER interval, and the held-out proposer's solvable and verified rates are rows
+    with Wilson intervals from the checkpoints' counts."""
+    from trainers.crsp.figures import balanced_accuracy_ci, proportion
+
+    rng = np.random.default_rng(0)
+    labels = rng.random(400) < 0.3
+    says = [rng.random(400) < 0.5, np.where(rng.random(400) < 0.8, labels, ~labels)]
+
+    def checkpoint(step, verdicts, solvable, verified):
+        ba = balanced_accuracy_ci(verdicts, labels)
+        return {"step": step, "solver_accuracy": proportion(40 + step, 400),
+                "critic_balanced_accuracy_raw": ba,
+                "critic_balanced_accuracy_raw_balanced_set": None,
+                "critic_balanced_set": {"accuracy": proportion(100, 200)},
+                "proposer": {"n": 200, "attempts": 4, "well_formed": proportion(150, 200),
+                             "verified": proportion(verified, 200),
+                             "solvable": proportion(solvable, 200),
+                             "learnable": proportion(3, 200)}}
+
+    d = {"overlap": 0, "proposer": {"first": proportion(5, 20) | {"steps": [1, 5]},
+                                    "last": proportion(15, 20) | {"steps": [36, 40]}},
+         "checkpoints": [checkpoint(0, says[0], 4, 10), checkpoint(40, says[1], 60, 90)]}
+    (tmp_path / "c49.json").write_text(json.dumps(d))
+    write_index(tmp_path, [{"file": "c49.json", "kind": "crsp", "system": "crsp",
+                            "run": "i49", "seed": 1}])
+    by = {r["metric"]: r for r in lr.build(tmp_path)}
+    raw = by["critic_balanced_accuracy_raw"]
+    want = d["checkpoints"][1]["critic_balanced_accuracy_raw"]
+    assert (raw["after"], raw["ci95"], raw["n"]) == (want["value"], want["ci95"], 400)
+    assert raw["interval"] == "reported" and raw["overlap"] == 0 and raw["after_at"] == 40
+    tpr, tnr = (says[1] & labels).sum() / labels.sum(), (~says[1] & ~labels).sum() / (~labels).sum()
+    assert raw["after"] == pytest.approx((tpr + tnr) / 2) and raw["ci95"][0] > 0.5
+    assert "critic_balanced_accuracy_raw_balanced_set" not in by  # None: no row
+    solv = by["proposer_solvable_rate"]
+    assert (solv["before_k"], solv["k"], solv["n"]) == (4, 60, 200)
+    assert solv["ci95"] == lr.wilson(60, 200) and solv["apart"] and solv["attempts"] == 4
+    assert by["proposer_verified_rate"]["k"] == 90
+    assert by["proposer_well_formed_rate"]["overlap"] is None

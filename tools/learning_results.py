@@ -214,6 +214,12 @@ def kn(d: dict[str, Any]) -> dict[str, int]:
     return {"k": int(d["k"]), "n": int(d["n"])}
 
 
+def _reported(d: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A ``{"value", "ci95", "n"}`` figure the eval file computed (None stays None: a class
+    missing)."""
+    return None if d is None else {"value": d["value"], "ci95": d["ci95"], "n": d["n"]}
+
+
 def read_erl(path: Path) -> list[dict[str, Any]]:
     """``eval.jsonl`` of ``python -m trainers.erl`` (``trainers/erl/evaluate.py``): the
     learner's deterministic return, first evaluation (generation 0, untrained) against the
@@ -271,20 +277,36 @@ def read_guidance(path: Path) -> list[dict[str, Any]]:
 
 
 def read_crsp(path: Path) -> list[dict[str, Any]]:
-    """The JSON of ``python -m trainers.crsp.evaluate``: the solver's held-out accuracy, the
-    critic's raw verdict (``margin > 0``) on the balanced set (one right and one wrong attempt
-    per problem, so its accuracy is the balanced accuracy; the pairs share a problem, so the
-    Wilson interval is somewhat narrow), the same at the threshold calibrated on training
-    seeds when the file has it, the critic's AUC (interval from the file), and the proposer's
-    well-formed rate (training proposals of the first and last steps: not held out)."""
+    """The JSON of ``python -m trainers.crsp.evaluate``: the solver's held-out accuracy; the
+    critic's raw verdict (``margin > 0``) as balanced accuracy: in files of issue 49 on, the
+    file's ``critic_balanced_accuracy_raw`` (first attempts of distinct held-out problems,
+    MOVER interval of the Wilson recalls, ``interval: reported``) and its balanced-set twin,
+    in older files the accuracy on the balanced set (one right and one wrong attempt per
+    problem, so its accuracy is the balanced accuracy; the pairs share a problem, so the
+    Wilson interval is somewhat narrow); the same at the threshold calibrated on training
+    seeds when the file has it (secondary); the critic's AUC (interval from the file); the
+    held-out proposer's solvable and verified rates when the checkpoints have them
+    (``proposer_solvable_rate``: proposals whose verified answer the solver reaches at least
+    once); and the proposer's well-formed rate (training proposals of the first and last
+    steps: not held out)."""
     d = json.loads(path.read_text())
     first, last = d["checkpoints"][0], d["checkpoints"][-1]
     at = {"before_at": first["step"], "after_at": last["step"], "overlap": d.get("overlap")}
     figs = [{"metric": "heldout_accuracy", "role": "solver", **at,
-             "before": kn(first["solver_accuracy"]), "after": kn(last["solver_accuracy"])},
-            {"metric": "critic_balanced_accuracy_raw", "role": "critic", **at,
-             "before": kn(first["critic_balanced_set"]["accuracy"]),
-             "after": kn(last["critic_balanced_set"]["accuracy"])}]
+             "before": kn(first["solver_accuracy"]), "after": kn(last["solver_accuracy"])}]
+    if "critic_balanced_accuracy_raw" in last:  # issue 49's evaluation
+        for key, note in (("critic_balanced_accuracy_raw",
+                           "first attempt of each held-out problem; margin > 0"),
+                          ("critic_balanced_accuracy_raw_balanced_set",
+                           "balanced set (a problem gives one attempt of each class)")):
+            ends = [c.get(key) for c in (first, last)]
+            if ends[1] is not None:  # None: a class missing among the attempts
+                figs.append({"metric": key, "role": "critic", **at, "note": note,
+                             "before": _reported(ends[0]), "after": _reported(ends[1])})
+    else:
+        figs.append({"metric": "critic_balanced_accuracy_raw", "role": "critic", **at,
+                     "before": kn(first["critic_balanced_set"]["accuracy"]),
+                     "after": kn(last["critic_balanced_set"]["accuracy"])})
     if "critic_balanced_set_calibrated" in last:
         figs.append({"metric": "critic_balanced_accuracy_calibrated", "role": "critic", **at,
                      "before": kn(first["critic_balanced_set_calibrated"]["accuracy"]),
@@ -298,6 +320,12 @@ def read_crsp(path: Path) -> list[dict[str, Any]]:
                                 "n": auc[0]["n_correct"] + auc[0]["n_incorrect"]},
                      "after": {"value": auc[1]["auc"], "ci95": auc[1]["ci95"],
                                "n": auc[1]["n_correct"] + auc[1]["n_incorrect"]}})
+    if "proposer" in first and "proposer" in last:  # held-out proposals (issue 49)
+        for key in ("solvable", "verified"):
+            figs.append({"metric": f"proposer_{key}_rate", "role": "proposer", **at,
+                         "before": kn(first["proposer"][key]),
+                         "after": kn(last["proposer"][key]),
+                         "attempts": last["proposer"]["attempts"]})
     p = d["proposer"]
     figs.append({"metric": "proposer_well_formed_rate", "role": "proposer", "overlap": None,
                  "before_at": p["first"]["steps"], "after_at": p["last"]["steps"],
