@@ -60,17 +60,26 @@ def make_group(weights, version, group, prompt):
     return {"weights_version": weights["version"], "group": group, "prompt": prompt}
 
 
+def make_job(weights, version, first, prompts):
+    """The fake job of several groups (``groups_per_job`` > 1): one group per prompt."""
+    return [make_group(weights, version, first + k, prompt) for k, prompt in enumerate(prompts)]
+
+
 def train(steps, *, k, p=2, workers=2, learn_seconds=1.0, gen_seconds=lambda g: 1.0,
-          sync_every=1, first=(0, 0), clock=None, in_flight=None, run_steps=None):
+          sync_every=1, first=(0, 0), clock=None, in_flight=None, run_steps=None, per_job=1):
     """A learner loop on the fake pool: per step take P groups, learn for ``learn_seconds``,
     sync every ``sync_every`` steps, until ``steps`` more steps (of a run of ``run_steps``,
-    by default the steps done before and these). Returns the groups, the per-step counters
+    by default the steps done before and these); ``per_job`` groups per job (a job's fake
+    seconds: ``gen_seconds`` of its first group). Returns the groups, the per-step counters
     and the generator."""
     clock = clock or FakeClock()
     pool = FakePool(workers, clock, gen_seconds)
     gate = StalenessGate(k, p, first_group=first[0], first_version=first[1])
-    gen = PacedGeneration(pool, make_group, gate, lambda g: (1000 + g,), clock=clock,
-                          in_flight=in_flight, total_groups=(run_steps or first[1] + steps) * p)
+    job, args_of = (make_group, lambda g: (1000 + g,)) if per_job == 1 else (
+        make_job, lambda g: ([1000 + g + i for i in range(per_job)],))
+    gen = PacedGeneration(pool, job, gate, args_of, clock=clock, in_flight=in_flight,
+                          total_groups=(run_steps or first[1] + steps) * p,
+                          groups_per_job=per_job)
     version = first[1]
     gen.sync({"version": version}, version)
     groups, counters = [], []
@@ -170,3 +179,85 @@ def test_gate_rule_and_broken_staleness_is_refused():
     with pytest.raises(RuntimeError, match=r"sync\(weights, version\)"):
         PacedGeneration(FakePool(1, FakeClock(), lambda g: 1.0), make_group, gate,
                         lambda g: ()).fill()
+
+
+# ----- several groups per job (``groups_per_job`` J, a divisor of P) -----
+
+
+@pytest.mark.parametrize("k", [0, 1, 2])
+@pytest.mark.parametrize("per_job", [2, 4])
+def test_jobs_of_several_groups_keep_the_bound_under_a_slow_learner(k, per_job):
+    """P = 4, J = 2 or 4: workers 10x faster than the learner are paced, every group is
+    exactly K versions stale once the bound is reached, never more, and each group has the
+    version it has with one group per job (the bound is the same rule, per step)."""
+    run = dict(k=k, p=4, learn_seconds=10.0, in_flight=16)
+    groups, counters, _ = train(10, per_job=per_job, **run)
+    check_groups(groups, k)
+    assert max(g.staleness for g in groups) == k
+    assert all(g.staleness == k for g in groups[(k + 1) * 4:])
+    later = counters[k + 1:-(k + 2)]
+    assert later and all(c["paced"] == 1 and c["generation_wait_seconds"] > 0 for c in later)
+    singles, _, _ = train(10, per_job=1, **run)
+    assert [(g.index, g.version) for g in groups] == [(g.index, g.version) for g in singles]
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_a_slow_job_of_several_groups_makes_the_learner_wait_within_the_bound(k):
+    """P = 4, J = 2, every third job (its first group a multiple of 6) takes 25 s: the
+    learner waits for it, in order, and the bound holds."""
+    groups, counters, _ = train(9, k=k, p=4, per_job=2, learn_seconds=1.0,
+                                gen_seconds=lambda g: 25.0 if g % 6 == 0 else 1.0)
+    check_groups(groups, k)
+    assert sum(c["learner_wait_seconds"] for c in counters) > 50
+    assert all(c["staleness_max"] <= k for c in counters)
+    assert [g.index for g in groups[:4]] == [0, 1, 2, 3]
+
+
+def test_resume_with_jobs_of_several_groups_regenerates_the_jobs_in_flight():
+    """J = 2: the groups in flight at the 'kill' are whole jobs, asked again from the
+    checkpoint's position; every group of the run consumed once."""
+    first, _, gen = train(4, k=2, p=4, per_job=2, learn_seconds=10.0, in_flight=16,
+                          run_steps=7)
+    assert gen.pending and len(gen.pending) % 2 == 0 and gen.pending[0] == 16
+    rest, _, _ = train(3, k=2, p=4, per_job=2, learn_seconds=10.0, in_flight=16,
+                       first=(16, 4))
+    check_groups(first + rest, 2)
+
+
+def test_several_groups_per_job_bad_arguments_are_named():
+    clock = FakeClock()
+    pool = FakePool(1, clock, lambda g: 1.0)
+    with pytest.raises(ValueError, match=r"groups_per_job: expected a divisor of the gate's "
+                                         r"groups_per_step \(4\), got 3"):
+        PacedGeneration(pool, make_job, StalenessGate(1, 4), lambda g: (), groups_per_job=3)
+    with pytest.raises(ValueError, match=r"in_flight: expected at least groups_per_job \(4\)"):
+        PacedGeneration(pool, make_job, StalenessGate(1, 4), lambda g: (), groups_per_job=4,
+                        in_flight=3)
+    with pytest.raises(ValueError, match=r"total_groups: expected first_group \(0\) plus a "
+                                         r"multiple of groups_per_job \(2\), got 7"):
+        PacedGeneration(pool, make_job, StalenessGate(1, 4), lambda g: (), groups_per_job=2,
+                        total_groups=7)
+    gen = PacedGeneration(pool, make_job, StalenessGate(1, 4), lambda g: ([g, g + 1],),
+                          groups_per_job=2, in_flight=8)
+    gen.sync({"version": 0}, 0)
+    with pytest.raises(ValueError, match=r"n: expected a multiple of groups_per_job \(2\), "
+                                         r"got 3"):
+        gen.next_groups(3)
+    with pytest.raises(ValueError, match="count: expected an integer >= 1"):
+        StalenessGate(1, 4).start(0, 0)
+    short = PacedGeneration(pool, make_group, StalenessGate(1, 4), lambda g: (g,),
+                            groups_per_job=2, in_flight=8)  # returns one group, not a list
+    short.sync({"version": 0}, 0)
+    with pytest.raises(RuntimeError, match=r"job \d+ \(groups 0..1\): expected a list of 2 "
+                                           r"groups back, got dict of 1"):
+        short.next_groups(2)
+
+
+def test_gate_admits_a_job_only_when_its_last_group_is_admitted():
+    gate = StalenessGate(0, 4, first_group=8, first_version=2)
+    assert gate.admits(2, 4) and not gate.admits(1, 4)
+    assert gate.start(2, 4) == 8 and gate.next_group == 12
+    assert gate.start(2, 2) is None and gate.next_group == 12  # consumed at version 3
+    straddling = StalenessGate(0, 4, first_group=0)
+    straddling.start(0, 3)
+    assert not straddling.admits(0, 2)  # groups 3 and 4: 4 is consumed at version 1

@@ -16,7 +16,12 @@ generated with weights version ``v`` may start only if that version is at most `
 max_staleness``. Since consumption is in submission order (not in the order groups finish),
 a slow group cannot be overtaken and grow staler, and fast (short) completions are not
 favoured: the bound holds whatever the speeds, nothing generated is dropped, and when the
-bound holds a job back the workers wait for new weights (``paced``). See ``docs/async.md``.
+bound holds a job back the workers wait for new weights (``paced``).
+
+Several groups per job (``groups_per_job`` J, a divisor of P): a job is J consecutive groups
+of one step (jobs aligned to steps: the first starts at ``first_group``, a step boundary), so
+the rule admits a job exactly when it admits each of its groups, and a worker generates them
+in one call (more rows per decoding step). See ``docs/async.md``.
 """
 
 from __future__ import annotations
@@ -65,17 +70,25 @@ class StalenessGate:
         """The learner's weights version when ``group`` is consumed (int)."""
         return self.first_version + (group - self.first_group) // self.groups_per_step
 
-    def admits(self, version: int) -> bool:
-        """Whether the next group may start under weights ``version``."""
-        return self.consumer_version(self.next_group) - version <= self.max_staleness
+    def admits(self, version: int, count: int = 1) -> bool:
+        """Whether the next ``count`` groups may all start under weights ``version`` (the
+        last of them is consumed latest, so it decides)."""
+        return (self.consumer_version(self.next_group + count - 1) - version
+                <= self.max_staleness)
 
-    def start(self, version: int) -> int | None:
-        """The next group's index, started under ``version`` (the cursor advances), or None
-        when the bound holds it back (nothing changes)."""
-        if not self.admits(version):
+    def start(self, version: int, count: int = 1) -> int | None:
+        """The index of the first of the next ``count`` groups, all started under ``version``
+        (the cursor advances by ``count``), or None when the bound holds any of them back
+        (nothing changes).
+
+        Raises:
+            ValueError: ``count`` < 1.
+        """
+        _int_at_least("count", count, 1)
+        if not self.admits(version, count):
             return None
-        self.next_group += 1
-        return self.next_group - 1
+        self.next_group += count
+        return self.next_group - count
 
     def staleness(self, group: int, version: int) -> int:
         """Versions between the weights ``version`` that generated ``group`` and the weights
@@ -117,12 +130,14 @@ class PacedGeneration:
     """Keeps ``pool``'s workers generating groups ahead of the learner, within a
     :class:`StalenessGate`.
 
-    Each group is one job ``job(weights, version, index, *args_of(index))`` submitted under
-    the weights of the last :meth:`sync` (Ray: one ``ray.put`` per sync, the job keeps the
-    reference it was submitted with, also when it is run again after its worker died). At
-    most ``in_flight`` groups are submitted and not yet consumed. :meth:`next_groups` returns
-    the oldest groups in submission order; every group is returned exactly once (the pool
-    re-runs the job of a dead worker; its result replaces nothing).
+    Each job is ``groups_per_job`` J consecutive groups, ``job(weights, version, first,
+    *args_of(first))`` (``first``: its first group's index), submitted under the weights of
+    the last :meth:`sync` (Ray: one ``ray.put`` per sync, the job keeps the reference it was
+    submitted with, also when it is run again after its worker died); it returns the group's
+    data when J = 1, a sequence of J data (its groups in order) when J > 1. At most
+    ``in_flight`` groups are submitted and not yet consumed. :meth:`next_groups` returns the
+    oldest groups in submission order; every group is returned exactly once (the pool re-runs
+    the whole job of a dead worker; its result replaces nothing).
 
     Counters (:meth:`counters`, since the last call): ``paced`` (times the bound held a job
     back while the pool had room: workers waited for new weights), ``generation_wait_seconds``
@@ -132,28 +147,45 @@ class PacedGeneration:
 
     Args:
         pool: a started rollout pool (``InProcessPool``, ``RayPool``, or any with its methods).
-        job: a module-level function (workers import it by name), returning the group.
+        job: a module-level function (workers import it by name), returning the group (J =
+            1) or the list of its J groups.
         gate: the bound, with the resume position (``first_group``, ``first_version``).
-        args_of: the job's arguments for a group index (a function of the index alone, so a
-            group regenerated after a crash asks the same prompt with the same seed).
-        in_flight: most groups submitted and not yet returned (>= 1; default 2 per worker).
+        args_of: the job's arguments for its first group's index (a function of the index
+            alone, so a job regenerated after a crash asks the same prompts with the same
+            seed).
+        in_flight: most groups submitted and not yet returned (>= J; default 2 jobs per
+            worker, ``2 * workers * J``).
         total_groups: groups to generate in all (the run's target), or None: no end.
         clock: seconds (``time.monotonic``; tests give a fake clock).
+        groups_per_job: J >= 1, groups per job, a divisor of the gate's ``groups_per_step``
+            (jobs never straddle two steps).
 
     Raises:
-        ValueError: ``in_flight`` < 1.
+        ValueError: ``groups_per_job`` < 1 or not a divisor of ``gate.groups_per_step``;
+            ``in_flight`` < J; ``total_groups - gate.first_group`` not a multiple of J.
     """
 
     def __init__(self, pool: RolloutPool, job: JobFn, gate: StalenessGate,
                  args_of: Callable[[int], Sequence[Any]], *, in_flight: int | None = None,
                  total_groups: int | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, groups_per_job: int = 1) -> None:
         self.pool, self.job, self.gate, self.args_of = pool, job, gate, args_of
-        self.in_flight = _int_at_least("in_flight", in_flight or 2 * pool.workers, 1)
+        j = self.groups_per_job = _int_at_least("groups_per_job", groups_per_job, 1)
+        if gate.groups_per_step % j:
+            raise ValueError(f"groups_per_job: expected a divisor of the gate's "
+                             f"groups_per_step ({gate.groups_per_step}), got {j}")
+        self.in_flight = _int_at_least("in_flight", in_flight or 2 * pool.workers * j, 1)
+        if self.in_flight < j:
+            raise ValueError(f"in_flight: expected at least groups_per_job ({j}), got "
+                             f"{self.in_flight}")
+        if total_groups is not None and (total_groups - gate.first_group) % j:
+            raise ValueError(f"total_groups: expected first_group ({gate.first_group}) plus a "
+                             f"multiple of groups_per_job ({j}), got {total_groups}")
         self.total_groups = total_groups
         self.clock = clock
         self.version: int | None = None
-        self._queue: deque[tuple[int, int, int]] = deque()  # (group, version, job id)
+        # submitted, not returned: (first group, version, job id), one per job, oldest first
+        self._queue: deque[tuple[int, int, int]] = deque()
         self._paced_since: float | None = None
         self._counters = self._zero()
 
@@ -174,9 +206,10 @@ class PacedGeneration:
         version; a hold with room left starts a pacing wait (closed by a later fill)."""
         if self.version is None:
             raise RuntimeError("PacedGeneration: sync(weights, version) before generating")
-        while len(self._queue) < self.in_flight and (
+        j = self.groups_per_job
+        while (len(self._queue) + 1) * j <= self.in_flight and (
                 self.total_groups is None or self.gate.next_group < self.total_groups):
-            group = self.gate.start(self.version)
+            group = self.gate.start(self.version, j)
             if group is None:
                 if self._paced_since is None:
                     self._paced_since = self.clock()
@@ -193,32 +226,42 @@ class PacedGeneration:
         refill.
 
         Raises:
-            ValueError: ``n`` > ``in_flight`` (they could never all be submitted).
+            ValueError: ``n`` > ``in_flight`` (they could never all be submitted), or not a
+                multiple of ``groups_per_job``.
             RuntimeError: fewer than ``n`` groups can be submitted under the current version
                 (the bound needs a newer :meth:`sync` first: sync at least every K + 1
-                steps), or past ``total_groups``.
+                steps), or past ``total_groups``; a job returned other than J groups.
         """
+        j = self.groups_per_job
         if n > self.in_flight:
             raise ValueError(f"n: expected at most in_flight ({self.in_flight}) groups, got {n}")
+        if n % j:
+            raise ValueError(f"n: expected a multiple of groups_per_job ({j}), got {n}")
         self.fill()
-        if len(self._queue) < n:
+        if len(self._queue) * j < n:
             raise RuntimeError(
-                f"next_groups: {n} groups asked, {len(self._queue)} can be generated under "
+                f"next_groups: {n} groups asked, {len(self._queue) * j} can be generated under "
                 f"weights version {self.version} with max_staleness {self.gate.max_staleness}"
                 f" (the next group, {self.gate.next_group}, is consumed at version "
                 f"{self.gate.consumer_version(self.gate.next_group)}; sync newer weights)")
-        taken = [self._queue.popleft() for _ in range(n)]
+        taken = [self._queue.popleft() for _ in range(n // j)]
         t0 = self.clock()
         results = self.pool.results([job_id for _, _, job_id in taken])
         self._counters["learner_wait_seconds"] += self.clock() - t0
         out = []
-        for (group, version, _), res in zip(taken, results, strict=True):
-            s = self.gate.staleness(group, version)
-            c = self._counters
-            c["staleness_max"] = max(c["staleness_max"], s)
-            c["staleness_sum"] += s
-            c["groups"] += 1
-            out.append(Group(group, version, s, res.data, res.attempts, res.node))
+        for (first, version, job_id), res in zip(taken, results, strict=True):
+            data = [res.data] if j == 1 else res.data
+            if not isinstance(data, (list, tuple)) or len(data) != j:
+                raise RuntimeError(f"job {job_id} (groups {first}..{first + j - 1}): expected "
+                                   f"a list of {j} groups back, got {type(data).__name__}"
+                                   f" of {len(data) if isinstance(data, (list, tuple)) else 1}")
+            for group, d in enumerate(data, first):
+                s = self.gate.staleness(group, version)
+                c = self._counters
+                c["staleness_max"] = max(c["staleness_max"], s)
+                c["staleness_sum"] += s
+                c["groups"] += 1
+                out.append(Group(group, version, s, d, res.attempts, res.node))
         self.fill()
         return out
 
@@ -233,4 +276,4 @@ class PacedGeneration:
     @property
     def pending(self) -> list[int]:
         """Indices of the groups submitted and not yet returned, oldest first."""
-        return [group for group, _, _ in self._queue]
+        return [first + k for first, _, _ in self._queue for k in range(self.groups_per_job)]
