@@ -139,3 +139,79 @@ def test_a_sync_sends_the_adapters_only_with_lora_and_a_rerun_samples_the_same_g
                                                      strict=True))
     np.testing.assert_array_equal(a["behaviour"], b["behaviour"])
     assert a["ref"].size == 0  # no KL term
+
+
+# ----- several groups per job (--groups-per-job J: one generate call for J groups) -----
+
+
+def test_jobs_of_several_groups_train_the_sync_prompts_with_the_generating_logprobs(
+        tiny, store, tmp_path):
+    """P = 4, J = 2 (two jobs a step), K = 1, LoRA with a KL term: each step's groups are the
+    synchronous loop's prompts, with the log-probs of the weights that generated them; a
+    job run again (another between) samples the same tokens, and they are the workers'."""
+    from trainers.grpo.async_generation import generate_groups, job_seed
+    cfg = async_config(tiny, tmp_path, lora_rank=2, prompts_per_step=4, groups_per_job=2)
+    model, tok, _ = make_policy(cfg)
+    trainer = {"step": 0, "groups": 0, "data": {"epoch": 0, "position": 0}}
+    weights0 = policy_weights(model)
+    workers = GenerationWorkers(cfg, model, store, trainer, None, pool=InProcessPool(1))
+    assert workers.gen.groups_per_job == 2 and workers.gen.in_flight == 4
+    order = copy.deepcopy(trainer["data"])
+    first = workers.next_step()
+    assert first.indices == next_prompts(store, cfg.max_prompt_tokens, 4, cfg.seed, order)
+    assert first.versions.tolist() == [0] * 4 and len(first.completions) == 12
+    np.testing.assert_allclose(first.behaviour, learner_logprobs(
+        model, tok, cfg, first.prompts, first.completions), atol=1e-5)
+    np.testing.assert_allclose(first.ref, learner_logprobs(
+        model, tok, cfg, first.prompts, first.completions, reference=True), atol=1e-5)
+
+    again = generate_groups(weights0, 0, 2, first.indices[2:], first.prompts[2:], cfg, None)
+    generate_groups(weights0, 0, 0, first.indices[:2], first.prompts[:2], cfg, None)
+    rerun = generate_groups(weights0, 0, 2, first.indices[2:], first.prompts[2:], cfg, None)
+    for a, b in zip(again, rerun, strict=True):
+        assert all(np.array_equal(x, y) for x, y in zip(a["completions"], b["completions"],
+                                                         strict=True))
+        np.testing.assert_array_equal(a["behaviour"], b["behaviour"])
+        np.testing.assert_array_equal(a["ref"], b["ref"])
+    made = [c for g in again for c in g["completions"]]
+    assert all(np.array_equal(x, y) for x, y in zip(made, first.completions[6:], strict=True))
+    assert job_seed(cfg.seed, 2, 1) != job_seed(cfg.seed, 2, 2) != job_seed(cfg.seed, 4, 2)
+
+    with torch.no_grad():  # "the update of step 1", synced as version 1
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.5)
+    workers.updated(model, 1)
+    second = workers.next_step()  # made under version 0 while step 1 trained
+    assert second.indices == next_prompts(store, cfg.max_prompt_tokens, 4, cfg.seed, order)
+    assert second.versions.tolist() == [0] * 4
+    assert step_metrics(second)["staleness_max"] == 1
+    workers.updated(model, 2)
+    third = workers.next_step()
+    assert third.indices == next_prompts(store, cfg.max_prompt_tokens, 4, cfg.seed, order)
+    assert third.versions.tolist() == [1] * 4
+    np.testing.assert_allclose(third.behaviour, learner_logprobs(
+        model, tok, cfg, third.prompts, third.completions), atol=1e-5)
+    workers.close()
+
+
+def test_groups_per_job_auto_rule_and_refusals():
+    """0 (auto): the largest divisor of P at most ceil(P / N); one group per job keeps the
+    seed of one group (the behaviour before --groups-per-job); J must divide P and needs
+    workers."""
+    from trainers.config import ConfigError
+    from trainers.grpo.async_generation import group_seed, job_seed
+    from trainers.grpo.config import check_config, groups_per_job
+    auto = {n: groups_per_job(Config(prompts_per_step=4, generation_workers=n))
+            for n in (1, 2, 3, 4, 8)}
+    assert auto == {1: 4, 2: 2, 3: 2, 4: 1, 8: 1}
+    assert groups_per_job(Config(prompts_per_step=6, generation_workers=4)) == 2
+    assert groups_per_job(Config(prompts_per_step=4, generation_workers=1,
+                                 groups_per_job=1)) == 1
+    assert job_seed(3, 17, 1) == group_seed(3, 17)
+    with pytest.raises(ConfigError, match=r"--groups-per-job: expected 0 \(auto\), or a "
+                                          r"divisor of --prompts-per-step \(4\) with "
+                                          r"--generation-workers, got 3"):
+        check_config(Config(prompts_per_step=4, generation_workers=1, groups_per_job=3))
+    with pytest.raises(ConfigError, match="--groups-per-job"):
+        check_config(Config(prompts_per_step=4, generation_workers=0, groups_per_job=2))

@@ -29,6 +29,7 @@ from tests.tiny_lm import make_tiny_lm_dir  # noqa: E402
 from trainers.grpo.async_generation import (  # noqa: E402
     GenerationWorkers,
     generate_group,
+    generate_groups,
     policy_weights,
 )
 from trainers.grpo.policy import make_policy  # noqa: E402
@@ -116,4 +117,56 @@ def test_a_worker_killed_mid_group_is_replaced_and_no_group_is_lost_or_twice(tin
                           s.indices[k], s.prompts[k], cfg, None)
     got = s.completions[k * 3:(k + 1) * 3]
     assert all(np.array_equal(a, b) for a, b in zip(got, want["completions"], strict=True))
+    workers.close()
+
+
+KILLED_JOB = 2  # J = 2: the first job of worker slot 1 (groups 2 and 3)
+
+
+def dies_in_job(weights, version, first, prompt_indices, prompts, cfg, reference):
+    """``generate_groups``, except that the first run of the job from group ``KILLED_JOB``
+    kills its own worker process (a marker file in the run directory tells the second run)."""
+    marker = Path(cfg.run_dir) / f"killed-job-{first}"
+    if first == KILLED_JOB and not marker.exists():
+        marker.touch()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return generate_groups(weights, version, first, prompt_indices, prompts, cfg, reference)
+
+
+def test_a_worker_killed_mid_job_of_two_groups_is_replaced_and_the_job_reissued_whole(
+        tiny, store, tmp_path):
+    """P = 4, J = 2 (``--groups-per-job``), two workers: the worker running groups 2-3 dies;
+    its jobs (2-3 running, 6-7 queued) are re-sent whole, every group reaches the learner
+    once, in order, and the re-sent job is token for token the one its weights and seed
+    make."""
+    cfg = async_config(tiny, tmp_path, lora_rank=2, beta=0.0, steps=3, generation_workers=2,
+                       prompts_per_step=4, groups_per_job=2)
+    model, _, _ = make_policy(cfg)
+    trainer = {"step": 0, "groups": 0, "data": {"epoch": 0, "position": 0}}
+    pool = RayPool(2, torch_threads=1)
+    workers = GenerationWorkers(cfg, model, store, trainer, None, pool=pool, job=dies_in_job)
+    steps, synced = [], {0: policy_weights(model)}
+    for step in range(1, cfg.steps + 1):
+        steps.append(workers.next_step())
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.add_(torch.randn_like(p) * 0.1)
+        synced[step] = policy_weights(model)
+        workers.updated(model, step)
+    assert (tmp_path / f"killed-job-{KILLED_JOB}").exists() and pool.replaced == 1
+    attempts = np.concatenate([s.attempts for s in steps])
+    assert attempts.tolist() == [1, 1, 2, 2, 1, 1, 2, 2, 1, 1, 1, 1]
+    from trainers.llm.prompts import next_prompts
+    order = {"epoch": 0, "position": 0}
+    for s in steps:
+        assert s.indices == next_prompts(store, cfg.max_prompt_tokens, 4, cfg.seed, order)
+        assert s.counters["staleness_max"] <= cfg.max_staleness
+    s = steps[0]
+    version = int(s.versions[2])
+    assert s.versions[3] == version
+    want = generate_groups(synced[version], version, KILLED_JOB, s.indices[2:4], s.prompts[2:4],
+                           cfg, None)
+    made = [c for g in want for c in g["completions"]]
+    assert all(np.array_equal(a, b) for a, b in zip(s.completions[6:12], made, strict=True))
     workers.close()

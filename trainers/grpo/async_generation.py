@@ -4,10 +4,12 @@ the learner under the ``--max-staleness`` bound (``rlbuffers.rollouts.PacedGener
 paced, never discarded), with the weights synced every ``--sync-every`` steps through Ray's
 object store (LoRA: the adapters only). See ``docs/async.md``.
 
-One group is one job: the worker samples the group's G completions with its weights (seeded
-by the run's seed and the group's index, so a group re-run after its worker died, or after a
-resume, samples the same tokens from the same weights), then computes with those weights the
-behaviour log-probs (the ``generation`` log-probs of the truncated importance weights,
+A job is J = ``--groups-per-job`` consecutive groups of one step (``groups_per_job``; J
+divides P, so jobs are aligned to steps): the worker samples the job's J x G completions with
+its weights in one ``generate`` call (seeded by :func:`job_seed`: the run's seed, the job's
+first group and J, so a job re-run after its worker died, or after a resume with the same J,
+samples the same tokens from the same weights), then computes with those weights the behaviour
+log-probs (the ``generation`` log-probs of the truncated importance weights,
 ``--is-truncation``) and, with a KL term, the reference log-probs. The learner scores the
 groups, owns the buffer (it alone writes and commits it) and updates.
 """
@@ -24,7 +26,7 @@ import numpy as np
 import torch
 
 from rlbuffers.rollouts import PacedGeneration, StalenessGate, make_pool
-from trainers.grpo.config import Config
+from trainers.grpo.config import Config, groups_per_job
 from trainers.grpo.policy import make_policy
 from trainers.llm.generation import generate
 from trainers.llm.packed_logprobs import packed_batch, packed_logprobs, packed_reference_logprobs
@@ -46,6 +48,16 @@ def group_seed(seed: int, group: int) -> int:
     """The sampling seed of group ``group`` (int): a function of the run's seed and the
     group's index alone, so a re-run samples the same tokens with the same weights."""
     return int(np.random.SeedSequence([seed, group]).generate_state(1)[0])
+
+
+def job_seed(seed: int, first_group: int, groups: int) -> int:
+    """The sampling seed of the job of ``groups`` groups from ``first_group`` (int): a
+    function of the run's seed, the job's first group and its size alone (one group:
+    :func:`group_seed`, the seed of one group per job), so a re-run samples the same tokens
+    with the same weights."""
+    if groups == 1:
+        return group_seed(seed, first_group)
+    return int(np.random.SeedSequence([seed, first_group, groups]).generate_state(1)[0])
 
 
 def _worker_policy(cfg: Config, weights: dict[str, np.ndarray], version: int) -> dict[str, Any]:
@@ -71,25 +83,44 @@ def _worker_policy(cfg: Config, weights: dict[str, np.ndarray], version: int) ->
 def generate_group(weights: dict[str, np.ndarray], version: int, group: int,
                    prompt_index: int, prompt: np.ndarray, cfg: Config,
                    reference: str | None) -> dict[str, Any]:
-    """The job of one group, on a worker: G = ``--group-size`` completions of ``prompt``
-    (int64 token ids) sampled with the weights of ``version`` (seed :func:`group_seed`), and
-    their per-token log-probs under those weights (``behaviour``) and under the reference
-    policy (``ref``, with ``--beta``: the adapters disabled, or the initial weights read from
-    ``reference``, a path this worker must be able to read). Returns plain data: ``group``,
-    ``prompt_index``, ``version``, ``completions`` (G int64 arrays), ``truncated`` (bool[G]),
-    ``behaviour`` and ``ref`` (float32[total completion tokens], completions in order;
-    ``ref`` empty without a KL term), ``pid``."""
+    """The job of one group (``--groups-per-job 1``), on a worker: :func:`generate_groups` of
+    the one ``prompt`` (seed :func:`group_seed`), its group's data."""
+    return generate_groups(weights, version, group, [prompt_index], [prompt], cfg,
+                           reference)[0]
+
+
+def generate_groups(weights: dict[str, np.ndarray], version: int, first_group: int,
+                    prompt_indices: list[int], prompts: list[np.ndarray], cfg: Config,
+                    reference: str | None) -> list[dict[str, Any]]:
+    """The job of J = ``len(prompts)`` groups ``first_group``.., on a worker: G =
+    ``--group-size`` completions of each prompt (int64 token ids), J x G rows sampled in one
+    ``generate`` call with the weights of ``version`` (seed :func:`job_seed`), and their
+    per-token log-probs under those weights (``behaviour``) and under the reference policy
+    (``ref``, with ``--beta``: the adapters disabled, or the initial weights read from
+    ``reference``, a path this worker must be able to read), the J groups packed together.
+    Returns a list of J plain-data groups, each: ``group``, ``prompt_index``, ``version``,
+    ``completions`` (G int64 arrays), ``truncated`` (bool[G]), ``behaviour`` and ``ref``
+    (float32[the group's completion tokens], completions in order; ``ref`` empty without a
+    KL term), ``pid``.
+
+    Raises:
+        ValueError: ``prompt_indices`` and ``prompts`` of different lengths, or empty.
+    """
+    if not prompts or len(prompt_indices) != len(prompts):
+        raise ValueError(f"prompt_indices, prompts: expected the same number (>= 1), got "
+                         f"{len(prompt_indices)} and {len(prompts)}")
     state = _worker_policy(cfg, weights, version)
     model, tok = state["model"], state["tok"]
-    torch.manual_seed(group_seed(cfg.seed, group))
+    prompts = [np.asarray(p, np.int64) for p in prompts]
+    g = cfg.group_size
+    torch.manual_seed(job_seed(cfg.seed, first_group, len(prompts)))
     sampling = cfg.sampling(cfg.max_completion_tokens, torch.device("cpu"),
                             generate_dtype=cfg.generate_dtype, packed_weights=cfg.packed_weights)
-    rollouts = generate(model, tok, [np.asarray(prompt, np.int64)], sampling,
-                        n_per_prompt=cfg.group_size)
+    rollouts = generate(model, tok, prompts, sampling, n_per_prompt=g)
     completions = [c for c, _ in rollouts]
     packing = cfg.packing(cfg.pack_tokens, cfg.train_dtype)
-    batch = packed_batch([np.asarray(prompt, np.int64)], [completions], packing,
-                         tok.pad_token_id, {}, row_tokens=cfg.micro_batch_tokens)
+    batch = packed_batch(prompts, [completions[i:i + g] for i in range(0, len(completions), g)],
+                         packing, tok.pad_token_id, {}, row_tokens=cfg.micro_batch_tokens)
     n = sum(len(c) for c in completions)
     behaviour = torch.zeros(n)
     model.eval()
@@ -98,9 +129,15 @@ def generate_group(weights: dict[str, np.ndarray], version: int, group: int,
         ref = (packed_reference_logprobs(model, batch, packing,
                                          Path(reference) if reference else None, n)
                if cfg.beta else torch.zeros(0))
-    return {"group": group, "prompt_index": prompt_index, "version": version,
-            "completions": completions, "truncated": np.array([t for _, t in rollouts]),
-            "behaviour": behaviour.numpy(), "ref": ref.numpy(), "pid": os.getpid()}
+    truncated = np.array([t for _, t in rollouts])
+    ends = np.cumsum([0] + [sum(len(c) for c in completions[i:i + g])
+                            for i in range(0, len(completions), g)])
+    return [{"group": first_group + k, "prompt_index": index, "version": version,
+             "completions": completions[k * g:(k + 1) * g],
+             "truncated": truncated[k * g:(k + 1) * g],
+             "behaviour": behaviour[ends[k]:ends[k + 1]].numpy().copy(),
+             "ref": (ref[ends[k]:ends[k + 1]] if cfg.beta else ref).numpy().copy(),
+             "pid": os.getpid()} for k, index in enumerate(prompt_indices)]
 
 
 @dataclass
@@ -146,7 +183,8 @@ class GenerationWorkers:
             flight at a crash are regenerated from there.
         reference: the initial weights' file (full fine-tuning with ``--beta``), else None.
         pool: a started rollout pool (tests); None: ``make_pool`` from ``cfg``.
-        job: the job function (tests: one that kills its worker); :func:`generate_group`.
+        job: the job function (tests: one that kills its worker); :func:`generate_group`
+            with one group per job (``--groups-per-job``), else :func:`generate_groups`.
     """
 
     def __init__(self, cfg: Config, model: Any, store: Any, trainer: dict[str, Any],
@@ -156,31 +194,38 @@ class GenerationWorkers:
         self.pool = pool or make_pool(cfg.generation_backend or "ray", cfg.generation_workers,
                                       address=cfg.ray_address or None,
                                       torch_threads=cfg.generate_threads)
-        p = cfg.prompts_per_step
+        p, self.groups_per_job = cfg.prompts_per_step, groups_per_job(cfg)
         self._data = copy.deepcopy(trainer["data"])  # the submit side of the prompt order
         self._batch: list[int] = []
         self._next = trainer["groups"]
         gate = StalenessGate(cfg.max_staleness, p, first_group=trainer["groups"],
                              first_version=trainer["step"])
-        # in flight: the next step's P groups (made while the learner updates), or one
+        # in flight: the next step's P groups (made while the learner updates), or one job
         # running and one queued per worker when there are more workers than that
-        self.gen = PacedGeneration(self.pool, job or generate_group, gate, self._args,
-                                   in_flight=max(p, 2 * cfg.generation_workers),
+        j = self.groups_per_job
+        self.gen = PacedGeneration(self.pool, job or (generate_group if j == 1 else
+                                                      generate_groups), gate, self._args,
+                                   in_flight=max(p, 2 * cfg.generation_workers * j),
                                    total_groups=trainer["groups"]
-                                   + (cfg.steps - trainer["step"]) * p)
+                                   + (cfg.steps - trainer["step"]) * p, groups_per_job=j)
         self.gen.sync(policy_weights(model), trainer["step"])
 
     def _args(self, group: int) -> tuple[Any, ...]:
-        """A group's job arguments: the prompts are drawn P at a time, in the synchronous
-        loop's order, so step s trains on the same prompts with or without workers."""
+        """The job arguments of the J groups from ``group``: the prompts are drawn P at a
+        time, in the synchronous loop's order, so step s trains on the same prompts with or
+        without workers (J divides P: a job's prompts are of one step)."""
         if group != self._next:
             raise RuntimeError(f"group {group} asked out of order (expected {self._next})")
         if not self._batch:
             self._batch = next_prompts(self.store, self.cfg.max_prompt_tokens,
                                        self.cfg.prompts_per_step, self.cfg.seed, self._data)
-        self._next += 1
-        index = self._batch.pop(0)
-        return index, np.asarray(self.store[index], np.int64), self.cfg, self.reference
+        j = self.groups_per_job
+        self._next += j
+        indices, self._batch = self._batch[:j], self._batch[j:]
+        prompts = [np.asarray(self.store[i], np.int64) for i in indices]
+        if j == 1:
+            return indices[0], prompts[0], self.cfg, self.reference
+        return indices, prompts, self.cfg, self.reference
 
     def next_step(self, expect: list[int] | None = None) -> StepGroups:
         """The next step's P groups (waits for them: ``learner_wait_seconds``).

@@ -109,6 +109,13 @@ class Config(LLMConfig):
     sync_every: int = 1
     """With --generation-workers: send the weights (LoRA: the adapters only) to the workers
     every this many steps, through Ray's object store (at most --max-staleness + 1)."""
+    groups_per_job: int = 0
+    """With --generation-workers: groups a worker generates in one job, in one generate call
+    (J x --group-size rows decoded together; a divisor of --prompts-per-step, so a job never
+    straddles two steps). 0: auto, the largest divisor of --prompts-per-step at most
+    ceil(--prompts-per-step / --generation-workers), i.e. a step's groups in one job per
+    worker (N = 1: the whole step, the synchronous loop's generate call; on CPU a decoding
+    step costs little more for more rows). 1: one group per job. May change on --resume."""
     is_truncation: float = 0.0
     """With --generation-workers: truncated importance sampling (TIS, Yao et al. 2025; NeMo-RL's
     'tis'): each token's surrogate times min(pi_learner / pi_generating, C), C this value,
@@ -121,10 +128,21 @@ class Config(LLMConfig):
     when their groups are needed: no overlap; for tests and debugging)."""
 
 
+def groups_per_job(c: Config) -> int:
+    """J, the groups per generation job: ``--groups-per-job``, or for 0 (auto) the largest
+    divisor of P = ``--prompts-per-step`` at most ceil(P / ``--generation-workers``) (1
+    without workers)."""
+    if c.groups_per_job:
+        return c.groups_per_job
+    most = -(-c.prompts_per_step // max(1, c.generation_workers))
+    return max(j for j in range(1, most + 1) if c.prompts_per_step % j == 0)
+
+
 #: Settings a resumed run may change; the rest must match the run's config.json.
 RESUMABLE = LLM_RESUMABLE | {"steps", "evaluate", "eval_every", "eval_asdiv", "generate_dtype",
                              "train_dtype", "packed_weights", "generation_workers",
-                             "sync_every", "ray_address", "generation_backend"}
+                             "sync_every", "ray_address", "generation_backend",
+                             "groups_per_job"}
 
 
 def check_config(c: Config) -> None:
@@ -160,6 +178,11 @@ def check_config(c: Config) -> None:
         "generation_workers": (c.generation_workers >= 0, ">= 0"),
         "max_staleness": (c.max_staleness >= 0, ">= 0"),
         "sync_every": (1 <= c.sync_every <= c.max_staleness + 1, ">= 1 and <= --max-staleness + 1"),
+        "groups_per_job": (c.groups_per_job == 0 or (c.generation_workers > 0 and
+                                                     c.prompts_per_step % c.groups_per_job == 0
+                                                     and c.groups_per_job > 0),
+                           f"0 (auto), or a divisor of --prompts-per-step "
+                           f"({c.prompts_per_step}) with --generation-workers"),
         "is_truncation": (c.is_truncation >= 0
                           and (c.is_truncation == 0 or c.generation_workers > 0),
                           ">= 0, and 0 without --generation-workers"),
