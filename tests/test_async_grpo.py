@@ -125,3 +125,53 @@ def test_crash_and_resume_regenerate_the_groups_in_flight_within_the_bound(
     trained = [b["prompt_ids"][i] for i in range(0, 24, 3)]
     assert all(np.array_equal(t, np.asarray(store[j], np.int32))
                for t, j in zip(trained, order, strict=True))
+
+
+def test_resume_may_change_groups_per_job(tiny_dir, tmp_path, monkeypatch):
+    """P = 2: the run starts with J = 2 (auto at N = 1: a step's groups in one job) and dies
+    after step 3's checkpoint, before its commit; ``--resume --groups-per-job 1`` regenerates
+    the groups in flight one per job from step 2's position: every prompt of the order
+    trained once, in order, within the bound (J only batches and seeds the regenerated
+    groups; the resume position is a step boundary, so any divisor of P fits)."""
+    monkeypatch.setattr(train, "score_group", fake_scores)
+    base = [*ARGS, *ASYNC, "--model", str(tiny_dir), "--max-staleness", "1",
+            "--steps", "4", "--run-dir", str(tmp_path / "b")]
+    real_save = ReplayBuffer.save
+
+    def crash_at_step_3(self, *a, **kw):
+        if kw.get("metadata", {}).get("trainer_step") == 3:
+            raise KeyboardInterrupt
+        return real_save(self, *a, **kw)
+
+    import trainers.grpo.async_generation as jobs
+    real_job, sizes = jobs.generate_groups, []
+
+    def recorded(weights, version, first, indices, *a):
+        sizes.append(len(indices))  # the groups of each job the workers ran
+        return real_job(weights, version, first, indices, *a)
+
+    monkeypatch.setattr(jobs, "generate_groups", recorded)
+    monkeypatch.setattr(ReplayBuffer, "save", crash_at_step_3)
+    with pytest.raises(SystemExit, match="step 2 is the last complete one"):
+        train.main(base)
+    assert sizes and set(sizes) == {2}
+    sizes.clear()
+    monkeypatch.setattr(ReplayBuffer, "save", real_save)
+    train.main(["--run-dir", str(tmp_path / "b"), "--resume", "--groups-per-job", "1"])
+    assert sizes and set(sizes) == {1}
+    got = rows(tmp_path / "b")
+    assert [r["step"] for r in got] == [1, 2, 3, 4] and all(r["staleness_max"] <= 1
+                                                            for r in got)
+    b = buffer_rows(tmp_path / "b")
+    assert b["step"].tolist() == np.repeat([1, 2, 3, 4], 6).tolist()
+    versions = b["policy_version"].reshape(4, 6)
+    assert all(0 <= s - 1 - v <= 1 for s, row in enumerate(versions, 1) for v in row)
+    from trainers.common import open_token_store
+    from trainers.llm.model import load_causal_lm
+    store = open_token_store(tmp_path / "b" / "prompts", len(load_causal_lm(tiny_dir)[1]))
+    order, data = [], {"epoch": 0, "position": 0}
+    for _ in range(4):
+        order += next_prompts(store, 120, 2, 0, data)
+    trained = [b["prompt_ids"][i] for i in range(0, 24, 3)]
+    assert all(np.array_equal(t, np.asarray(store[j], np.int32))
+               for t, j in zip(trained, order, strict=True))
