@@ -8,14 +8,23 @@ worker processes (``ray::`` processes among its descendants; a local Ray instanc
 by the learner), and reads per-step seconds and completion tokens from ``metrics.jsonl``.
 Tokens trained per second = completion tokens of steps 2..S / their wall time (step 1 pays
 the workers' start and the first generation in every configuration). Configurations
-alternate (sync, N=1, N=2, sync, ...) so a slow spell of the shared machine falls on all.
+alternate (sync, N=1 J=1, N=1 J=P, N=2, sync, ...) so a slow spell of the shared machine
+falls on all.
+
+Configurations (``--only`` takes their names): ``sync``; ``workers_1_j1``: one worker, one
+group per job (``--groups-per-job 1``: G rows per generate call, the configuration measured
+in docs/async.md's first round); ``workers_1_jP``: one worker, a step's P groups per job
+(``--groups-per-job P``, P from ``--prompts-per-step`` or the trainer's default: the
+synchronous loop's P x G rows per generate call; also the auto choice at N = 1);
+``workers_2``: two workers, J auto (the largest divisor of P at most ceil(P / 2)).
 
 How the cores are split (``--cores C``, default the machine's): sync: ``--generate-threads C
 --train-threads C``; N workers: the learner ``--train-threads max(1, C - N)``, each worker
 one thread (``--generate-threads 1``, one Ray CPU each).
 
-At the real model a round (sync, N=1, N=2) takes ~24 minutes on the 2-core machine, so the
-section's three rounds take ~75 (one round's single runs are in docs/async.md). Smoke run (done on the
+At the real model a round of sync, N=1 (J=1) and N=2 (J=1) took ~24 minutes on the 2-core
+machine (its single runs are in docs/async.md); with N=1 J=P added, expect ~32 minutes a
+round, ~1.6 hours for the section's three. Smoke run (done on the
 tiny model of ``tests/tiny_lm.py``): ``--steps 3 --runs 1 --no-write --model DIR --task
 basic_arithmetic --train-size 40 --prompts-per-step 2 --group-size 3 --max-completion-tokens 12
 --max-prompt-tokens 120 --pack-tokens 200 --memory-budget none``.
@@ -34,7 +43,9 @@ import time
 from pathlib import Path
 
 MIB = 2**20
-CONFIGS = {"sync": 0, "workers_1": 1, "workers_2": 2}
+#: name: (generation workers, groups per job: an int, "P" (--prompts-per-step) or 0: auto)
+CONFIGS: dict[str, tuple[int, int | str]] = {"sync": (0, 0), "workers_1_j1": (1, 1),
+                                              "workers_1_jP": (1, "P"), "workers_2": (2, 0)}
 DEFAULTS = ["--no-evaluate"]  # the trainer's defaults otherwise (no held-out evaluation)
 
 
@@ -64,11 +75,20 @@ def sampled_run(cmd: list[str], env: dict[str, str]) -> tuple[int, str, int, int
         return code, err.read()[-3000:], learner, workers
 
 
+def prompts_per_step(extra: list[str]) -> int:
+    """P of the runs: ``--prompts-per-step`` among the trainer's flags, else its default."""
+    p = argparse.ArgumentParser(add_help=False)
+    from trainers.grpo.config import Config
+    p.add_argument("--prompts-per-step", type=int, default=Config.prompts_per_step)
+    return p.parse_known_args(extra)[0].prompts_per_step
+
+
 def run_config(name: str, steps: int, cores: int, extra: list[str]) -> dict[str, float]:
-    n = CONFIGS[name]
+    n, j = CONFIGS[name]
+    j = prompts_per_step(extra) if j == "P" else j
     threads = (["--generate-threads", str(cores), "--train-threads", str(cores)] if not n else
                ["--generate-threads", "1", "--train-threads", str(max(1, cores - n)),
-                "--generation-workers", str(n)])
+                "--generation-workers", str(n), "--groups-per-job", str(j)])
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         cmd = [sys.executable, "-m", "trainers.grpo", "--run-dir", f"{tmp}/run", "--steps",
                str(steps), "--quiet", *DEFAULTS, *threads, *extra]
