@@ -114,8 +114,8 @@ class Config(LLMConfig):
     (J x --group-size rows decoded together; a divisor of --prompts-per-step, so a job never
     straddles two steps). 0: auto, the largest divisor of --prompts-per-step at most
     ceil(--prompts-per-step / --generation-workers), i.e. a step's groups in one job per
-    worker (N = 1: the whole step, the synchronous loop's generate call; on CPU a decoding
-    step costs little more for more rows). 1: one group per job. May change on --resume."""
+    worker (N = 1: the whole step, as the synchronous loop's generate call). 1: one group per
+    job (the behaviour before this flag). May change on --resume (docs/async.md)."""
     is_truncation: float = 0.0
     """With --generation-workers: truncated importance sampling (TIS, Yao et al. 2025; NeMo-RL's
     'tis'): each token's surrogate times min(pi_learner / pi_generating, C), C this value,
@@ -178,9 +178,9 @@ def check_config(c: Config) -> None:
         "generation_workers": (c.generation_workers >= 0, ">= 0"),
         "max_staleness": (c.max_staleness >= 0, ">= 0"),
         "sync_every": (1 <= c.sync_every <= c.max_staleness + 1, ">= 1 and <= --max-staleness + 1"),
-        "groups_per_job": (c.groups_per_job == 0 or (c.generation_workers > 0 and
-                                                     c.prompts_per_step % c.groups_per_job == 0
-                                                     and c.groups_per_job > 0),
+        "groups_per_job": (c.groups_per_job == 0 or (c.groups_per_job > 0
+                                                     and c.prompts_per_step % c.groups_per_job == 0
+                                                     and c.generation_workers > 0),
                            f"0 (auto), or a divisor of --prompts-per-step "
                            f"({c.prompts_per_step}) with --generation-workers"),
         "is_truncation": (c.is_truncation >= 0
