@@ -261,3 +261,20 @@ def test_gate_admits_a_job_only_when_its_last_group_is_admitted():
     straddling = StalenessGate(0, 4, first_group=0)
     straddling.start(0, 3)
     assert not straddling.admits(0, 2)  # groups 3 and 4: 4 is consumed at version 1
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_two_workers_lose_nothing_with_half_a_step_per_job_and_idle_with_a_whole_step(k):
+    """Why auto picks J = P / N: two workers, P = 4, a job costing 2 s per group (no gain from
+    batching assumed): jobs of 2 groups end the run at the same fake time as jobs of 1 (both
+    workers on the next step), jobs of 4 later (the bound admits only K steps ahead of the one
+    trained, so with K <= 1 one worker idles)."""
+    end = {}
+    for j in (1, 2, 4):
+        clock = FakeClock()
+        groups, _, _ = train(12, k=k, p=4, workers=2, per_job=j, learn_seconds=1.0,
+                             gen_seconds=lambda first, j=j: 2.0 * j, clock=clock,
+                             in_flight=max(4, 4 * j))
+        check_groups(groups, k)
+        end[j] = clock.now
+    assert end[2] == end[1] < end[4]
