@@ -1,6 +1,9 @@
 """ZarrStorage against TorchRL's own storages (issue 46): extend, sample (uniform and
 prioritized), save (``dumps``: full, then after +2% more rows) and resume (a new storage +
-``loads``, then one sample), with peak RSS, each system in a fresh subprocess.
+``loads``, then one sample), with peak RSS, each system in a fresh subprocess. Each ``dumps``
+is also timed together with an fsync of every file and directory it wrote (``dumps + fsync``):
+ZarrStorage's commit fsyncs before it returns, TorchRL's ``dumps`` does not, so this is the
+peer at the same durability.
 
 Systems: ``LazyTensorStorage`` (rows in RAM) and ``LazyMemmapStorage`` (rows in a memory map)
 saved with TorchRL's ``ReplayBuffer.dumps`` / ``loads``, and ``ZarrStorage`` (rows in the
@@ -67,6 +70,23 @@ class PeakRss:
         self._stop.set()
         self._t.join()
         self._sample(psutil.Process())
+
+
+def fsync_tree(root: str) -> None:
+    """fsync every file under ``root`` and every directory (``root`` included): what makes a
+    save that wrote them durable (the ``dumps + fsync`` columns)."""
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fd = os.open(dirpath, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def rows(size: str, n: int, seed: int):
@@ -148,13 +168,17 @@ def child(system: int, size: str, n: int, batch: int, where: str, phase: str,
         t = time.perf_counter()
         rb.dumps(ckpt)
         out["save_full_s"] = time.perf_counter() - t
+        fsync_tree(ckpt)  # the same save made durable (ZarrStorage's commit fsyncs already)
+        out["save_full_sync_s"] = time.perf_counter() - t
     out["save_full_rss_mb"] = rss.peak / 2**20
     extra = rows(size, max(1, n // 50), 1)
     rb.extend(extra)  # +2% (overwrites the oldest 2% of a full ring)
     with PeakRss() as rss:
         t = time.perf_counter()
-        rb.dumps(ckpt)
+        rb.dumps(ckpt)  # TorchRL's: into the same directory again, page-cached files
         out["save_2pct_s"] = time.perf_counter() - t
+        fsync_tree(ckpt)
+        out["save_2pct_sync_s"] = time.perf_counter() - t
     out["save_2pct_rss_mb"] = rss.peak / 2**20
     out["save_2pct_extra_mb"] = (rss.peak - rss.before) / 2**20
     out["save_2pct_anon_mb"] = rss.anon_peak / 2**20
@@ -198,8 +222,9 @@ def measure(size: str, n: int, batch: int, runs: int, systems: tuple[int, ...] =
 
 def section(args, figures: dict[str, dict[int, dict[str, float]]], total_s: float) -> str:
     heads = ["size", "storage", "extend s", "sample ms (uniform)", "sample ms (prioritized)",
-             "dumps s (full)", "dumps s (+2%)",
-             "LazyMemmap dumps (first, full / again, +2%) / this +2%", "resume s",
+             "dumps s (full)", "dumps s (+2%)", "dumps + fsync s (full / +2%)",
+             "LazyMemmap dumps (first, full / again, +2%) / this +2%",
+             "LazyMemmap dumps + fsync (first / again, +2%) / this +2% + fsync", "resume s",
              "peak RSS MB (fill run)", "RSS MB during +2% save (rise)",
              "anon RSS MB during +2% save"]
     body = []
@@ -208,6 +233,7 @@ def section(args, figures: dict[str, dict[int, dict[str, float]]], total_s: floa
         shape, dtype = SIZES[size]
         label = f"{dtype} {list(shape)} x {n:,}"
         mm, mm_full = med[1]["save_2pct_s"], med[1]["save_full_s"]
+        mm_sync, mm_full_sync = med[1]["save_2pct_sync_s"], med[1]["save_full_sync_s"]
         for s in med:
             m = med[s]
             prio = (f"{m['prio_sample_ms']:.2f}" if "prio_sample_ms" in m else
@@ -215,8 +241,11 @@ def section(args, figures: dict[str, dict[int, dict[str, float]]], total_s: floa
             name = SYSTEMS[s] + (f" (codec={args.codec})" if s == 2 else "")
             body.append([label, name, f"{m['extend_s']:.2f}", f"{m['sample_ms']:.2f}",
                          prio, f"{m['save_full_s']:.2f}", f"{m['save_2pct_s']:.3f}",
+                         f"{m['save_full_sync_s']:.2f} / {m['save_2pct_sync_s']:.3f}",
                          (f"{mm_full / m['save_2pct_s']:.1f}x / {mm / m['save_2pct_s']:.1f}x"
                           if s == 2 else ""),
+                         (f"{mm_full_sync / m['save_2pct_sync_s']:.1f}x / "
+                          f"{mm_sync / m['save_2pct_sync_s']:.1f}x" if s == 2 else ""),
                          f"{m['resume_s']:.2f}", f"{m['fill_peak_rss_mb']:,.0f}",
                          f"{m['save_2pct_rss_mb']:,.0f} ({m['save_2pct_extra_mb']:+,.0f})",
                          f"{m['save_2pct_anon_mb']:,.0f}"])
@@ -227,7 +256,8 @@ def section(args, figures: dict[str, dict[int, dict[str, float]]], total_s: floa
         f"--float-rows {args.float_rows} --runs {args.runs} --batch {args.batch} --codec "
         f"{args.codec} --sizes {args.sizes} --systems {args.systems} --section {args.section}`"
         "; total "
-        f"{total_s:,.0f} s; torchrl {_version('torchrl')}, tensordict "
+        f"{total_s:,.0f} s; load average (1 min) {args.load_start:.1f} at the start, "
+        f"{os.getloadavg()[0]:.1f} at the end; torchrl {_version('torchrl')}, tensordict "
         f"{_version('tensordict')}, torch {_version('torch')}. "
         + ("**Reduced sizes** (the issue's are 100,000 Atari rows and 10,000 float rows): "
            "they did not fit the session's time on this shared 2-core machine. "
@@ -236,7 +266,12 @@ def section(args, figures: dict[str, dict[int, dict[str, float]]], total_s: floa
         "+2% rows, `rb.dumps` again) and its resume run (a new storage + `rb.loads` + one "
         f"draw) in fresh subprocesses; medians of {args.runs} runs, the systems alternating. "
         "ZarrStorage's `dumps` is an incremental atomic commit plus a pointer file; TorchRL's "
-        "writes every row. Uniform draws: TorchRL's `RandomSampler` + `storage.get`; "
+        "writes every row into page-cached files without fsync, so each `dumps` is also "
+        "timed together with an fsync of every file and directory under the checkpoint "
+        "directory (`dumps + fsync`: the peer at ZarrStorage's durability; for ZarrStorage "
+        "that adds only the pointer file's fsync); the full save's fsync precedes the +2% "
+        "rows, so the repeat `dumps` no longer overlaps the first one's writeback. "
+        "Uniform draws: TorchRL's `RandomSampler` + `storage.get`; "
         "prioritized: `ZarrPrioritizedSampler` (TorchRL's own `PrioritizedSampler` cannot run "
         "here: its compiled `torchrl._torchrl` does not load beside torch 2.13.0). Peak RSS "
         "of the fill run is sampled from outside every 50 ms; the save's from inside every "
@@ -276,6 +311,7 @@ def main() -> None:
                                args.phase, args.codec)))
         return
     t0 = time.perf_counter()
+    args.load_start = os.getloadavg()[0]
     systems = tuple(int(x) for x in args.systems.split(","))
     rows_of = {"atari": (args.atari_rows, min(args.batch, args.atari_rows)),
                "float": (args.float_rows, min(args.batch // 10 or 1, args.float_rows))}
