@@ -69,10 +69,17 @@ class RingState:
 
         Raises:
             IndexError: a position outside ``[-size, size)``, or an array of more than 1 dim.
+            TypeError: a key that is not integers (e.g. a field name).
         """
         if isinstance(key, slice):
             return np.arange(self.size, dtype=np.int64)[key]
-        pos = np.asarray(key, dtype=np.int64)
+        raw = np.asarray(key)
+        if raw.size and raw.dtype.kind not in "iu":
+            hint = (f"; to read field {key!r}, select rows first: buf[positions][{key!r}]"
+                    if isinstance(key, str) else "")
+            raise TypeError(f"index: expected an int, slice or 1-d int array of positions, got "
+                            f"{type(key).__name__} {key!r:.60}{hint}")
+        pos = raw.astype(np.int64)
         if pos.ndim > 1:
             raise IndexError(f"index: expected an int, slice or 1-d int array, got {pos.shape}")
         bad = (pos < -self.size) | (pos >= self.size)

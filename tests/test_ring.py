@@ -49,3 +49,18 @@ def test_bad_positions_and_ids_are_named():
         ring.positions(np.zeros((2, 2), np.int64))
     with pytest.raises(FieldError, match=r"transition ids in \[0, 6\), got min -1 max 6"):
         ring.live(np.array([-1, 6]))
+
+
+def test_a_key_that_is_not_positions_is_refused_by_name():
+    """A field name (``buf['obs']``) or a boolean mask is not taken for positions: before, a
+    mask read rows 0 and 1 and a name failed inside numpy's int conversion."""
+    ring = RingState(4, total_added=6)
+    with pytest.raises(TypeError, match=r"to read field 'obs', select rows first: "
+                                        r"buf\[positions\]\['obs'\]"):
+        ring.positions("obs")
+    with pytest.raises(TypeError, match="expected an int, slice or 1-d int array"):
+        ring.positions(np.array([True, False, True, False]))
+    with pytest.raises(TypeError, match="got float"):
+        ring.positions(1.5)
+    assert ring.positions([]).tolist() == [] and ring.positions(np.int32(-1)) == 3
+    assert ring.positions([0, -1]).tolist() == [0, 3]

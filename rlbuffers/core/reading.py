@@ -107,7 +107,9 @@ class BufferReads:
         [*shape]}``, a slice or int array ``{field: [N, *shape]}`` (ragged: a list).
 
         Raises:
-            IndexError: a position outside ``[-len, len)``.
+            IndexError: a position outside ``[-len, len)``. TypeError: a key that is not
+            integer positions (a field name: ``buf[positions]["obs"]`` reads a field; a
+            boolean mask: ``buf[np.flatnonzero(mask)]``).
         """
         positions = self._ring.positions(key)
         out = self._rows(self._ring.slots(np.atleast_1d(positions)))
