@@ -9,6 +9,8 @@ worker: ``tests/test_async_ray.py``."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -116,15 +118,7 @@ def test_crash_and_resume_regenerate_the_groups_in_flight_within_the_bound(
     if k == 0:
         assert [[r[x] for x in keys] for r in got] == [[r[x] for x in keys] for r in want]
     # the prompts trained, in order: the synchronous loop's (read back from the buffer)
-    from trainers.common import open_token_store
-    from trainers.llm.model import load_causal_lm
-    store = open_token_store(tmp_path / "b" / "prompts", len(load_causal_lm(tiny_dir)[1]))
-    order, data = [], {"epoch": 0, "position": 0}
-    for _ in range(4):
-        order += next_prompts(store, 120, 2, 0, data)
-    trained = [b["prompt_ids"][i] for i in range(0, 24, 3)]
-    assert all(np.array_equal(t, np.asarray(store[j], np.int32))
-               for t, j in zip(trained, order, strict=True))
+    assert_synchronous_prompt_order(tmp_path / "b", tiny_dir, b)
 
 
 def test_resume_may_change_groups_per_job(tiny_dir, tmp_path, monkeypatch):
@@ -166,9 +160,15 @@ def test_resume_may_change_groups_per_job(tiny_dir, tmp_path, monkeypatch):
     assert b["step"].tolist() == np.repeat([1, 2, 3, 4], 6).tolist()
     versions = b["policy_version"].reshape(4, 6)
     assert all(0 <= s - 1 - v <= 1 for s, row in enumerate(versions, 1) for v in row)
+    assert_synchronous_prompt_order(tmp_path / "b", tiny_dir, b)
+
+
+def assert_synchronous_prompt_order(run: Any, tiny_dir: Any, b: dict[str, Any]) -> None:
+    """The prompts of a 4-step run (P = 2, G = 3) trained in the synchronous loop's order,
+    read back from its buffer rows ``b``: each group's first row against ``next_prompts``."""
     from trainers.common import open_token_store
     from trainers.llm.model import load_causal_lm
-    store = open_token_store(tmp_path / "b" / "prompts", len(load_causal_lm(tiny_dir)[1]))
+    store = open_token_store(run / "prompts", len(load_causal_lm(tiny_dir)[1]))
     order, data = [], {"epoch": 0, "position": 0}
     for _ in range(4):
         order += next_prompts(store, 120, 2, 0, data)

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -85,15 +86,7 @@ def test_a_worker_killed_mid_group_is_replaced_and_no_group_is_lost_or_twice(tin
     pool = RayPool(2, torch_threads=1)
     pids = set(pool.worker_pids())
     workers = GenerationWorkers(cfg, model, store, trainer, None, pool=pool, job=dies_in_group)
-    steps, synced = [], {0: policy_weights(model)}
-    for step in range(1, cfg.steps + 1):
-        steps.append(workers.next_step())
-        with torch.no_grad():  # the update: new adapters, synced as version `step`
-            for p in model.parameters():
-                if p.requires_grad:
-                    p.add_(torch.randn_like(p) * 0.1)
-        synced[step] = policy_weights(model)
-        workers.updated(model, step)
+    steps, synced = train_with_fake_updates(workers, model, cfg.steps)
     assert (tmp_path / f"killed-{KILLED_GROUP}").exists() and pool.replaced == 1
     assert set(pool.worker_pids()) != pids  # a new process in the dead one's slot
     attempts = np.concatenate([s.attempts for s in steps])
@@ -145,15 +138,7 @@ def test_a_worker_killed_mid_job_of_two_groups_is_replaced_and_the_job_reissued_
     trainer = {"step": 0, "groups": 0, "data": {"epoch": 0, "position": 0}}
     pool = RayPool(2, torch_threads=1)
     workers = GenerationWorkers(cfg, model, store, trainer, None, pool=pool, job=dies_in_job)
-    steps, synced = [], {0: policy_weights(model)}
-    for step in range(1, cfg.steps + 1):
-        steps.append(workers.next_step())
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.requires_grad:
-                    p.add_(torch.randn_like(p) * 0.1)
-        synced[step] = policy_weights(model)
-        workers.updated(model, step)
+    steps, synced = train_with_fake_updates(workers, model, cfg.steps)
     assert (tmp_path / f"killed-job-{KILLED_JOB}").exists() and pool.replaced == 1
     attempts = np.concatenate([s.attempts for s in steps])
     assert attempts.tolist() == [1, 1, 2, 2, 1, 1, 2, 2, 1, 1, 1, 1]
@@ -170,3 +155,19 @@ def test_a_worker_killed_mid_job_of_two_groups_is_replaced_and_the_job_reissued_
     made = [c for g in want for c in g["completions"]]
     assert all(np.array_equal(a, b) for a, b in zip(s.completions[6:12], made, strict=True))
     workers.close()
+
+
+def train_with_fake_updates(workers: Any, model: Any, n: int) -> tuple[list[Any], dict[int, Any]]:
+    """``n`` learner steps against ``workers``: take a step's groups, then an "update" (noise
+    on the trainable weights, synced as version ``step``). Returns the steps' groups and the
+    weights of every version, 0 to ``n``."""
+    steps, synced = [], {0: policy_weights(model)}
+    for step in range(1, n + 1):
+        steps.append(workers.next_step())
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.add_(torch.randn_like(p) * 0.1)
+        synced[step] = policy_weights(model)
+        workers.updated(model, step)
+    return steps, synced
