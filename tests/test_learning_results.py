@@ -226,3 +226,26 @@ def test_crsp_files_of_issue_49_give_the_raw_critic_and_the_held_out_proposer(tm
     assert solv["ci95"] == lr.wilson(60, 200) and solv["apart"] and solv["attempts"] == 4
     assert by["proposer_verified_rate"]["k"] == 90
     assert by["proposer_well_formed_rate"]["overlap"] is None
+
+
+def test_a_crsp_file_of_one_checkpoint_gives_afters_only(tmp_path):
+    """``--steps 40`` alone: the held-out figures are rows with ``before`` null (not the same
+    checkpoint as before and after), the training windows' well-formed rate keeps both."""
+    from trainers.crsp.figures import proportion
+
+    one = {"step": 40, "solver_accuracy": proportion(200, 400),
+           "critic_balanced_accuracy_raw": {"value": 0.6, "ci95": [0.55, 0.65], "n": 400},
+           "critic_balanced_set": {"accuracy": proportion(120, 200)},
+           "proposer": {"n": 200, "attempts": 4, "solvable": proportion(9, 200),
+                        "verified": proportion(10, 200)}}
+    d = {"overlap": 0, "checkpoints": [one],
+         "proposer": {"first": proportion(5, 20) | {"steps": [1, 5]},
+                      "last": proportion(15, 20) | {"steps": [36, 40]}}}
+    (tmp_path / "one.json").write_text(json.dumps(d))
+    write_index(tmp_path, [{"file": "one.json", "kind": "crsp", "system": "crsp", "run": "s1",
+                            "seed": 1}])
+    by = {r["metric"]: r for r in lr.build(tmp_path)}
+    for m in ("heldout_accuracy", "critic_balanced_accuracy_raw", "proposer_solvable_rate"):
+        assert by[m]["before"] is None and by[m]["before_at"] is None and by[m]["apart"] is None
+    assert by["critic_balanced_accuracy_raw"]["after"] == 0.6 and by["heldout_accuracy"]["k"] == 200
+    assert by["proposer_well_formed_rate"]["before"] == 0.25

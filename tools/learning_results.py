@@ -288,7 +288,8 @@ def read_crsp(path: Path) -> list[dict[str, Any]]:
     held-out proposer's solvable and verified rates when the checkpoints have them
     (``proposer_solvable_rate``: proposals whose verified answer the solver reaches at least
     once); and the proposer's well-formed rate (training proposals of the first and last
-    steps: not held out)."""
+    steps: not held out). Checkpoints: the first against the last; a file of one checkpoint
+    gives its held-out figures as ``after`` with ``before`` null."""
     d = json.loads(path.read_text())
     first, last = d["checkpoints"][0], d["checkpoints"][-1]
     at = {"before_at": first["step"], "after_at": last["step"], "overlap": d.get("overlap")}
@@ -326,6 +327,9 @@ def read_crsp(path: Path) -> list[dict[str, Any]]:
                          "before": kn(first["proposer"][key]),
                          "after": kn(last["proposer"][key]),
                          "attempts": last["proposer"]["attempts"]})
+    if len(d["checkpoints"]) == 1:  # one checkpoint evaluated: an after without a before
+        for f in figs:
+            f.update(before=None, before_at=None)
     p = d["proposer"]
     figs.append({"metric": "proposer_well_formed_rate", "role": "proposer", "overlap": None,
                  "before_at": p["first"]["steps"], "after_at": p["last"]["steps"],
