@@ -249,3 +249,11 @@ def test_a_crsp_file_of_one_checkpoint_gives_afters_only(tmp_path):
         assert by[m]["before"] is None and by[m]["before_at"] is None and by[m]["apart"] is None
     assert by["critic_balanced_accuracy_raw"]["after"] == 0.6 and by["heldout_accuracy"]["k"] == 200
     assert by["proposer_well_formed_rate"]["before"] == 0.25
+
+
+def test_wilson_ends_are_exact_at_zero_and_at_n():
+    """At k = 0 (k = n) the interval's low (high) end is exactly 0 (1): the formula's
+    rounding put it at +1.7e-18 above an observed rate of 0 for k = 0, n = 200."""
+    for n in (1, 7, 200, 400, 1600):
+        assert lr.wilson(0, n)[0] == 0.0 and lr.wilson(n, n)[1] == 1.0
+        assert lr.wilson(0, n)[1] == pytest.approx(naive_wilson(0, n)[1], abs=1e-9)

@@ -9,11 +9,14 @@ import math
 
 def wilson(k: float, n: float, z: float = 1.96) -> tuple[float, float]:
     """95% Wilson score interval of a binomial proportion ``k / n`` (Wilson 1927, JASA 22),
-    inside [0, 1] (at k = 0 the formula's low end is a rounding error below 0, which printed
-    as ``-0.000``). ``z``: the normal quantile (1.96 for 95%)."""
+    inside [0, 1]: exactly 0 at k = 0 and exactly 1 at k = n, where the formula's end is 0
+    or 1 up to a rounding error of either sign (``-0.000`` printed, or a low end of 1.7e-18
+    above an observed 0). ``z``: the normal quantile (1.96 for 95%)."""
     p = k / n
     mid, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, (mid - half) / (1 + z * z / n)), min(1.0, (mid + half) / (1 + z * z / n))
+    lo = 0.0 if k == 0 else max(0.0, (mid - half) / (1 + z * z / n))
+    hi = 1.0 if k == n else min(1.0, (mid + half) / (1 + z * z / n))
+    return lo, hi
 
 
 def newcombe_paired(both: float, breaks: float, fixes: float, neither: float,
