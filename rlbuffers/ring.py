@@ -79,7 +79,7 @@ class RingState:
                     if isinstance(key, str) else "")
             raise TypeError(f"index: expected an int, slice or 1-d int array of positions, got "
                             f"{type(key).__name__} {key!r:.60}{hint}")
-        pos = raw.astype(np.int64)
+        pos = raw.astype(np.int64, copy=False)
         if pos.ndim > 1:
             raise IndexError(f"index: expected an int, slice or 1-d int array, got {pos.shape}")
         bad = (pos < -self.size) | (pos >= self.size)

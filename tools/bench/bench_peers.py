@@ -347,6 +347,24 @@ class CPPRB(System):
         return self.rb.sample(B)["reward"].ravel()
 
 
+class _ArraysOnly(pickle.Unpickler):
+    """The peer's load: pickle, as the peer stores, but resolving only numpy's array and dtype
+    constructors, so a planted file cannot run code (the state is a dict of arrays and lists).
+    Not ``rlbuffers.integrations.sb3.inert_pickle``: that one is the pure-Python unpickler
+    (every opcode in Python), which would time the peer's load far slower than its real
+    ``pickle.load``; this keeps the C unpickler and only narrows ``find_class`` (called once
+    per global name, not per byte)."""
+
+    ALLOWED = {(m, n) for m in ("numpy.core.multiarray", "numpy._core.multiarray")
+               for n in ("_reconstruct", "scalar")} | {("numpy", "ndarray"), ("numpy", "dtype")}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self.ALLOWED and not (module == "numpy.dtypes"
+                                                       and name.endswith("DType")):
+            raise pickle.UnpicklingError(f"{module}.{name}: not a numpy array part; refused")
+        return super().find_class(module, name)
+
+
 class PickleGzip(System):
     name = "numpy ring + pickle+gzip"
     ragged_note = "Python list of int32 arrays (object)"
@@ -383,7 +401,7 @@ class PickleGzip(System):
 
     def load(self, path: Path) -> None:
         with gzip.open(path, "rb") as f:
-            self.state = pickle.load(f)
+            self.state = _ArraysOnly(f).load()
 
     def sample(self) -> Any:
         s = self.state
