@@ -4,9 +4,12 @@
   commits, resume by reopening the path, ``dumps``/``loads`` as pointers).
 - :class:`ZarrPrioritizedSampler`: TorchRL's ``PrioritizedSampler`` contract on rlbuffers' sum
   tree, its priorities committed with the storage (no compiled extension needed).
+- :class:`ZarrTensorDictPrioritizedReplayBuffer`: TorchRL's ``TensorDictPrioritizedReplayBuffer``
+  with that sampler (TorchRL's own class builds its compiled sampler).
 
-Modules: ``storage``, ``sampler``, ``keys`` (TensorDict keys and dtypes as buffer fields). The
-names import TorchRL and tensordict on first use; without them an ImportError names the extra.
+Modules: ``storage``, ``sampler``, ``replay_buffer``, ``keys`` (TensorDict keys and dtypes as
+buffer fields). The names import TorchRL and tensordict on first use; without them an
+ImportError names the extra.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from typing import TYPE_CHECKING
 from rlbuffers.lazy import lazy_attributes
 
 if TYPE_CHECKING:
+    from rlbuffers.integrations.torchrl.replay_buffer import (
+        ZarrTensorDictPrioritizedReplayBuffer,
+    )
     from rlbuffers.integrations.torchrl.sampler import ZarrPrioritizedSampler
     from rlbuffers.integrations.torchrl.storage import ZarrStorage
 
@@ -23,8 +29,9 @@ if TYPE_CHECKING:
 _LAZY = {
     "ZarrPrioritizedSampler": "rlbuffers.integrations.torchrl.sampler",
     "ZarrStorage": "rlbuffers.integrations.torchrl.storage",
+    "ZarrTensorDictPrioritizedReplayBuffer": "rlbuffers.integrations.torchrl.replay_buffer",
 }
 
 __getattr__ = lazy_attributes(__name__, _LAZY)
 
-__all__ = ["ZarrPrioritizedSampler", "ZarrStorage"]
+__all__ = ["ZarrPrioritizedSampler", "ZarrStorage", "ZarrTensorDictPrioritizedReplayBuffer"]
