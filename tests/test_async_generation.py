@@ -22,7 +22,7 @@ from tests.tiny_lm import make_tiny_lm_dir  # noqa: E402
 from trainers.common import open_token_store  # noqa: E402
 from trainers.grpo.async_generation import (  # noqa: E402
     GenerationWorkers,
-    generate_group,
+    generate_groups,
     policy_weights,
     step_metrics,
 )
@@ -132,9 +132,9 @@ def test_a_sync_sends_the_adapters_only_with_lora_and_a_rerun_samples_the_same_g
         assert len(weights) == len(list(model.parameters()))
     assert all(w.dtype == np.float32 for w in weights.values())
     prompt = np.asarray(store[0], np.int64)
-    a = generate_group(weights, 0, 5, 0, prompt, cfg, None)
-    generate_group(weights, 0, 6, 0, prompt, cfg, None)  # another group between
-    b = generate_group(weights, 0, 5, 0, prompt, cfg, None)
+    a, = generate_groups(weights, 0, 5, [0], [prompt], cfg, None)
+    generate_groups(weights, 0, 6, [0], [prompt], cfg, None)  # another group between
+    b, = generate_groups(weights, 0, 5, [0], [prompt], cfg, None)
     assert all(np.array_equal(x, y) for x, y in zip(a["completions"], b["completions"],
                                                      strict=True))
     np.testing.assert_array_equal(a["behaviour"], b["behaviour"])
@@ -149,7 +149,7 @@ def test_jobs_of_several_groups_train_the_sync_prompts_with_the_generating_logpr
     """P = 4, J = 2 (two jobs a step), K = 1, LoRA with a KL term: each step's groups are the
     synchronous loop's prompts, with the log-probs of the weights that generated them; a
     job run again (another between) samples the same tokens, and they are the workers'."""
-    from trainers.grpo.async_generation import generate_groups, job_seed
+    from trainers.grpo.async_generation import job_seed
     cfg = async_config(tiny, tmp_path, lora_rank=2, prompts_per_step=4, groups_per_job=2)
     model, tok, _ = make_policy(cfg)
     trainer = {"step": 0, "groups": 0, "data": {"epoch": 0, "position": 0}}

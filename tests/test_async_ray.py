@@ -29,7 +29,6 @@ from tests.test_async_generation import async_config, make_store  # noqa: E402
 from tests.tiny_lm import make_tiny_lm_dir  # noqa: E402
 from trainers.grpo.async_generation import (  # noqa: E402
     GenerationWorkers,
-    generate_group,
     generate_groups,
     policy_weights,
 )
@@ -41,14 +40,15 @@ pytestmark = pytest.mark.filterwarnings(
 KILLED_GROUP = 1  # the first group of worker slot 1: nothing of it finished before
 
 
-def dies_in_group(weights, version, group, prompt_index, prompt, cfg, reference):
-    """``generate_group``, except that the first run of group ``KILLED_GROUP`` kills its own
-    worker process (a marker file in the run directory tells the second run)."""
+def dies_in_group(weights, version, group, prompt_indices, prompts, cfg, reference):
+    """``generate_groups`` of one group, except that the first run of group ``KILLED_GROUP``
+    kills its own worker process (a marker file in the run directory tells the second
+    run)."""
     marker = Path(cfg.run_dir) / f"killed-{group}"
     if group == KILLED_GROUP and not marker.exists():
         marker.touch()
         os.kill(os.getpid(), signal.SIGKILL)
-    return generate_group(weights, version, group, prompt_index, prompt, cfg, reference)
+    return generate_groups(weights, version, group, prompt_indices, prompts, cfg, reference)
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +106,8 @@ def test_a_worker_killed_mid_group_is_replaced_and_no_group_is_lost_or_twice(tin
     # the re-issued group is the one its weights and seed make (here, in this process)
     s = steps[KILLED_GROUP // 2]
     k = KILLED_GROUP % 2
-    want = generate_group(synced[int(s.versions[k])], int(s.versions[k]), KILLED_GROUP,
-                          s.indices[k], s.prompts[k], cfg, None)
+    want, = generate_groups(synced[int(s.versions[k])], int(s.versions[k]), KILLED_GROUP,
+                            [s.indices[k]], [s.prompts[k]], cfg, None)
     got = s.completions[k * 3:(k + 1) * 3]
     assert all(np.array_equal(a, b) for a, b in zip(got, want["completions"], strict=True))
     workers.close()

@@ -61,7 +61,7 @@ def make_group(weights, version, group, prompt):
 
 
 def make_job(weights, version, first, prompts):
-    """The fake job of several groups (``groups_per_job`` > 1): one group per prompt."""
+    """The fake job of ``len(prompts)`` groups (``groups_per_job``): one group per prompt."""
     return [make_group(weights, version, first + k, prompt) for k, prompt in enumerate(prompts)]
 
 
@@ -75,9 +75,8 @@ def train(steps, *, k, p=2, workers=2, learn_seconds=1.0, gen_seconds=lambda g: 
     clock = clock or FakeClock()
     pool = FakePool(workers, clock, gen_seconds)
     gate = StalenessGate(k, p, first_group=first[0], first_version=first[1])
-    job, args_of = (make_group, lambda g: (1000 + g,)) if per_job == 1 else (
-        make_job, lambda g: ([1000 + g + i for i in range(per_job)],))
-    gen = PacedGeneration(pool, job, gate, args_of, clock=clock, in_flight=in_flight,
+    args_of = lambda g: ([1000 + g + i for i in range(per_job)],)  # noqa: E731
+    gen = PacedGeneration(pool, make_job, gate, args_of, clock=clock, in_flight=in_flight,
                           total_groups=(run_steps or first[1] + steps) * p,
                           groups_per_job=per_job)
     version = first[1]
@@ -171,14 +170,14 @@ def test_gate_rule_and_broken_staleness_is_refused():
     assert gate.staleness(7, 2) == 1
     with pytest.raises(RuntimeError, match="staleness 2 outside"):
         gate.staleness(7, 1)
-    gen = PacedGeneration(FakePool(1, FakeClock(), lambda g: 1.0), make_group,
-                          StalenessGate(1, 2), lambda g: (g,), in_flight=2)
+    gen = PacedGeneration(FakePool(1, FakeClock(), lambda g: 1.0), make_job,
+                          StalenessGate(1, 2), lambda g: ([g],), in_flight=2)
     gen.sync({"version": 0}, 0)
     with pytest.raises(ValueError, match=r"n: expected at most in_flight \(2\) groups, got 3"):
         gen.next_groups(3)
     with pytest.raises(RuntimeError, match=r"sync\(weights, version\)"):
-        PacedGeneration(FakePool(1, FakeClock(), lambda g: 1.0), make_group, gate,
-                        lambda g: ()).fill()
+        PacedGeneration(FakePool(1, FakeClock(), lambda g: 1.0), make_job, gate,
+                        lambda g: ([g],)).fill()
 
 
 # ----- several groups per job (``groups_per_job`` J, a divisor of P) -----
@@ -251,6 +250,12 @@ def test_several_groups_per_job_bad_arguments_are_named():
     with pytest.raises(RuntimeError, match=r"job \d+ \(groups 0..1\): expected a list of 2 "
                                            r"groups back, got dict of 1"):
         short.next_groups(2)
+    bare = PacedGeneration(pool, make_group, StalenessGate(1, 4), lambda g: (g,),
+                           in_flight=8)  # one group per job, returned bare: not a list
+    bare.sync({"version": 0}, 0)
+    with pytest.raises(RuntimeError, match=r"job \d+ \(groups 0..0\): expected a list of 1 "
+                                           r"groups back, got dict of 1"):
+        bare.next_groups(1)
 
 
 def test_gate_admits_a_job_only_when_its_last_group_is_admitted():

@@ -133,8 +133,8 @@ class PacedGeneration:
     Each job is ``groups_per_job`` J consecutive groups, ``job(weights, version, first,
     *args_of(first))`` (``first``: its first group's index), submitted under the weights of
     the last :meth:`sync` (Ray: one ``ray.put`` per sync, the job keeps the reference it was
-    submitted with, also when it is run again after its worker died); it returns the group's
-    data when J = 1, a sequence of J data (its groups in order) when J > 1. At most
+    submitted with, also when it is run again after its worker died); it returns a sequence of
+    its J groups' data, in order (a list of one when J = 1). At most
     ``in_flight`` groups are submitted and not yet consumed. :meth:`next_groups` returns the
     oldest groups in submission order; every group is returned exactly once (the pool re-runs
     the whole job of a dead worker; its result replaces nothing).
@@ -147,8 +147,8 @@ class PacedGeneration:
 
     Args:
         pool: a started rollout pool (``InProcessPool``, ``RayPool``, or any with its methods).
-        job: a module-level function (workers import it by name), returning the group (J =
-            1) or the list of its J groups.
+        job: a module-level function (workers import it by name), returning the list of its
+            J groups' data.
         gate: the bound, with the resume position (``first_group``, ``first_version``).
         args_of: the job's arguments for its first group's index (a function of the index
             alone, so a job regenerated after a crash asks the same prompts with the same
@@ -250,7 +250,7 @@ class PacedGeneration:
         self._counters["learner_wait_seconds"] += self.clock() - t0
         out = []
         for (first, version, job_id), res in zip(taken, results, strict=True):
-            data = [res.data] if j == 1 else res.data
+            data = res.data
             if not isinstance(data, (list, tuple)) or len(data) != j:
                 raise RuntimeError(f"job {job_id} (groups {first}..{first + j - 1}): expected "
                                    f"a list of {j} groups back, got {type(data).__name__}"

@@ -16,11 +16,19 @@ group per job (``--groups-per-job 1``: G rows per generate call, the configurati
 in docs/async.md's first round); ``workers_1_jP``: one worker, a step's P groups per job
 (``--groups-per-job P``, P from ``--prompts-per-step`` or the trainer's default: the
 synchronous loop's P x G rows per generate call; also the auto choice at N = 1);
+``workers_1_shared``: one worker, J = P, the learner and the worker each with all C threads
+(oversubscribed: while one waits, the other has every core; a static split of two cores
+cannot beat the synchronous loop when each phase scales to two threads);
 ``workers_2``: two workers, J auto (the largest divisor of P at most ceil(P / 2)).
 
 How the cores are split (``--cores C``, default the machine's): sync: ``--generate-threads C
 --train-threads C``; N workers: the learner ``--train-threads max(1, C - N)``, each worker
-one thread (``--generate-threads 1``, one Ray CPU each).
+one thread (``--generate-threads 1``, one Ray CPU each); ``workers_1_shared``: learner and
+worker C threads each.
+
+``--log FILE`` appends each finished run as a JSON line (configuration, result); a later
+invocation with the same ``--log`` counts the runs already there (same ``--steps`` and trainer
+flags) and runs only the rest, so a benchmark cut off part way keeps its runs.
 
 At the real model a round of sync, N=1 (J=1) and N=2 (J=1) took ~24 minutes on the 2-core
 machine (its single runs are in docs/async.md); with N=1 J=P added, expect ~32 minutes a
@@ -45,7 +53,8 @@ from pathlib import Path
 MIB = 2**20
 #: name: (generation workers, groups per job: an int, "P" (--prompts-per-step) or 0: auto)
 CONFIGS: dict[str, tuple[int, int | str]] = {"sync": (0, 0), "workers_1_j1": (1, 1),
-                                              "workers_1_jP": (1, "P"), "workers_2": (2, 0)}
+                                              "workers_1_jP": (1, "P"),
+                                              "workers_1_shared": (1, "P"), "workers_2": (2, 0)}
 DEFAULTS = ["--no-evaluate"]  # the trainer's defaults otherwise (no held-out evaluation)
 
 
@@ -86,8 +95,10 @@ def prompts_per_step(extra: list[str]) -> int:
 def run_config(name: str, steps: int, cores: int, extra: list[str]) -> dict[str, float]:
     n, j = CONFIGS[name]
     j = prompts_per_step(extra) if j == "P" else j
+    shared = name == "workers_1_shared"
     threads = (["--generate-threads", str(cores), "--train-threads", str(cores)] if not n else
-               ["--generate-threads", "1", "--train-threads", str(max(1, cores - n)),
+               ["--generate-threads", str(cores if shared else 1),
+                "--train-threads", str(cores if shared else max(1, cores - n)),
                 "--generation-workers", str(n), "--groups-per-job", str(j)])
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         cmd = [sys.executable, "-m", "trainers.grpo", "--run-dir", f"{tmp}/run", "--steps",
@@ -115,13 +126,29 @@ def main() -> None:
     p.add_argument("--cores", type=int, default=os.cpu_count() or 2)
     p.add_argument("--only", help="comma-separated: " + ",".join(CONFIGS))
     p.add_argument("--no-write", action="store_true", help="print only (smoke runs)")
+    p.add_argument("--log", help="JSON lines of finished runs: appended to, and reused")
     a, extra = p.parse_known_args()  # the rest goes to the trainer (e.g. --model DIR)
     names = a.only.split(",") if a.only else list(CONFIGS)
+    unknown = sorted(set(names) - set(CONFIGS))
+    if unknown:
+        raise SystemExit(f"--only: unknown configurations {unknown}; expected of {list(CONFIGS)}")
     results: dict[str, list[dict[str, float]]] = {n: [] for n in names}
+    key = {"steps": a.steps, "cores": a.cores, "extra": extra}
+    if a.log and Path(a.log).exists():
+        for line in Path(a.log).read_text().splitlines():
+            row = json.loads(line)
+            if row["key"] == key and row["name"] in results:
+                results[row["name"]].append(row["result"])
     for _ in range(a.runs):
         for name in names:
+            if len(results[name]) >= a.runs:
+                continue
             results[name].append(run_config(name, a.steps, a.cores, extra))
             print(name, results[name][-1], flush=True)
+            if a.log:
+                with open(a.log, "a") as f:
+                    f.write(json.dumps({"name": name, "key": key,
+                                        "result": results[name][-1]}) + "\n")
     med = {n: {k: statistics.median(r[k] for r in v) for k in v[0]} for n, v in results.items()}
     base = med.get("sync", {}).get("tokens_per_s")
     from tools.bench.report import stamp, table

@@ -80,21 +80,13 @@ def _worker_policy(cfg: Config, weights: dict[str, np.ndarray], version: int) ->
     return _WORKER
 
 
-def generate_group(weights: dict[str, np.ndarray], version: int, group: int,
-                   prompt_index: int, prompt: np.ndarray, cfg: Config,
-                   reference: str | None) -> dict[str, Any]:
-    """The job of one group (``--groups-per-job 1``), on a worker: :func:`generate_groups` of
-    the one ``prompt`` (seed :func:`group_seed`), its group's data."""
-    return generate_groups(weights, version, group, [prompt_index], [prompt], cfg,
-                           reference)[0]
-
-
 def generate_groups(weights: dict[str, np.ndarray], version: int, first_group: int,
                     prompt_indices: list[int], prompts: list[np.ndarray], cfg: Config,
                     reference: str | None) -> list[dict[str, Any]]:
     """The job of J = ``len(prompts)`` groups ``first_group``.., on a worker: G =
     ``--group-size`` completions of each prompt (int64 token ids), J x G rows sampled in one
-    ``generate`` call with the weights of ``version`` (seed :func:`job_seed`), and their
+    ``generate`` call with the weights of ``version`` (seed :func:`job_seed`: for one group,
+    :func:`group_seed`), and their
     per-token log-probs under those weights (``behaviour``) and under the reference policy
     (``ref``, with ``--beta``: the adapters disabled, or the initial weights read from
     ``reference``, a path this worker must be able to read), the J groups packed together.
@@ -183,8 +175,7 @@ class GenerationWorkers:
             flight at a crash are regenerated from there.
         reference: the initial weights' file (full fine-tuning with ``--beta``), else None.
         pool: a started rollout pool (tests); None: ``make_pool`` from ``cfg``.
-        job: the job function (tests: one that kills its worker); :func:`generate_group`
-            with one group per job (``--groups-per-job``), else :func:`generate_groups`.
+        job: the job function (tests: one that kills its worker); :func:`generate_groups`.
     """
 
     def __init__(self, cfg: Config, model: Any, store: Any, trainer: dict[str, Any],
@@ -203,8 +194,7 @@ class GenerationWorkers:
         # in flight: the next step's P groups (made while the learner updates), or one job
         # running and one queued per worker when there are more workers than that
         j = self.groups_per_job
-        self.gen = PacedGeneration(self.pool, job or (generate_group if j == 1 else
-                                                      generate_groups), gate, self._args,
+        self.gen = PacedGeneration(self.pool, job or generate_groups, gate, self._args,
                                    in_flight=max(p, 2 * cfg.generation_workers * j),
                                    total_groups=trainer["groups"]
                                    + (cfg.steps - trainer["step"]) * p, groups_per_job=j)
@@ -223,8 +213,6 @@ class GenerationWorkers:
         self._next += j
         indices, self._batch = self._batch[:j], self._batch[j:]
         prompts = [np.asarray(self.store[i], np.int64) for i in indices]
-        if j == 1:
-            return indices[0], prompts[0], self.cfg, self.reference
         return indices, prompts, self.cfg, self.reference
 
     def next_step(self, expect: list[int] | None = None) -> StepGroups:
