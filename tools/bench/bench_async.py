@@ -51,10 +51,11 @@ import time
 from pathlib import Path
 
 MIB = 2**20
-#: name: (generation workers, groups per job: an int, "P" (--prompts-per-step) or 0: auto)
-CONFIGS: dict[str, tuple[int, int | str]] = {"sync": (0, 0), "workers_1_j1": (1, 1),
-                                              "workers_1_jP": (1, "P"),
-                                              "workers_1_shared": (1, "P"), "workers_2": (2, 0)}
+#: name: (generation workers, groups per job: an int, "P" (--prompts-per-step) or 0: auto,
+#: whether the learner and the workers each take all the cores)
+CONFIGS: dict[str, tuple[int, int | str, bool]] = {
+    "sync": (0, 0, False), "workers_1_j1": (1, 1, False), "workers_1_jP": (1, "P", False),
+    "workers_1_shared": (1, "P", True), "workers_2": (2, 0, False)}
 DEFAULTS = ["--no-evaluate"]  # the trainer's defaults otherwise (no held-out evaluation)
 
 
@@ -93,9 +94,8 @@ def prompts_per_step(extra: list[str]) -> int:
 
 
 def run_config(name: str, steps: int, cores: int, extra: list[str]) -> dict[str, float]:
-    n, j = CONFIGS[name]
+    n, j, shared = CONFIGS[name]
     j = prompts_per_step(extra) if j == "P" else j
-    shared = name == "workers_1_shared"
     threads = (["--generate-threads", str(cores), "--train-threads", str(cores)] if not n else
                ["--generate-threads", str(cores if shared else 1),
                 "--train-threads", str(cores if shared else max(1, cores - n)),
