@@ -257,3 +257,55 @@ def test_wilson_ends_are_exact_at_zero_and_at_n():
     for n in (1, 7, 200, 400, 1600):
         assert lr.wilson(0, n)[0] == 0.0 and lr.wilson(n, n)[1] == 1.0
         assert lr.wilson(0, n)[1] == pytest.approx(naive_wilson(0, n)[1], abs=1e-9)
+
+
+def test_a_crsp_before_file_is_merged_only_on_the_same_problems_and_attempts(tmp_path):
+    """``before_file``: step 0 evaluated in a second call (``--steps 0 --attempts-from 40``)
+    gives the rows' ``before`` exactly as one file of both checkpoints would; a file of other
+    held-out problems, other critic attempts or a later step is refused by name."""
+    from trainers.crsp.figures import proportion
+
+    def checkpoint(step, solved, raw, solvable):
+        return {"step": step, "solver_accuracy": proportion(solved, 400),
+                "critic_balanced_accuracy_raw": {"value": raw, "ci95": [raw - 0.05, raw + 0.05],
+                                                 "n": 400},
+                "critic_balanced_set": {"accuracy": proportion(100, 200)},
+                "proposer": {"n": 200, "attempts": 4, "solvable": proportion(solvable, 200),
+                             "verified": proportion(solvable + 2, 200)}}
+
+    common = {"overlap": 0, "held_out": {"n": 400, "overlap": 0, "seed": 1000004},
+              "critic_attempts": {"from_step": 40, "per_problem": 4,
+                                  "correct": proportion(500, 1600)},
+              "proposer": {"first": proportion(5, 20) | {"steps": [1, 5]},
+                           "last": proportion(15, 20) | {"steps": [36, 40]}}}
+    early, late = checkpoint(0, 25, 0.5, 0), checkpoint(40, 204, 0.57, 34)
+    for name, cps in (("both.json", [early, late]), ("s0.json", [early]), ("s40.json", [late])):
+        (tmp_path / name).write_text(json.dumps({**common, "checkpoints": cps}))
+    entry = {"kind": "crsp", "system": "crsp", "run": "s1", "seed": 1}
+    write_index(tmp_path, [{"file": "both.json", **entry},
+                           {"file": "s40.json", "before_file": "s0.json", **entry}])
+    rows = lr.build(tmp_path)
+    one = [r for r in rows if r["source"] == "both.json"]
+    two = [r for r in rows if r["source"] == "s40.json"]
+    assert [r["metric"] for r in one] == [r["metric"] for r in two] and len(one) >= 4
+    for a, b in zip(one, two, strict=True):
+        assert {k: v for k, v in a.items() if k != "source"} == \
+            {k: v for k, v in b.items() if k not in ("source", "before_source")}
+        assert b["before_source"] == "s0.json"
+    by = {r["metric"]: r for r in two}
+    assert (by["proposer_solvable_rate"]["before_k"], by["proposer_solvable_rate"]["k"]) == (0, 34)
+    assert by["proposer_solvable_rate"]["apart"] and by["heldout_accuracy"]["before_at"] == 0
+    for key, bad in (("held_out", {"n": 400, "overlap": 0, "seed": 7}),
+                     ("critic_attempts", {**common["critic_attempts"], "from_step": 0})):
+        (tmp_path / "bad.json").write_text(json.dumps({**common, key: bad,
+                                                       "checkpoints": [early]}))
+        write_index(tmp_path, [{"file": "s40.json", "before_file": "bad.json", **entry}])
+        with pytest.raises(ValueError, match=f"before_file.*{key}"):
+            lr.build(tmp_path)
+    write_index(tmp_path, [{"file": "s0.json", "before_file": "s40.json", **entry}])
+    with pytest.raises(ValueError, match="before_file: expected checkpoints before step 0"):
+        lr.build(tmp_path)
+    write_index(tmp_path, [{"file": "s40.json", "before_file": "s0.json", **entry,
+                            "kind": "figures"}])
+    with pytest.raises(ValueError, match="before_file: expected only on kind 'crsp'"):
+        lr.build(tmp_path)

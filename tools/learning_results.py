@@ -16,6 +16,9 @@ beside it, copied from the run directories so that a clean clone regenerates the
      "group": "...",                 # optional: entries of one setting over seeds; their rows of
                                      # one metric also get a row over seeds (seed null)
      "agent_frozen": false,          # guidance entries: the agent's weights fixed (--freeze-agent)
+     "before_file": "...",           # optional, crsp: the same run's earlier checkpoints,
+                                     # evaluated apart on the same held-out problems and critic
+                                     # attempts (``--attempts-from`` this file's last step)
      "note": "..."}                  # optional: every row of the file gets it as run_note
 
 Readers (one per ``kind``, each turns a file into figures; see the functions below):
@@ -50,7 +53,7 @@ not overlap), ``agent_frozen`` on guidance rows, and per kind ``k`` / ``before_k
 (rows over seeds: the mean per-seed after - before, paired t interval), ``curve`` (ERL: every
 evaluation's ``[generation, env_steps, mean return]``; over seeds: the mean of the seeds'
 means, when they share the generations), ``note`` (the figure's),
-``run_note`` (the index entry's), and any other key of the figure (``role`` ...). Intervals
+``run_note`` (the index entry's), ``before_source`` (the entry's ``before_file``), and any other key of the figure (``role`` ...). Intervals
 use z = 1.959964 (the trainers' files use 1.96: their bounds differ in the 6th decimal).
 """
 
@@ -202,6 +205,8 @@ def make_row(entry: dict[str, Any], fig: dict[str, Any]) -> dict[str, Any]:
         row["agent_frozen"] = fig.get("agent_frozen", entry.get("agent_frozen"))
     skip = {"metric", "before", "after", "overlap", "before_at", "after_at", "agent_frozen"}
     row.update({k: v for k, v in fig.items() if k not in skip})
+    if entry.get("before_file"):
+        row["before_source"] = entry["before_file"]
     if entry.get("note"):
         row["run_note"] = entry["note"]
     return row
@@ -276,7 +281,30 @@ def read_guidance(path: Path) -> list[dict[str, Any]]:
     return figs
 
 
-def read_crsp(path: Path) -> list[dict[str, Any]]:
+def merged_crsp(before: Path, path: Path) -> dict[str, Any]:
+    """``path``'s CRSP evaluation with the checkpoints of ``before`` (the same run's earlier
+    checkpoints, evaluated in a second call) put first: allowed only when both files judged
+    the same held-out problems (``held_out``) with the same critic attempts
+    (``critic_attempts``: ``--attempts-from`` the later file's step, the same counts).
+
+    Raises:
+        ValueError: the two files differ in ``held_out`` or ``critic_attempts``, or
+            ``before``'s last step is not below ``path``'s first.
+    """
+    b, d = json.loads(before.read_text()), json.loads(path.read_text())
+    for key in ("held_out", "critic_attempts"):
+        if b.get(key) != d.get(key):
+            raise ValueError(f"{before.name}: before_file: expected the {key!r} of {path.name} "
+                             f"(the same held-out problems and critic attempts), got "
+                             f"{b.get(key)!r} against {d.get(key)!r}")
+    if b["checkpoints"][-1]["step"] >= d["checkpoints"][0]["step"]:
+        raise ValueError(f"{before.name}: before_file: expected checkpoints before step "
+                         f"{d['checkpoints'][0]['step']} of {path.name}, got step "
+                         f"{b['checkpoints'][-1]['step']}")
+    return {**d, "checkpoints": b["checkpoints"] + d["checkpoints"]}
+
+
+def read_crsp(path: Path | dict[str, Any]) -> list[dict[str, Any]]:
     """The JSON of ``python -m trainers.crsp.evaluate``: the solver's held-out accuracy; the
     critic's raw verdict (``margin > 0``) as balanced accuracy: in files of issue 49 on, the
     file's ``critic_balanced_accuracy_raw`` (first attempts of distinct held-out problems,
@@ -289,8 +317,9 @@ def read_crsp(path: Path) -> list[dict[str, Any]]:
     (``proposer_solvable_rate``: proposals whose verified answer the solver reaches at least
     once); and the proposer's well-formed rate (training proposals of the first and last
     steps: not held out). Checkpoints: the first against the last; a file of one checkpoint
-    gives its held-out figures as ``after`` with ``before`` null."""
-    d = json.loads(path.read_text())
+    gives its held-out figures as ``after`` with ``before`` null. ``path`` may be the
+    evaluation itself (:func:`merged_crsp`'s)."""
+    d = path if isinstance(path, dict) else json.loads(path.read_text())
     first, last = d["checkpoints"][0], d["checkpoints"][-1]
     at = {"before_at": first["step"], "after_at": last["step"], "overlap": d.get("overlap")}
     figs = [{"metric": "heldout_accuracy", "role": "solver", **at,
@@ -356,7 +385,11 @@ def read(entry: dict[str, Any], evals: Path) -> list[dict[str, Any]]:
         raise ValueError(f"{entry.get('file')}: system: expected one of {SYSTEMS}, got "
                          f"{entry.get('system')!r}")
     path = evals / entry["file"]
-    figs = READERS[entry["kind"]](path)
+    if entry.get("before_file") and entry["kind"] != "crsp":
+        raise ValueError(f"{entry['file']}: before_file: expected only on kind 'crsp', got "
+                         f"kind {entry['kind']!r}")
+    figs = (read_crsp(merged_crsp(evals / entry["before_file"], path))
+            if entry.get("before_file") else READERS[entry["kind"]](path))
     if path.suffix == ".json":
         figs += json.loads(path.read_text()).get("learning_figures", [])
     return [make_row(entry, f) for f in figs]
