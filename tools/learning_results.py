@@ -52,9 +52,10 @@ not overlap), ``agent_frozen`` on guidance rows, and per kind ``k`` / ``before_k
 ``fixes`` / ``breaks`` / ``mcnemar_p``, ``seeds``, ``difference`` and ``difference_ci95``
 (rows over seeds: the mean per-seed after - before, paired t interval), ``curve`` (ERL: every
 evaluation's ``[generation, env_steps, mean return]``; over seeds: the mean of the seeds'
-means, when they share the generations), ``note`` (the figure's),
-``run_note`` (the index entry's), ``before_source`` (the entry's ``before_file``), and any other key of the figure (``role`` ...). Intervals
-use z = 1.959964 (the trainers' files use 1.96: their bounds differ in the 6th decimal).
+means, when they share the generations), ``note`` (the figure's), ``run_note`` (the index
+entry's), ``before_source`` (the entry's ``before_file``), and any other key of the figure
+(``role`` ...). Intervals use z = 1.959964 (the trainers' files use 1.96: their bounds differ
+in the 6th decimal).
 """
 
 from __future__ import annotations
