@@ -65,7 +65,9 @@ class RayPool:
         address: a Ray cluster to join (``"auto"``, ``"ray://host:10001"``, ...); its nodes
             must be able to import the job functions (install the project there). None starts
             (or reuses) a local Ray instance with ``workers * cpus_per_worker`` CPUs whose
-            workers get this process's ``sys.path``.
+            workers get this process's ``sys.path`` and its niceness (Ray's own default
+            starts workers 15 nice levels below their raylet, so that on a busy machine any
+            other process, the learner included, takes their core and generation starves).
         cpus_per_worker: CPUs each actor reserves (Ray spreads actors over nodes by these).
         torch_threads: ``torch.set_num_threads`` in each actor (0: leave torch's default).
         max_attempts: runs of one job before giving up on it (a job that kills every worker).
@@ -94,6 +96,8 @@ class RayPool:
                 kwargs["num_cpus"] = max(1, int(workers * cpus_per_worker))
                 kwargs["runtime_env"] = {"env_vars": {
                     "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}}
+                # the workers' nice increment over the raylet's (this process's); Ray's: 15
+                kwargs["_system_config"] = {"worker_niceness": 0}
             ray.init(address=address or "local", **kwargs)  # "local": never join a stray one
         self.workers = int(workers)
         self._cpus, self._threads = cpus_per_worker, torch_threads
