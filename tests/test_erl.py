@@ -84,10 +84,19 @@ def kill_during_generation(run_dir: Path, generation: int, *args: str) -> None:
 
 
 def test_sigkill_during_generation_3_resumes_from_generation_2(tmp_path):
+    """Also the deterministic evaluation's rows (``eval.jsonl``, issue 49 item 5): after the
+    kill exactly the committed generations' rows; a row of an evaluation that never committed
+    is dropped on resume; the resumed file equals the uninterrupted one byte for byte; and
+    extending a finished run adds evaluations after its last one."""
     ref, run = tmp_path / "reference", tmp_path / "killed"
-    run_trainer(ref, *SLOW, "--generations", "4")
+    args = [*SLOW, "--generations", "4", "--eval-every", "1", "--eval-episodes", "2"]
+    run_trainer(ref, *args)
 
-    kill_during_generation(run, 3, *SLOW, "--generations", "4")
+    kill_during_generation(run, 3, *args)
+    evals = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
+    assert [e["generation"] for e in evals] == [0, 1, 2]  # exactly the committed ones
+    with open(run / "eval.jsonl", "a") as f:  # an evaluation that never committed
+        f.write('{"generation": 3, "mean": 1e9, "returns": [1e9]}\n')
     info, rows = buffer_contents(run)
     assert info["metadata"]["trainer_generation"] == 2, "the kill must land before gen 3 commits"
     assert info["size"] == info["total_added"] == 2 * STEPS_PER_GEN
@@ -109,18 +118,22 @@ def test_sigkill_during_generation_3_resumes_from_generation_2(tmp_path):
     got, want = metrics(run), metrics(ref)
     assert [m["generation"] for m in got] == [1, 2, 3, 4]
     for key in ("env_steps", "fitness", "best_fitness", "learner_return", "td3_updates",
-                "buffer_size"):
-        assert [m[key] for m in got] == [m[key] for m in want], key
+                "buffer_size", "eval_return_mean"):
+        assert [m.get(key) for m in got] == [m.get(key) for m in want], key
     info, rows = buffer_contents(run)
     assert info["metadata"] == {"trainer_generation": 4, "env_steps": 4 * STEPS_PER_GEN}
     assert info["size"] == info["total_added"] == 4 * STEPS_PER_GEN
     for name, col in rows.items():
         np.testing.assert_array_equal(col, ref_rows[name], err_msg=name)
+    assert (run / "eval.jsonl").read_bytes() == (ref / "eval.jsonl").read_bytes()
     # keep=2: generation-1 and generation-2 pruned (no spare by default)
     assert sorted(p.name for p in (run / "ckpt").iterdir()) == ["generation-3", "generation-4"]
     state = load_state(run / "ckpt" / "generation-4")
     assert state["trainer"]["generation"] == 4
     assert [h["fitness"] for h in state["history"]] == [m["fitness"] for m in want]
+    run_trainer(run, "--resume", "--generations", "5")  # extending a finished run
+    evals = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
+    assert [e["generation"] for e in evals] == [0, 1, 2, 3, 4, 5]
 
 
 def test_smoke_two_generations_write_every_artifact(tmp_path):

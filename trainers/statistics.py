@@ -5,6 +5,7 @@ and the exact McNemar test of paired binary outcomes. Pure functions of counts."
 from __future__ import annotations
 
 import math
+from typing import Any
 
 
 def wilson(k: float, n: float, z: float = 1.96) -> tuple[float, float]:
@@ -47,6 +48,23 @@ def newcombe_paired(both: float, breaks: float, fixes: float, neither: float,
     hi = diff + math.sqrt(max(0.0, (u2 - p2) ** 2 - 2 * phi * (u2 - p2) * (p1 - l1)
                               + (p1 - l1) ** 2))
     return diff, max(-1.0, lo), min(1.0, hi)
+
+
+def paired_counts(first: Any, second: Any) -> tuple[int, int, int, int]:
+    """The 2x2 table of two paired binary outcomes (``first``, ``second``: bool ``[n]``
+    each, the same items in the same order): ``(both, breaks, fixes, neither)``, ``breaks``
+    being right in ``first`` and wrong in ``second``, ``fixes`` the other way round.
+
+    Raises:
+        ValueError: the two differ in length, are not one-dimensional, or are empty."""
+    import numpy as np
+
+    a, b = np.asarray(first, bool), np.asarray(second, bool)
+    if a.shape != b.shape or a.ndim != 1 or a.size == 0:
+        raise ValueError(f"first, second: expected two [n] arrays of one length n >= 1, got "
+                         f"shapes {a.shape} and {b.shape}")
+    return (int((a & b).sum()), int((a & ~b).sum()), int((~a & b).sum()),
+            int((~a & ~b).sum()))
 
 
 def mcnemar_exact(breaks: int, fixes: int) -> float:

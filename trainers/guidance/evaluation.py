@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from trainers.llm.evaluation import CorrectFn, Key, accuracy, score_completions
-from trainers.statistics import mcnemar_exact, newcombe_paired
+from trainers.statistics import mcnemar_exact, newcombe_paired, paired_counts
 
 
 def paired_difference(first: np.ndarray, second: np.ndarray, z: float = 1.96
@@ -27,15 +27,7 @@ def paired_difference(first: np.ndarray, second: np.ndarray, z: float = 1.96
 
     Raises:
         ValueError: empty or unequal lengths."""
-    first, second = np.asarray(first, bool), np.asarray(second, bool)
-    n = len(first)
-    if n == 0 or len(second) != n:
-        raise ValueError(f"first, second: expected two equal non-empty lengths, got {n} and "
-                         f"{len(second)}")
-    a = float((first & second).sum())
-    b = float((first & ~second).sum())  # right, then wrong (broken)
-    c = float((~first & second).sum())  # wrong, then right (fixed)
-    return newcombe_paired(a, b, c, n - a - b - c, z)
+    return newcombe_paired(*paired_counts(first, second), z)
 
 
 def summarise(right: np.ndarray) -> dict[str, Any]:

@@ -273,6 +273,23 @@ def evaluate(model: Any, tok: Any, problems: list[dict[str, Any]], sampling: Sam
     Raises:
         ValueError: ``problems`` is empty.
     """
+    scored, lengths = greedy_scores(model, tok, problems, sampling, correct_fn,
+                                    progress=progress, chunk=chunk)
+    return accuracy(scored, problems, completion_tokens=lengths, train_keys=train_keys)
+
+
+@torch.no_grad()
+def greedy_scores(model: Any, tok: Any, problems: list[dict[str, Any]], sampling: Sampling,
+                  correct_fn: CorrectFn, *, progress: str | None = None, chunk: int = 64
+                  ) -> tuple[dict[str, np.ndarray], list[int]]:
+    """:func:`evaluate`'s per-problem results before they are summed: :func:`score_completions`
+    of one greedy completion per problem (``correct`` float64 ``[n]`` ...) and each
+    completion's length in tokens (for paired comparisons of two checkpoints on the same
+    problems).
+
+    Raises:
+        ValueError: ``problems`` is empty.
+    """
     from trainers.phases import Count, heartbeat
 
     if not problems:
@@ -280,8 +297,7 @@ def evaluate(model: Any, tok: Any, problems: list[dict[str, Any]], sampling: Sam
     count = Count(len(problems), "problems done")
     with heartbeat(progress, count=count) if progress else contextlib.nullcontext():
         texts, lengths = _greedy(model, tok, problems, sampling, chunk, count)
-    return accuracy(score_completions(texts, problems, correct_fn), problems,
-                    completion_tokens=lengths, train_keys=train_keys)
+    return score_completions(texts, problems, correct_fn), lengths
 
 
 def _greedy(model: Any, tok: Any, problems: list[dict[str, Any]], sampling: Sampling,
