@@ -91,7 +91,8 @@ def test_learning_json_is_what_the_script_writes_from_the_committed_evals():
 def test_a_row_per_eval_file_and_every_row_well_formed():
     index = json.loads((lr.EVALS / "index.json").read_text())
     files = sorted(p.name for p in lr.EVALS.iterdir() if p.name != "index.json")
-    assert sorted(e["file"] for e in index) == files  # every copied file is read
+    read = [e["file"] for e in index] + [e["before_file"] for e in index if "before_file" in e]
+    assert sorted(read) == files  # every copied file is read
     rows = json.loads(lr.OUT.read_text())
     for e in index:
         mine = [r for r in rows if r.get("source") == e["file"]]
@@ -309,3 +310,26 @@ def test_a_crsp_before_file_is_merged_only_on_the_same_problems_and_attempts(tmp
                             "kind": "figures"}])
     with pytest.raises(ValueError, match="before_file: expected only on kind 'crsp'"):
         lr.build(tmp_path)
+
+
+def test_a_grpo_comparison_gives_the_paired_difference_of_its_two_runs(tmp_path):
+    """``python -m trainers.grpo.compare``'s JSON (the fields it writes): one row, the second
+    run's accuracy minus the first's on the same problems, with Newcombe's interval and the
+    exact McNemar p from the 2x2 table."""
+    rng = np.random.default_rng(7)
+    a, b = rng.random(200) < 0.4, rng.random(200) < 0.45
+    table = {"both": int((a & b).sum()), "breaks": int((a & ~b).sum()),
+             "fixes": int((~a & b).sum()), "neither": int((~a & ~b).sum())}
+    d = {"runs": ["/r/sync", "/r/async"], "step": 70, "n": 200,
+         "held_out": {"overlap": 0, "size": 200}, "accuracy": [a.mean(), b.mean()], **table}
+    (tmp_path / "cmp.json").write_text(json.dumps(d))
+    write_index(tmp_path, [{"file": "cmp.json", "kind": "grpo_compare", "system": "grpo",
+                            "run": "s1 async - sync", "seed": 1}])
+    (row,) = lr.build(tmp_path)
+    assert row["metric"] == "heldout_accuracy_paired" and row["before"] is None
+    assert row["after"] == pytest.approx(b.mean() - a.mean(), abs=1e-12)
+    assert (row["fixes"], row["breaks"], row["n"]) == (table["fixes"], table["breaks"], 200)
+    assert row["ci95"] == lr.newcombe_paired(200, int(a.sum()), table["fixes"], table["breaks"])[1]
+    assert row["mcnemar_p"] == lr.mcnemar_exact(table["fixes"], table["breaks"])
+    assert row["interval"] == "newcombe_paired" and row["overlap"] == 0 and row["after_at"] == 70
+    assert "/r/async - /r/sync" in row["note"]

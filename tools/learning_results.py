@@ -9,7 +9,8 @@ Input: ``docs/results/evals/index.json``, a list of entries, one per eval file (
 beside it, copied from the run directories so that a clean clone regenerates the output)::
 
     {"file": "crsp_eval_36d.json",   # file name in docs/results/evals/
-     "kind": "crsp",                 # reader: erl | grpo | guidance | crsp | figures
+     "kind": "crsp",                 # reader: erl | grpo | grpo_compare | guidance | crsp
+                                     # | figures
      "system": "crsp",               # erl | grpo | crsp | guidance
      "run": "36d",                   # the run's name, as the docs say it
      "seed": 0,                      # the run's --seed (null: not recorded)
@@ -23,7 +24,8 @@ beside it, copied from the run directories so that a clean clone regenerates the
 
 Readers (one per ``kind``, each turns a file into figures; see the functions below):
 ``erl`` (``run_dir/eval.jsonl`` of ``python -m trainers.erl``: deterministic returns),
-``grpo`` (``eval.json`` of ``python -m trainers.grpo``: held-out accuracy), ``guidance``
+``grpo`` (``eval.json`` of ``python -m trainers.grpo``: held-out accuracy), ``grpo_compare``
+(``python -m trainers.grpo.compare``'s JSON: two runs paired on the same problems), ``guidance``
 (``eval.json`` of ``python -m trainers.guidance``: the hint's paired effect), ``crsp`` (the JSON
 of ``python -m trainers.crsp.evaluate``: solver, critic, proposer), ``figures`` (a file in the
 generic format below and nothing else). **Any** eval file may also carry a top-level
@@ -255,6 +257,19 @@ def read_grpo(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def read_grpo_compare(path: Path) -> list[dict[str, Any]]:
+    """The JSON of ``python -m trainers.grpo.compare``: two runs' checkpoints on the same
+    held-out problems, the second's accuracy minus the first's (``heldout_accuracy_paired``:
+    Newcombe's interval, exact McNemar p; ``first`` = the first run's right answers)."""
+    d = json.loads(path.read_text())
+    return [{"metric": "heldout_accuracy_paired", "overlap": d["held_out"].get("overlap"),
+             "before_at": None, "after_at": d["step"], "before": None,
+             "after": {"n": d["n"], "first": d["both"] + d["breaks"], "fixes": d["fixes"],
+                       "breaks": d["breaks"]},
+             "accuracy": d["accuracy"],
+             "note": f"second run minus first: {d['runs'][1]} - {d['runs'][0]}"}]
+
+
 def read_guidance(path: Path) -> list[dict[str, Any]]:
     """``eval.json`` of ``python -m trainers.guidance``: the hint's effect (turn-2 minus
     turn-1 accuracy on the same held-out problems, paired), and turn-2 accuracy."""
@@ -375,8 +390,8 @@ def read_figures(path: Path) -> list[dict[str, Any]]:
 
 #: kind -> reader. EXTENSION POINT: a new eval file format gets one reader here (a function
 #: returning generic figures); new metrics of a known format need none (``learning_figures``).
-READERS = {"erl": read_erl, "grpo": read_grpo, "guidance": read_guidance, "crsp": read_crsp,
-           "figures": read_figures}
+READERS = {"erl": read_erl, "grpo": read_grpo, "grpo_compare": read_grpo_compare,
+           "guidance": read_guidance, "crsp": read_crsp, "figures": read_figures}
 
 
 def read(entry: dict[str, Any], evals: Path) -> list[dict[str, Any]]:
