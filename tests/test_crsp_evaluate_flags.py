@@ -34,9 +34,10 @@ def run_dir(tmp_path):
 
 @pytest.mark.parametrize("flags, expected", [
     (["--steps", "0,x"], "--steps: expected comma-separated step numbers (0: the initial "
-                         "model), got '0,x'"),
-    (["--steps", "0,3"], "--steps: expected steps whose checkpoint the run keeps (0 or "
-                         "ckpt/step-N in {run}), got 3 ({run}/ckpt/step-3 is missing)"),
+                         "model; warmup: after the format warm-up), got '0,x'"),
+    (["--steps", "0,3"], "--steps: expected steps whose checkpoint the run keeps (0, "
+                         "ckpt/step-N or, after a warm-up, warmup in {run}), got 3 "
+                         "({run}/ckpt/step-3/adapters.safetensors is missing)"),
     (["--attempts-from", "5"], "--attempts-from: expected steps whose checkpoint the run keeps"),
     (["--eval-size", "0"], "--eval-size: expected >= 1, got 0"),
     (["--critic-attempts", "0"], "--critic-attempts: expected >= 1, got 0"),

@@ -366,6 +366,34 @@ def test_a_new_run_warms_up_the_proposer_and_the_critic_first(tiny_dir, tmp_path
 
     eos = AutoTokenizer.from_pretrained(tiny_dir).eos_token_id
     assert int(TokenStore(run / "warmup" / "critic" / "targets")[0][-1]) == eos  # it stops
+    # The adapters right after the warm-up, before step 1: the proposer's and the critic's
+    # trained (lora_B left its zero init), the solver's untouched; step 1 moved them on.
+    import json
+
+    from safetensors.torch import load_file
+
+    from trainers.config import ConfigError
+    from trainers.crsp import evaluate
+
+    warm = load_file(run / "warmup" / "adapters.safetensors")
+    step1 = load_file(run / "ckpt" / "step-1" / "adapters.safetensors")
+    assert warm.keys() == step1.keys()
+    for role, trained in (("proposer", True), ("critic", True), ("solver", False)):
+        b = [v for k, v in warm.items() if "lora_B" in k and f".{role}." in k]
+        assert b and any(bool(v.abs().sum() > 0) for v in b) == trained, role
+    assert any(not torch.equal(warm[k], step1[k]) for k in warm)
+    # the evaluation reads it as the checkpoint "warmup", between 0 and step 1
+    evaluate.main(["--run-dir", str(run), "--steps", "0,warmup,1", "--eval-size", "6",
+                   "--critic-attempts", "2", "--calibration-size", "0",
+                   "--proposer-eval-size", "0", "--out", str(tmp_path / "eval.json")])
+    out = json.loads((tmp_path / "eval.json").read_text())
+    assert [c["step"] for c in out["checkpoints"]] == [0, "warmup", 1]
+    with pytest.raises(ConfigError, match="--steps: expected comma-separated step numbers"):
+        evaluate.main(["--run-dir", str(run), "--steps", "0,warm"])
+    (run / "warmup" / "adapters.safetensors").unlink()  # a run without a warm-up
+    with pytest.raises(ConfigError, match="--steps: expected steps whose checkpoint the run "
+                                          "keeps .* got warmup"):
+        evaluate.main(["--run-dir", str(run), "--steps", "warmup,1"])
 
 
 @settings(max_examples=100, deadline=None)

@@ -306,6 +306,14 @@ def test_a_crsp_before_file_is_merged_only_on_the_same_problems_and_attempts(tmp
     write_index(tmp_path, [{"file": "s0.json", "before_file": "s40.json", **entry}])
     with pytest.raises(ValueError, match="before_file: expected checkpoints before step 0"):
         lr.build(tmp_path)
+    warm = {**early, "step": "warmup"}  # --steps warmup: after the format warm-up, before 1
+    (tmp_path / "sw.json").write_text(json.dumps({**common, "checkpoints": [warm]}))
+    write_index(tmp_path, [{"file": "s40.json", "before_file": "sw.json", **entry}])
+    by = {r["metric"]: r for r in lr.build(tmp_path)}
+    assert by["heldout_accuracy"]["before_at"] == "warmup"
+    assert by["heldout_accuracy"]["after_at"] == 40
+    write_index(tmp_path, [{"file": "sw.json", "before_file": "s0.json", **entry}])
+    assert lr.build(tmp_path)  # 0 before warmup
     write_index(tmp_path, [{"file": "s40.json", "before_file": "s0.json", **entry,
                             "kind": "figures"}])
     with pytest.raises(ValueError, match="before_file: expected only on kind 'crsp'"):

@@ -305,7 +305,8 @@ def merged_crsp(before: Path, path: Path) -> dict[str, Any]:
 
     Raises:
         ValueError: the two files differ in ``held_out`` or ``critic_attempts``, or
-            ``before``'s last step is not below ``path``'s first.
+            ``before``'s last step is not below ``path``'s first (``"warmup"``, the adapters
+            after CRSP's format warm-up, lies between 0 and 1).
     """
     b, d = json.loads(before.read_text()), json.loads(path.read_text())
     for key in ("held_out", "critic_attempts"):
@@ -313,7 +314,8 @@ def merged_crsp(before: Path, path: Path) -> dict[str, Any]:
             raise ValueError(f"{before.name}: before_file: expected the {key!r} of {path.name} "
                              f"(the same held-out problems and critic attempts), got "
                              f"{b.get(key)!r} against {d.get(key)!r}")
-    if b["checkpoints"][-1]["step"] >= d["checkpoints"][0]["step"]:
+    order = lambda step: 0.5 if step == "warmup" else step  # noqa: E731 - after 0, before 1
+    if order(b["checkpoints"][-1]["step"]) >= order(d["checkpoints"][0]["step"]):
         raise ValueError(f"{before.name}: before_file: expected checkpoints before step "
                          f"{d['checkpoints'][0]['step']} of {path.name}, got step "
                          f"{b['checkpoints'][-1]['step']}")

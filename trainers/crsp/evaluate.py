@@ -59,11 +59,15 @@ from trainers.crsp.figures import (  # noqa: F401 - auc, youden_threshold: the m
 from trainers.crsp.formats import proposal_parts
 from trainers.crsp.roles import ROLE_ID, Prompts, activate, make_model
 from trainers.crsp.rollout import verdict_logprobs
+from trainers.crsp.warmup import WARMUP_ADAPTERS
 from trainers.llm.evaluation import HELD_OUT_SEED, held_out, task_correct
 from trainers.llm.generation import EVAL_THREADS, generate
 from trainers.llm.tasks import extract_answer, task_problems
 from trainers.phases import Count, heartbeat
 from trainers.summary import json_bytes
+
+#: ``--steps``' name of the adapters saved after the format warm-up (``WARMUP_ADAPTERS``).
+WARMUP = "warmup"
 
 
 def proposals(run_dir: Path, tok: Any) -> list[dict[str, Any]]:
@@ -101,14 +105,23 @@ def evaluation_set(cfg: Config, run_dir: Path, tok: Any, size: int, seed: int
     return problems, {**report, "training_seeds": len(seeds), "proposals": len(written)}
 
 
-def load_checkpoint(cfg: Config, run_dir: Path, step: int) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` with the adapters of checkpoint ``step`` (0: initial)."""
+def adapters_file(run_dir: Path, step: int | str) -> Path | None:
+    """The adapters of checkpoint ``step``: ``ckpt/step-N``'s, ``WARMUP`` (``"warmup"``) the
+    ones saved right after the format warm-up, 0 none (the initial adapters)."""
+    if step == WARMUP:
+        return run_dir / WARMUP_ADAPTERS
+    return run_dir / "ckpt" / f"step-{step}" / "adapters.safetensors" if step else None
+
+
+def load_checkpoint(cfg: Config, run_dir: Path, step: int | str) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` with the adapters of checkpoint ``step`` (0: initial,
+    ``"warmup"``: after the format warm-up)."""
     from trainers.crsp.resume import restore_adapters
 
     model, tok, _ = make_model(cfg)
-    if step:
-        restore_adapters(model, run_dir / "ckpt" / f"step-{step}" / "adapters.safetensors",
-                         "cpu")
+    path = adapters_file(run_dir, step)
+    if path is not None:
+        restore_adapters(model, path, "cpu")
     return model, tok
 
 
@@ -269,8 +282,9 @@ def proposer_windows(run_dir: Path, cfg: Config, window: int) -> dict[str, Any]:
     return out
 
 
-def check_args(a: argparse.Namespace) -> list[int]:
-    """The checkpoints of ``--steps`` (ints); every flag checked before anything loads.
+def check_args(a: argparse.Namespace) -> list[int | str]:
+    """The checkpoints of ``--steps`` (step numbers, and ``"warmup"``); every flag checked
+    before anything loads.
 
     Raises:
         trainers.config.ConfigError: ``--flag: expected ..., got ...`` (a checkpoint of
@@ -278,22 +292,23 @@ def check_args(a: argparse.Namespace) -> list[int]:
     """
     from trainers.config import MAX_THREADS, ConfigError, check_rules
 
-    parts = a.steps.split(",")
-    if not all(p.strip().isdigit() for p in parts):
+    parts = [p.strip() for p in a.steps.split(",")]
+    if not all(p.isdigit() or p == WARMUP for p in parts):
         raise ConfigError(f"--steps: expected comma-separated step numbers (0: the initial "
-                          f"model), got {a.steps!r}")
+                          f"model; {WARMUP}: after the format warm-up), got {a.steps!r}")
     check_rules(a, {"eval_size": (a.eval_size >= 1, ">= 1"),
                     "critic_attempts": (a.critic_attempts >= 1, ">= 1"),
                     "calibration_size": (a.calibration_size >= 0, ">= 0"),
                     "proposer_eval_size": (a.proposer_eval_size >= 0, ">= 0"),
                     "window": (a.window >= 1, ">= 1"),
                     "threads": (1 <= a.threads <= MAX_THREADS, f"in [1, {MAX_THREADS}]")})
-    steps = [int(p) for p in parts]
+    steps: list[int | str] = [WARMUP if p == WARMUP else int(p) for p in parts]
     for flag, step in [*(("--steps", s) for s in steps), ("--attempts-from", a.attempts_from)]:
-        ckpt = a.run_dir / "ckpt" / f"step-{step}"
-        if step and not (ckpt / "adapters.safetensors").is_file():
-            raise ConfigError(f"{flag}: expected steps whose checkpoint the run keeps (0 or "
-                              f"ckpt/step-N in {a.run_dir}), got {step} ({ckpt} is missing)")
+        path = adapters_file(a.run_dir, step)
+        if path is not None and not path.is_file():
+            raise ConfigError(f"{flag}: expected steps whose checkpoint the run keeps (0, "
+                              f"ckpt/step-N or, after a warm-up, {WARMUP} in {a.run_dir}), "
+                              f"got {step} ({path} is missing)")
     return steps
 
 
@@ -303,7 +318,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = ArgumentParser(prog="python3 -m trainers.crsp.evaluate",
                         description=__doc__.split("\n\n")[0])
     ap.add_argument("--run-dir", required=True, type=Path)
-    ap.add_argument("--steps", default="0", help="checkpoints, comma-separated (0: initial)")
+    ap.add_argument("--steps", default="0",
+                    help="checkpoints, comma-separated (0: initial; warmup: after the format "
+                         "warm-up of --warmup-steps, before step 1)")
     ap.add_argument("--eval-size", type=int, default=300, help="held-out problems")
     ap.add_argument("--eval-seed", type=int, default=None,
                     help="first seed of the held-out draws (default: the run's seed + "

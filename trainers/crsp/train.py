@@ -56,7 +56,7 @@ from rlbuffers.stream.sources import IndexSource
 from rlbuffers.stream.stages import BlockShuffle, Stage
 from rlbuffers.stream.token_store import TokenStore, build_token_store
 from rlbuffers.stream.tokenize import TextTokenizer
-from trainers.common import Run, open_run, open_token_store, rng_states
+from trainers.common import Run, open_run, open_token_store, rng_states, write_atomic
 from trainers.config import start
 from trainers.crsp.buffer import buffer_fields, utterances
 from trainers.crsp.config import (
@@ -82,7 +82,7 @@ from trainers.crsp.rewards import (
 from trainers.crsp.roles import ROLES, Prompts, make_model, role_parameters, set_checkpointing
 from trainers.crsp.rollout import rollout
 from trainers.crsp.update import micro_batches, optimised_grads
-from trainers.crsp.warmup import warm_up
+from trainers.crsp.warmup import WARMUP_ADAPTERS, warm_up
 from trainers.curves import Series, plot_curve
 from trainers.llm.device import place_models, resolve_device
 from trainers.llm.model import model_dir
@@ -315,6 +315,14 @@ def setup(cfg: Config, device: torch.device, rank: int, world: int
     return t, run, monitor
 
 
+def save_warmup_adapters(t: Trainer, path: Path) -> None:
+    """Every role's LoRA adapters (``lora_`` parameters) to ``path``, replaced atomically."""
+    from safetensors.torch import save
+
+    write_atomic(path, save({n: p.detach().cpu().contiguous()
+                             for n, p in t.model.named_parameters() if "lora_" in n}))
+
+
 def commit(t: Trainer, run: Run, monitor: MemoryMonitor, row: dict[str, Any]) -> None:
     """Checkpoint the step (adapters, optimizers, RNG, trainer state), then the buffer commit
     (the commit point), then ``row`` into metrics.jsonl and the curve (``Run.commit``)."""
@@ -371,6 +379,7 @@ def main(argv: list[str] | None = None) -> None:
     if cfg.warmup_steps and not run.resumed:  # a new run: the format warm-up first
         t.plan.update(warm_up(cfg, t.model, t.tok, t.prompts, t.opts, problems,
                               problems.score_answer, run.dir))
+        save_warmup_adapters(t, run.dir / WARMUP_ADAPTERS)
     summary_asked = threading.Event()  # kill -USR1 PID: a tensor summary after this step
     in_main = threading.current_thread() is threading.main_thread()
     old_handler = signal.signal(signal.SIGUSR1, lambda *_: summary_asked.set()) if in_main \

@@ -29,6 +29,11 @@ from trainers.llm.packed_logprobs import packed_batch, packed_logprobs
 from trainers.llm.settings import Packing
 from trainers.llm.tasks import extract_answer
 
+#: The adapters right after the format warm-up, before step 1, in the run directory
+#: (``trainers.crsp.evaluate --steps 0,warmup,N`` separates what the supervised warm-up gave
+#: from what self-play added).
+WARMUP_ADAPTERS = "warmup/adapters.safetensors"
+
 log = logging.getLogger("trainers.crsp.warmup")
 WARMUP_ROLES = ("proposer", "critic")
 
