@@ -315,12 +315,16 @@ def setup(cfg: Config, device: torch.device, rank: int, world: int
     return t, run, monitor
 
 
+def adapter_tensors(t: Trainer) -> dict[str, torch.Tensor]:
+    """Every role's LoRA adapters (the ``lora_`` parameters), detached, on the CPU."""
+    return {n: p.detach().cpu() for n, p in t.model.named_parameters() if "lora_" in n}
+
+
 def save_warmup_adapters(t: Trainer, path: Path) -> None:
-    """Every role's LoRA adapters (``lora_`` parameters) to ``path``, replaced atomically."""
+    """:func:`adapter_tensors` to ``path`` (safetensors), replaced atomically."""
     from safetensors.torch import save
 
-    write_atomic(path, save({n: p.detach().cpu().contiguous()
-                             for n, p in t.model.named_parameters() if "lora_" in n}))
+    write_atomic(path, save(adapter_tensors(t)))
 
 
 def commit(t: Trainer, run: Run, monitor: MemoryMonitor, row: dict[str, Any]) -> None:
@@ -328,7 +332,7 @@ def commit(t: Trainer, run: Run, monitor: MemoryMonitor, row: dict[str, Any]) ->
     (the commit point), then ``row`` into metrics.jsonl and the curve (``Run.commit``)."""
     from safetensors.torch import save_file
 
-    adapters = {n: p.detach().cpu() for n, p in t.model.named_parameters() if "lora_" in n}
+    adapters = adapter_tensors(t)
     run.commit(t.state["step"], row,
                state={**t.state_dict(), "monitor": monitor.state_dict()},
                torch_files={"optimizers.pt": {r: o.state_dict() for r, o in t.opts.items()},

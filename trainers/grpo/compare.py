@@ -14,8 +14,6 @@ staleness) may differ. Decoding is greedy on one thread (``generation.EVAL_THREA
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +28,7 @@ from trainers.grpo.policy import load_weights, make_policy
 from trainers.llm.evaluation import greedy_scores
 from trainers.llm.tasks import task_problems
 from trainers.statistics import mcnemar_exact, newcombe_paired, paired_counts, wilson
-
-log = logging.getLogger("trainers.grpo")
+from trainers.summary import json_bytes
 
 #: Config fields two compared runs must share: the held-out set's draw, then the decoding.
 SHARED = ("task", "task_config", "seed", "train_size", "eval_size",
@@ -55,9 +52,9 @@ def paired(first: np.ndarray, second: np.ndarray) -> dict[str, Any]:
             "mcnemar_p": mcnemar_exact(breaks, fixes)}
 
 
-def run_config(run_dir: Path) -> Config:
-    """The saved ``Config`` of a GRPO run directory (its ``config.json``)."""
-    return Config(**saved_config(Config, run_dir / "config.json"))
+def weights_file(run_dir: Path, step: int) -> Path:
+    """The trained weights of checkpoint ``step`` (``policy.save_weights``' file)."""
+    return run_dir / "ckpt" / f"step-{step}" / "weights.safetensors"
 
 
 def check_runs(cfgs: list[Config], run_dirs: list[Path], step: int) -> None:
@@ -77,17 +74,16 @@ def check_runs(cfgs: list[Config], run_dirs: list[Path], step: int) -> None:
         raise ConfigError(f"--eval-size: expected runs with a held-out set, got 0 in "
                           f"{run_dirs[0]}")
     for d in run_dirs:
-        if not (d / "ckpt" / f"step-{step}" / "weights.safetensors").is_file():
+        if not weights_file(d, step).is_file():
             raise ConfigError(f"--step: expected a checkpoint both runs keep, got {step} "
-                              f"({d / 'ckpt' / f'step-{step}'} is missing)")
+                              f"({weights_file(d, step).parent} is missing)")
 
 
 def answers(cfg: Config, run_dir: Path, step: int, problems: list[dict[str, Any]],
             correct: Any) -> np.ndarray:
     """Per-problem greedy correctness (bool ``[n]``) of the run's checkpoint ``step``."""
     model, tok, _ = make_policy(cfg)
-    load_weights(model, cfg.lora_rank > 0, run_dir / "ckpt" / f"step-{step}" /
-                 "weights.safetensors")
+    load_weights(model, cfg.lora_rank > 0, weights_file(run_dir, step))
     model.eval()
     sampling = cfg.sampling(cfg.max_completion_tokens, torch.device("cpu"),
                             generate_dtype=cfg.generate_dtype, packed_weights=cfg.packed_weights)
@@ -106,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = ap.parse_args(argv)
     if len(a.run_dir) != 2:
         raise ConfigError(f"--run-dir: expected two run directories, got {len(a.run_dir)}")
-    cfgs = [run_config(d) for d in a.run_dir]
+    cfgs = [Config(**saved_config(Config, d / "config.json")) for d in a.run_dir]
     check_runs(cfgs, a.run_dir, a.step)
     cfg = cfgs[0]
     sets = eval_sets(cfg.task, cfg.task_config,
@@ -116,10 +112,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
              for c, d in zip(cfgs, a.run_dir, strict=True)]
     out = {"runs": [str(d) for d in a.run_dir], "step": a.step, "held_out": sets.report,
            **paired(*right)}
-    text = json.dumps(out, indent=1)
+    text = json_bytes(out)
     if a.out:
-        write_atomic(a.out, text.encode())
-    print(text)
+        write_atomic(a.out, text)
+    print(text.decode())
     return out
 
 
