@@ -314,6 +314,16 @@ def test_a_crsp_before_file_is_merged_only_on_the_same_problems_and_attempts(tmp
     assert by["heldout_accuracy"]["after_at"] == 40
     write_index(tmp_path, [{"file": "sw.json", "before_file": "s0.json", **entry}])
     assert lr.build(tmp_path)  # 0 before warmup
+    # The last checkpoint calibrated (--calibration-size 100), the before file not (0): the
+    # calibrated row has an after alone, the other rows keep their before.
+    calibrated = {**late, "calibration": {"tau": -0.5, "balanced_accuracy": 0.6, "n": 400},
+                  "critic_balanced_set_calibrated": {"accuracy": proportion(115, 200)}}
+    (tmp_path / "s40c.json").write_text(json.dumps({**common, "checkpoints": [calibrated]}))
+    write_index(tmp_path, [{"file": "s40c.json", "before_file": "s0.json", **entry}])
+    by = {r["metric"]: r for r in lr.build(tmp_path)}
+    cal = by["critic_balanced_accuracy_calibrated"]
+    assert (cal["before"], cal["before_at"], cal["k"], cal["threshold"]) == (None, None, 115, -0.5)
+    assert by["heldout_accuracy"]["before_k"] == 25 and by["heldout_accuracy"]["before_at"] == 0
     write_index(tmp_path, [{"file": "s40.json", "before_file": "s0.json", **entry,
                             "kind": "figures"}])
     with pytest.raises(ValueError, match="before_file: expected only on kind 'crsp'"):

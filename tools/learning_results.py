@@ -356,8 +356,13 @@ def read_crsp(path: Path | dict[str, Any]) -> list[dict[str, Any]]:
                      "before": kn(first["critic_balanced_set"]["accuracy"]),
                      "after": kn(last["critic_balanced_set"]["accuracy"])})
     if "critic_balanced_set_calibrated" in last:
+        # A before_file evaluated with --calibration-size 0 has no calibrated figure: the row
+        # gives the after alone (before and before_at null), not a KeyError.
+        calibrated_before = "critic_balanced_set_calibrated" in first
         figs.append({"metric": "critic_balanced_accuracy_calibrated", "role": "critic", **at,
-                     "before": kn(first["critic_balanced_set_calibrated"]["accuracy"]),
+                     **({} if calibrated_before else {"before_at": None}),
+                     "before": (kn(first["critic_balanced_set_calibrated"]["accuracy"])
+                                if calibrated_before else None),
                      "after": kn(last["critic_balanced_set_calibrated"]["accuracy"]),
                      "threshold": last["calibration"]["tau"],
                      "note": "threshold chosen afterwards on training seeds' attempts"})
