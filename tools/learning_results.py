@@ -355,15 +355,12 @@ def read_crsp(path: Path | dict[str, Any]) -> list[dict[str, Any]]:
         figs.append({"metric": "critic_balanced_accuracy_raw", "role": "critic", **at,
                      "before": kn(first["critic_balanced_set"]["accuracy"]),
                      "after": kn(last["critic_balanced_set"]["accuracy"])})
-    if "critic_balanced_set_calibrated" in last:
-        # A before_file evaluated with --calibration-size 0 has no calibrated figure: the row
-        # gives the after alone (before and before_at null), not a KeyError.
-        calibrated_before = "critic_balanced_set_calibrated" in first
+    cal = [c.get("critic_balanced_set_calibrated") for c in (first, last)]
+    if cal[1]:  # cal[0] None: a before_file evaluated with --calibration-size 0 (after alone)
         figs.append({"metric": "critic_balanced_accuracy_calibrated", "role": "critic", **at,
-                     **({} if calibrated_before else {"before_at": None}),
-                     "before": (kn(first["critic_balanced_set_calibrated"]["accuracy"])
-                                if calibrated_before else None),
-                     "after": kn(last["critic_balanced_set_calibrated"]["accuracy"]),
+                     "before": kn(cal[0]["accuracy"]) if cal[0] else None,
+                     "before_at": at["before_at"] if cal[0] else None,
+                     "after": kn(cal[1]["accuracy"]),
                      "threshold": last["calibration"]["tau"],
                      "note": "threshold chosen afterwards on training seeds' attempts"})
     auc = [c["critic_balanced_set"].get("auc") for c in (first, last)]
