@@ -20,9 +20,9 @@ from rlbuffers.cache import ByteLRUCache  # noqa: E402
 from rlbuffers.memory import RunningMeanStd  # noqa: E402
 from tests.tiny_lm import make_tiny_lm_dir  # noqa: E402
 from trainers.crsp import roles, rollout  # noqa: E402
-from trainers.crsp.config import Config, legacy_settings  # noqa: E402
+from trainers.crsp.config import Config, check_config, legacy_settings  # noqa: E402
 from trainers.crsp.judging import Reservoir, round_robin, select  # noqa: E402
-from trainers.crsp.rewards import RESERVOIR, NoveltySketch, learnability  # noqa: E402
+from trainers.crsp.rewards import RESERVOIR, NoveltySketch, gated, learnability  # noqa: E402
 from trainers.crsp.roles import ROLES  # noqa: E402
 from trainers.crsp.verify import proposal_truth, verified_entry  # noqa: E402
 
@@ -112,12 +112,18 @@ def test_reservoir_state_round_trips_and_keeps_the_newest():
 def test_a_run_created_before_issue_49_keeps_its_rewards_on_resume():
     cfg = Config()
     assert legacy_settings(cfg, {"steps": 3}) == ["--proposer-reward band",
-                                                  "--critic-batch first"]
-    assert (cfg.proposer_reward, cfg.critic_batch) == ("band", "first")
+                                                  "--critic-batch first",
+                                                  "--proposer-gate none"]
+    assert (cfg.proposer_reward, cfg.critic_batch, cfg.proposer_gate) == (
+        "band", "first", "none")
     cfg = Config()
     assert legacy_settings(cfg, {"proposer_reward": "learnability",
-                                 "critic_batch": "balanced"}) == []
-    assert (cfg.proposer_reward, cfg.critic_batch) == ("learnability", "balanced")
+                                 "critic_batch": "balanced"}) == ["--proposer-gate none"]
+    cfg = Config()
+    assert legacy_settings(cfg, {"proposer_reward": "learnability", "critic_batch": "balanced",
+                                 "proposer_gate": "solvable"}) == []
+    assert (cfg.proposer_reward, cfg.critic_batch, cfg.proposer_gate) == (
+        "learnability", "balanced", "solvable")
 
 
 @pytest.fixture(scope="module")
@@ -191,6 +197,57 @@ def test_rollout_rewards_verified_sometimes_solved_proposals_only(tiny_dir, monk
                                  stats, step=1)
     assert m["proposals_solvable"] == 0 and batches["proposer"].parts["extrinsic"] == [0.0] * 4
     assert m["critic_judged"] == 6 and m["critic_truth_correct"] == 0.5
+
+
+def test_gated_zeroes_what_does_not_earn_and_refuses_a_shape_mismatch():
+    r = np.array([0.5, -0.25, 1.5], np.float64)
+    out = gated(r, np.array([True, False, True]))
+    assert out.dtype == np.float32 and out.tolist() == [0.5, 0.0, 1.5]
+    assert gated(r, None).tolist() == [0.5, -0.25, 1.5]
+    with pytest.raises(ValueError, match=r"earns: expected bool\[3\] like the rewards, got \[2\]"):
+        gated(r, np.array([True, False]))
+
+
+def test_the_gate_leaves_reward_to_solvable_proposals_only(tiny_dir, monkeypatch):
+    # --proposer-gate solvable (the default): a proposal the verifier does not confirm, or
+    # that the solver never solves, earns exactly 0 in all (format, length and creativity
+    # included); a solvable one earns what it earns without the gate, term for term.
+    def run(gate, answers, step=0):
+        cfg = Config(model=str(tiny_dir), lora_rank=4, max_prompt_tokens=400,
+                     proposer_tokens=40, solver_tokens=12, critic_tokens=30, pack_tokens=460,
+                     chunk_tokens=64, memory_budget="none", proposer_length_target=20,
+                     solver_length_target=6, critic_length_target=6, seeds_per_step=1,
+                     proposer_samples=4, solver_samples=4, critiques_per_problem=2,
+                     critic_samples=2, proposer_gate=gate)
+        model, tok, _ = roles.make_model(cfg)
+        monkeypatch.setattr(rollout, "generate", scripted(tok, answers))
+        prompts = roles.Prompts(tok, cfg.max_prompt_tokens, ByteLRUCache(1 << 20),
+                                verifiable=True)
+        torch.manual_seed(0)
+        return rollout.rollout(cfg, model, tok, prompts,
+                               [{"question": "What is 2 + 3?", "answer": "5"}],
+                               lambda a, e: float(a == e["answer"]), NoveltySketch(8, 16),
+                               {r: RunningMeanStd() for r in ROLES}, step=step)
+
+    (gated, m), (free, m_free) = run("solvable", ANSWERS), run("none", ANSWERS)
+    solvable = np.array([True, False, False, True])  # PROPOSALS: made up; unverifiable
+    g, f = gated["proposer"], free["proposer"]
+    assert g.parts == f.parts  # the terms themselves do not change
+    np.testing.assert_array_equal(g.reward, np.where(solvable, f.reward, 0.0))
+    assert (f.reward[~solvable] != 0).all()  # without the gate the made-up answer earned
+    assert g.reward[0] > g.reward[3] > 0  # p = 1/2 above p = 1 (learnability 1 vs 0)
+    assert m["proposer_gated"] == 0.5 and m_free["proposer_gated"] == 0.0
+    # The other roles do not see the gate.
+    for role in ("solver", "critic"):
+        np.testing.assert_array_equal(gated[role].reward, free[role].reward)
+    # Nothing solvable: every proposal earns 0, so the group is flat and has no gradient.
+    wrong = {**ANSWERS, "12 and 5": ["0"], "1 and 1": ["0"]}
+    gated, m = run("solvable", wrong, step=1)
+    assert m["proposals_solvable"] == 0 and m["proposer_gated"] == 1.0
+    assert (gated["proposer"].reward == 0).all() and (gated["proposer"].advantage == 0).all()
+    with pytest.raises(ValueError, match="--proposer-gate: expected one of solvable, none, "
+                                         "got 'verified'"):
+        check_config(Config(proposer_gate="verified"))
 
 
 def test_held_out_proposer_figures_count_verified_and_solvable(tiny_dir, monkeypatch):

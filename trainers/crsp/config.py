@@ -44,6 +44,15 @@ class Config(LLMConfig):
     agreement with the proposal's own stated answer is strictly between 0 and 1, the solver
     attempting every well-formed proposal, rewarded half by that agreement, half by the
     critic's verdicts). A run resumed from a config.json without this setting keeps 'band'."""
+    proposer_gate: str = "solvable"
+    """Which proposals earn any reward at all: 'solvable' (only a proposal whose stated
+    answer the verifier confirms and that the solver reaches at least once earns its format,
+    length, creativity and extrinsic terms; every other proposal, made up, unverifiable,
+    malformed or never solved, earns exactly 0) or 'none' (every term for every proposal:
+    runs before this setting, which a resumed run whose config.json lacks it keeps). Why:
+    with 'none' a well-formed, novel proposal with a made-up answer earned
+    ``--format-weight`` plus its creativity, about as much as a verified one, and seeds 2
+    and 3 of docs/crsp.md drifted to such proposals after step 10 (0 verified of 40)."""
     critic_batch: str = "balanced"
     """Which attempts the critic judges (``trainers/crsp/judging.py``): 'balanced' (equal
     numbers of correct and incorrect attempts with ground truth per step, a class short
@@ -145,9 +154,12 @@ def longest_completion(c: Config) -> int:
 #: ``--proposer-reward`` choices.
 PROPOSER_REWARDS = ("learnability", "band")
 
+#: ``--proposer-gate`` choices.
+PROPOSER_GATES = ("solvable", "none")
+
 #: Settings added by issue 49, with the value a run created before them had: a resumed run
 #: whose config.json lacks one keeps that behaviour (``legacy_settings``).
-LEGACY = {"proposer_reward": "band", "critic_batch": "first"}
+LEGACY = {"proposer_reward": "band", "critic_batch": "first", "proposer_gate": "none"}
 
 
 def legacy_settings(c: Config, saved: dict[str, object]) -> list[str]:
@@ -214,6 +226,8 @@ def check_config(c: Config) -> None:
         "critic_class_window": (c.critic_class_window >= 1, ">= 1"),
         "proposer_reward": (c.proposer_reward in PROPOSER_REWARDS,
                             f"one of {', '.join(PROPOSER_REWARDS)}"),
+        "proposer_gate": (c.proposer_gate in PROPOSER_GATES,
+                          f"one of {', '.join(PROPOSER_GATES)}"),
         "critic_batch": (c.critic_batch in CRITIC_BATCHES, f"one of {', '.join(CRITIC_BATCHES)}"),
         "critic_reservoir": (c.critic_reservoir >= 0, ">= 0"),
         "lora_rank": (c.lora_rank >= 1, ">= 1 (roles are adapters)"),

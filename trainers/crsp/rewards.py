@@ -95,6 +95,28 @@ def learnability(success: np.ndarray, verified: np.ndarray) -> np.ndarray:
     return np.where(ok, 1.0 - np.abs(2.0 * p - 1.0), 0.0).astype(np.float32)
 
 
+def gated(reward: np.ndarray, earns: np.ndarray | None) -> np.ndarray:
+    """``reward`` (float[N]) as float32 where ``earns`` (bool[N]) holds, exactly 0 elsewhere
+    (``earns`` None: every completion earns). ``--proposer-gate solvable`` passes the
+    proposals that are solvable (verified, the solver right at least once), so a made-up,
+    unverifiable, malformed or never-solved proposal gets no format, length or creativity
+    reward either: Absolute Zero's proposer reward is 0 for a task the solver never solves
+    (Zhao et al. 2025, arXiv 2505.03335, Sec. 3.1, Eq. 4), and an invalid proposal gets no
+    reward beyond its format penalty (Sec. 3.3).
+
+    Raises:
+        ValueError: the shapes differ.
+    """
+    r = np.asarray(reward, np.float32)
+    if earns is None:
+        return r
+    keep = np.asarray(earns, bool)
+    if keep.shape != r.shape:
+        raise ValueError(f"earns: expected bool{list(r.shape)} like the rewards, got "
+                         f"{list(keep.shape)}")
+    return np.where(keep, r, np.float32(0.0))
+
+
 def length_reward(lengths: Sequence[int], target: int, mini_batch: int = 1024) -> np.ndarray:
     """``-|n - target| / target`` clipped to [-1, 0] per completion (float32[N]).
 

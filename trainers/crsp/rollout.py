@@ -30,6 +30,7 @@ from trainers.crsp.rewards import (
     balanced_verdict_reward,
     class_rate,
     confusion,
+    gated,
     learnability,
     length_reward,
     solvability,
@@ -307,6 +308,9 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
     novelty[valid] = sketch.novelty(new_problems, [seeds[source[i]]["question"]
                                                    for i in np.flatnonzero(valid)])
     sketch.add(new_problems)
+    # --proposer-gate solvable: a proposal that is not solvable earns nothing at all.
+    earns = {"proposer": solvable if cfg.proposer_gate == "solvable" else None,
+             "solver": None, "critic": None}
     extrinsic = {"proposer": proposer_r, "solver": np.array(solver_r, np.float32),
                  "critic": critic_r}
     metrics: dict[str, Any] = {}
@@ -323,8 +327,8 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
         if role == "proposer":
             b.parts["creativity"] = novelty.tolist()
             intrinsic = intrinsic + novelty
-        b.reward = (extrinsic[role] + cfg.format_weight * np.asarray(b.parts["format"])
-                    + a * intrinsic).astype(np.float32)
+        b.reward = gated(extrinsic[role] + cfg.format_weight * np.asarray(b.parts["format"])
+                         + a * intrinsic, earns[role])
         if role == "critic" and term:  # the reason's advantage: its own rewards only
             b.advantage, metrics["critic_flat_groups"] = advantages(
                 stats, role, b.reward - extrinsic[role], group_size(cfg, role), "group")
@@ -347,6 +351,8 @@ def rollout(cfg: Config, model: Any, tok: Any, prompts: Prompts, seeds: list[dic
         "proposals_solvable": int(solvable.sum()),
         "proposer_verified_rate": float(np.mean(verified)) if len(parts) else 0.0,
         "proposer_solvable_rate": float(np.mean(solvable)) if len(parts) else 0.0,
+        "proposer_gated": float(np.mean(~solvable)) if cfg.proposer_gate == "solvable"
+        and len(parts) else 0.0,
         "proposer_learnability": float(np.mean(learnability(success, verified)))
         if len(parts) else 0.0, "critic_judged": len(judged),
         "seed_accuracy": float(np.mean(outcome[:n_seed])),
