@@ -113,15 +113,18 @@ def test_a_run_created_before_issue_49_keeps_its_rewards_on_resume():
     cfg = Config()
     assert legacy_settings(cfg, {"steps": 3}) == ["--proposer-reward band",
                                                   "--critic-batch first",
-                                                  "--proposer-gate none"]
+                                                  "--proposer-gate none",
+                                                  "--proposer-reference base"]
     assert (cfg.proposer_reward, cfg.critic_batch, cfg.proposer_gate) == (
         "band", "first", "none")
     cfg = Config()
     assert legacy_settings(cfg, {"proposer_reward": "learnability",
-                                 "critic_batch": "balanced"}) == ["--proposer-gate none"]
+                                 "critic_batch": "balanced"}) == ["--proposer-gate none",
+                                                                  "--proposer-reference base"]
     cfg = Config()
     assert legacy_settings(cfg, {"proposer_reward": "learnability", "critic_batch": "balanced",
-                                 "proposer_gate": "solvable"}) == []
+                                 "proposer_gate": "solvable",
+                                 "proposer_reference": "warmup"}) == []
     assert (cfg.proposer_reward, cfg.critic_batch, cfg.proposer_gate) == (
         "learnability", "balanced", "solvable")
 

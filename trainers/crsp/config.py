@@ -53,6 +53,15 @@ class Config(LLMConfig):
     with 'none' a well-formed, novel proposal with a made-up answer earned
     ``--format-weight`` plus its creativity, about as much as a verified one, and seeds 2
     and 3 of docs/crsp.md drifted to such proposals after step 10 (0 verified of 40)."""
+    proposer_reference: str = "warmup"
+    """The proposer's reference policy (its KL term, ``--beta``): 'warmup' (its adapter as the
+    format warm-up left it, ``DIR/warmup/adapters.safetensors``; the base model when the run
+    has no warm-up, whose adapters start at zero) or 'base' (adapters off: runs before this
+    setting, which a resumed run whose config.json lacks it keeps). Why: the reference of RL
+    after supervised fine-tuning is the fine-tuned policy (Ouyang et al. 2022, "Training
+    language models to follow instructions with human feedback", Sec. 3.5, Eq. 2: the KL to
+    the SFT model); with 'base' the KL pulled the warmed-up proposer back to the base model,
+    which writes no verifiable problem. The solver (no warm-up) and the critic keep 'base'."""
     critic_batch: str = "balanced"
     """Which attempts the critic judges (``trainers/crsp/judging.py``): 'balanced' (equal
     numbers of correct and incorrect attempts with ground truth per step, a class short
@@ -157,9 +166,13 @@ PROPOSER_REWARDS = ("learnability", "band")
 #: ``--proposer-gate`` choices.
 PROPOSER_GATES = ("solvable", "none")
 
+#: ``--proposer-reference`` choices.
+PROPOSER_REFERENCES = ("warmup", "base")
+
 #: Settings added by issue 49, with the value a run created before them had: a resumed run
 #: whose config.json lacks one keeps that behaviour (``legacy_settings``).
-LEGACY = {"proposer_reward": "band", "critic_batch": "first", "proposer_gate": "none"}
+LEGACY = {"proposer_reward": "band", "critic_batch": "first", "proposer_gate": "none",
+          "proposer_reference": "base"}
 
 
 def legacy_settings(c: Config, saved: dict[str, object]) -> list[str]:
@@ -228,6 +241,11 @@ def check_config(c: Config) -> None:
                             f"one of {', '.join(PROPOSER_REWARDS)}"),
         "proposer_gate": (c.proposer_gate in PROPOSER_GATES,
                           f"one of {', '.join(PROPOSER_GATES)}"),
+        "proposer_reference": (c.proposer_reference in PROPOSER_REFERENCES and (
+            c.proposer_reference == "base" or c.memory_opt or not c.warmup_steps),
+            f"one of {', '.join(PROPOSER_REFERENCES)} ('warmup' with --warmup-steps needs "
+            "the memory-optimised update: --no-memory-opt's reference is a frozen copy of "
+            "the base; pass --proposer-reference base)"),
         "critic_batch": (c.critic_batch in CRITIC_BATCHES, f"one of {', '.join(CRITIC_BATCHES)}"),
         "critic_reservoir": (c.critic_reservoir >= 0, ">= 0"),
         "lora_rank": (c.lora_rank >= 1, ">= 1 (roles are adapters)"),

@@ -41,7 +41,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +117,8 @@ class Trainer:
     plan: dict[str, Any]  # the memory plan's numbers (in every metrics row)
     alpha: Any  # the cached schedule step -> weight of the intrinsic rewards
     fsdp_units: list[Any] | None = None  # the sharded decoder layers under torchrun
+    # role -> its reference adapter tensors (--proposer-reference warmup, after a warm-up)
+    references: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
 
     def state_dict(self) -> dict[str, Any]:
         return {"trainer": self.state, "sketch": self.sketch.state_dict(),
@@ -187,7 +189,7 @@ def update(t: Trainer, batches: dict[str, Any]) -> dict[str, dict[str, Any]]:
         return sharded_grads(t.model, batches, packing, loss, pad_id, t.amb, t.step_role)
     if cfg.memory_opt:
         return optimised_grads(t.model, batches, packing, loss, pad_id, t.amb, t.step_role,
-                               cfg.num_iterations)
+                               cfg.num_iterations, t.references)
     grads = naive_grads(t.model, t.reference, batches, loss, cfg.temperature,
                         cfg.max_prompt_tokens + longest_completion(cfg), pad_id)
     for role in grads:
@@ -320,6 +322,19 @@ def adapter_tensors(t: Trainer) -> dict[str, torch.Tensor]:
     return {n: p.detach().cpu() for n, p in t.model.named_parameters() if "lora_" in n}
 
 
+def warmup_references(cfg: Config, path: Path) -> dict[str, dict[str, torch.Tensor]]:
+    """``{"proposer": its LoRA tensors as the warm-up left them}`` (read from ``path``, the
+    run's ``warmup/adapters.safetensors``, by a new run and a resumed one alike) with
+    ``--proposer-reference warmup`` and a warm-up; else ``{}`` (every reference: adapters
+    off)."""
+    if cfg.proposer_reference != "warmup" or not cfg.warmup_steps:
+        return {}
+    from rlbuffers.safe_load import load_safetensors
+
+    return {"proposer": {n: v for n, v in load_safetensors(path, device="cpu").items()
+                         if ".proposer." in n}}
+
+
 def save_warmup_adapters(t: Trainer, path: Path) -> None:
     """:func:`adapter_tensors` to ``path`` (safetensors), replaced atomically."""
     from safetensors.torch import save
@@ -384,6 +399,7 @@ def main(argv: list[str] | None = None) -> None:
         t.plan.update(warm_up(cfg, t.model, t.tok, t.prompts, t.opts, problems,
                               problems.score_answer, run.dir))
         save_warmup_adapters(t, run.dir / WARMUP_ADAPTERS)
+    t.references = warmup_references(cfg, run.dir / WARMUP_ADAPTERS)
     summary_asked = threading.Event()  # kill -USR1 PID: a tensor summary after this step
     in_main = threading.current_thread() is threading.main_thread()
     old_handler = signal.signal(signal.SIGUSR1, lambda *_: summary_asked.set()) if in_main \

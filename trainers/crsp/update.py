@@ -1,5 +1,6 @@
 """CRSP's update on the memory-optimised path: per role, one after another, the reference
-log-probs (the shared base with adapters disabled) and the TR-RPG loss (the clipped surrogate
+log-probs (the shared base with adapters disabled, or the role's adapter as the warm-up left
+it: ``--proposer-reference warmup``) and the TR-RPG loss (the clipped surrogate
 with a k3 KL penalty: ``trainers.llm.policy_loss.accumulate_gradients``) backpropagated over
 shared-prefix packed rows micro-batch by micro-batch into that role's adapter; and the
 micro-batch size planned from a measured cost and the memory budget."""
@@ -7,6 +8,8 @@ micro-batch size planned from a measured cost and the memory budget."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -41,15 +44,46 @@ def announce(role: str, n_tokens: int, iterations: int = 1) -> None:
              f"{n_tokens:,}", iterations, "" if iterations == 1 else "es")
 
 
+@contextmanager
+def adapters_swapped(model: Any, tensors: dict[str, torch.Tensor] | None) -> Iterator[None]:
+    """For the block, the model's parameters named in ``tensors`` (LoRA tensors, as
+    ``named_parameters`` names them) hold those values; afterwards their own values again,
+    bit for bit, whatever the block raised. ``tensors`` None or empty: nothing changes.
+
+    Raises:
+        KeyError: a name the model has no parameter of.
+    """
+    if not tensors:
+        yield
+        return
+    params = dict(model.named_parameters())
+    missing = [n for n in tensors if n not in params]
+    if missing:
+        raise KeyError(f"reference adapters: the model has no parameter {missing[0]!r} "
+                       f"({len(missing)} of {len(tensors)} missing)")
+    saved = {n: params[n].detach().clone() for n in tensors}
+    with torch.no_grad():
+        for n, v in tensors.items():
+            params[n].copy_(v)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for n, v in saved.items():
+                params[n].copy_(v)
+
+
 def optimised_grads(model: Any, batches: dict[str, RoleBatch], packing: Packing,
                     loss: PolicyLoss, pad_id: int, amb: AdaptiveMicroBatch,
-                    on_role: Any = lambda role: None, iterations: int = 1
+                    on_role: Any = lambda role: None, iterations: int = 1,
+                    references: dict[str, dict[str, torch.Tensor]] | None = None
                     ) -> dict[str, dict[str, Any]]:
-    """Per role, one after another: reference log-probs (adapters off), then ``iterations``
-    times the TR-RPG loss backpropagated micro-batch by micro-batch into that role's adapter
-    (``.grad``) followed by ``on_role(role)`` (the trainer's optimizer step of that role,
-    which zeroes the gradients). Batches go to the model's device. Returns per role
-    :func:`role_gradients`' statistics."""
+    """Per role, one after another: reference log-probs (adapters off, or the role's
+    ``references[role]`` adapter tensors), then ``iterations`` times the TR-RPG loss
+    backpropagated micro-batch by micro-batch into that role's adapter (``.grad``) followed
+    by ``on_role(role)`` (the trainer's optimizer step of that role, which zeroes the
+    gradients). Batches go to the model's device. Returns per role :func:`role_gradients`'
+    statistics."""
     out = {}
     for role in ROLES:
         b = batches[role]
@@ -60,15 +94,19 @@ def optimised_grads(model: Any, batches: dict[str, RoleBatch], packing: Packing,
         batch = to_device(role_tensors(b, packing, pad_id), model.device)
         out[role] = role_gradients(model, amb, batch, packing, loss,
                                    b.training_tokens(), iterations,
-                                   lambda r=role: on_role(r))
+                                   lambda r=role: on_role(r),
+                                   (references or {}).get(role))
         on_role(role)
     return out
 
 
 def role_gradients(model: Any, amb: AdaptiveMicroBatch, batch: dict[str, torch.Tensor],
                    packing: Packing, loss: PolicyLoss, n_tokens: int, iterations: int = 1,
-                   between: Any = lambda: None) -> dict[str, Any]:
-    """The active role's update on packed ``batch``: reference log-probs (adapters off), then
+                   between: Any = lambda: None,
+                   reference: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
+    """The active role's update on packed ``batch``: reference log-probs (adapters off; with
+    ``reference``, the role's adapter tensors by parameter name, swapped in for the pass:
+    :func:`adapters_swapped`), then
     ``iterations`` passes of the TR-RPG loss backpropagated micro-batch by micro-batch into
     its adapter's ``.grad``, ``between()`` (the optimizer step) after each pass but the last.
 
@@ -80,7 +118,9 @@ def role_gradients(model: Any, amb: AdaptiveMicroBatch, batch: dict[str, torch.T
     Returns the first pass's ``accumulate_gradients`` statistics (``loss``: the on-policy
     loss), ``ref`` and ``behaviour`` (float32[n_tokens], flat, CPU), and per pass ``losses``
     and ``clip_fractions`` (0 on the first)."""
-    ref = packed_reference_logprobs(model, batch, packing, None, n_tokens=n_tokens)
+    with adapters_swapped(model, reference):
+        ref = packed_reference_logprobs(model, batch, packing, None, n_tokens=n_tokens,
+                                        adapters_on=bool(reference))
     mask = batch["mask"]
     batch["ref"] = torch.zeros_like(batch["advantage"])
     batch["ref"][mask] = ref.to(mask.device)[batch["index"][mask]]

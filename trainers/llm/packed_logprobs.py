@@ -89,15 +89,22 @@ def packed_logprobs(model: Any, micro: dict[str, torch.Tensor], packing: Packing
 
 @torch.no_grad()
 def packed_reference_logprobs(model: Any, batch: dict[str, torch.Tensor], packing: Packing,
-                              reference: Path | None, n_tokens: int = 0) -> torch.Tensor:
+                              reference: Path | None, n_tokens: int = 0, *,
+                              adapters_on: bool = False) -> torch.Tensor:
     """Per completion token log-probs of the reference policy (flat, float32[n], at the
     batch's ``index``; ``n`` is ``n_tokens`` or the number of completion tokens): the same
-    weights with adapters disabled (``reference`` None: a peft model), or the initial weights
+    weights with adapters disabled (``reference`` None: a peft model), the model as it is
+    (``reference`` None and ``adapters_on``: the caller has put the reference adapter
+    weights in, e.g. CRSP's proposer after its warm-up), or the initial weights
     memory-mapped from the file ``reference`` (``torch.save``d state dict) for the duration of
     the call, on the policy's device (full fine-tuning). The result is on the CPU."""
     n = n_tokens or int(batch["mask"].sum())
     out = torch.zeros(n)
-    if reference is None:
+    if reference is None and adapters_on:
+        from contextlib import nullcontext
+
+        ctx, ref = nullcontext(), model
+    elif reference is None:
         ctx, ref = model.disable_adapter(), model
     else:
         from contextlib import nullcontext
