@@ -330,6 +330,49 @@ def test_a_crsp_before_file_is_merged_only_on_the_same_problems_and_attempts(tmp
         lr.build(tmp_path)
 
 
+def test_a_crsp_before_step_reads_a_file_from_that_checkpoint_on(tmp_path):
+    """``before_step``: a file of steps 0, warmup and 40 gives, from "warmup", the rows one
+    file of warmup and 40 would (what self-play added after the format warm-up); from 0, the
+    rows of the whole file; a step the file lacks, or its last, is refused by name."""
+    from trainers.crsp.figures import proportion
+
+    def checkpoint(step, solved, solvable):
+        return {"step": step, "solver_accuracy": proportion(solved, 200),
+                "critic_balanced_accuracy_raw": {"value": 0.5, "ci95": [0.45, 0.55], "n": 200},
+                "critic_balanced_set": {"accuracy": proportion(50, 100)},
+                "proposer": {"n": 200, "attempts": 4, "solvable": proportion(solvable, 200),
+                             "verified": proportion(solvable + 2, 200)}}
+
+    common = {"overlap": 0, "proposer": {"first": proportion(5, 20) | {"steps": [1, 5]},
+                                         "last": proportion(15, 20) | {"steps": [36, 40]}}}
+    c0, cw, c40 = checkpoint(0, 12, 0), checkpoint("warmup", 12, 29), checkpoint(40, 90, 41)
+    for name, cps in (("all.json", [c0, cw, c40]), ("w40.json", [cw, c40])):
+        (tmp_path / name).write_text(json.dumps({**common, "checkpoints": cps}))
+    entry = {"kind": "crsp", "system": "crsp", "run": "r", "seed": 3}
+    write_index(tmp_path, [{"file": "all.json", **entry, "before_step": "warmup"},
+                           {"file": "w40.json", **entry},
+                           {"file": "all.json", **entry, "before_step": 0},
+                           {"file": "all.json", **entry}])
+    rows = lr.build(tmp_path)
+    n = len(rows) // 4
+    strip = lambda r: {k: v for k, v in r.items() if k != "source"}  # noqa: E731
+    assert [strip(r) for r in rows[:n]] == [strip(r) for r in rows[n:2 * n]]
+    assert [strip(r) for r in rows[2 * n:3 * n]] == [strip(r) for r in rows[3 * n:]]
+    by = {r["metric"]: r for r in rows[:n]}
+    assert (by["proposer_solvable_rate"]["before_at"], by["proposer_solvable_rate"]["before_k"],
+            by["proposer_solvable_rate"]["k"]) == ("warmup", 29, 41)
+    assert rows[2 * n]["before_at"] == 0
+    for bad in (1, 40):
+        write_index(tmp_path, [{"file": "all.json", **entry, "before_step": bad}])
+        with pytest.raises(ValueError, match=r"all.json: before_step: expected one of the "
+                                             r"checkpoints before the last, \[0, 'warmup'\], "
+                                             f"got {bad}"):
+            lr.build(tmp_path)
+    write_index(tmp_path, [{"file": "all.json", **entry, "before_step": 0, "kind": "figures"}])
+    with pytest.raises(ValueError, match="before_step: expected only on kind 'crsp'"):
+        lr.build(tmp_path)
+
+
 def test_a_grpo_comparison_gives_the_paired_difference_of_its_two_runs(tmp_path):
     """``python -m trainers.grpo.compare``'s JSON (the fields it writes): one row, the second
     run's accuracy minus the first's on the same problems, with Newcombe's interval and the

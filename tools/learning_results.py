@@ -20,6 +20,8 @@ beside it, copied from the run directories so that a clean clone regenerates the
      "before_file": "...",           # optional, crsp: the same run's earlier checkpoints,
                                      # evaluated apart on the same held-out problems and critic
                                      # attempts (``--attempts-from`` this file's last step)
+     "before_step": "warmup",        # optional, crsp: the file's checkpoints from this one on
+                                     # (its first: the whole file; ``from_step``)
      "note": "..."}                  # optional: every row of the file gets it as run_note
 
 Readers (one per ``kind``, each turns a file into figures; see the functions below):
@@ -322,6 +324,23 @@ def merged_crsp(before: Path, path: Path) -> dict[str, Any]:
     return {**d, "checkpoints": b["checkpoints"] + d["checkpoints"]}
 
 
+def from_step(path: Path, step: int | str) -> dict[str, Any]:
+    """``path``'s CRSP evaluation with its checkpoints from ``step`` on (an index entry's
+    ``before_step``: e.g. ``"warmup"`` in a file of steps 0, warmup and 40 gives the rows of
+    what self-play added after the format warm-up; the file's own first step gives the rows
+    of the whole file).
+
+    Raises:
+        ValueError: the file has no checkpoint ``step``, or it is the file's last.
+    """
+    d = json.loads(path.read_text())
+    steps = [c["step"] for c in d["checkpoints"]]
+    if step not in steps[:-1]:
+        raise ValueError(f"{path.name}: before_step: expected one of the checkpoints before "
+                         f"the last, {steps[:-1]}, got {step!r}")
+    return {**d, "checkpoints": d["checkpoints"][steps.index(step):]}
+
+
 def read_crsp(path: Path | dict[str, Any]) -> list[dict[str, Any]]:
     """The JSON of ``python -m trainers.crsp.evaluate``: the solver's held-out accuracy; the
     critic's raw verdict (``margin > 0``) as balanced accuracy: in files of issue 49 on, the
@@ -405,11 +424,16 @@ def read(entry: dict[str, Any], evals: Path) -> list[dict[str, Any]]:
         raise ValueError(f"{entry.get('file')}: system: expected one of {SYSTEMS}, got "
                          f"{entry.get('system')!r}")
     path = evals / entry["file"]
-    if entry.get("before_file") and entry["kind"] != "crsp":
-        raise ValueError(f"{entry['file']}: before_file: expected only on kind 'crsp', got "
-                         f"kind {entry['kind']!r}")
-    figs = (read_crsp(merged_crsp(evals / entry["before_file"], path))
-            if entry.get("before_file") else READERS[entry["kind"]](path))
+    for key in ("before_file", "before_step"):
+        if key in entry and entry["kind"] != "crsp":
+            raise ValueError(f"{entry['file']}: {key}: expected only on kind 'crsp', got "
+                             f"kind {entry['kind']!r}")
+    if entry.get("before_file"):
+        figs = read_crsp(merged_crsp(evals / entry["before_file"], path))
+    elif "before_step" in entry:
+        figs = read_crsp(from_step(path, entry["before_step"]))
+    else:
+        figs = READERS[entry["kind"]](path)
     if path.suffix == ".json":
         figs += json.loads(path.read_text()).get("learning_figures", [])
     return [make_row(entry, f) for f in figs]
