@@ -82,7 +82,7 @@ from trainers.crsp.rewards import (
 from trainers.crsp.roles import ROLES, Prompts, make_model, role_parameters, set_checkpointing
 from trainers.crsp.rollout import rollout
 from trainers.crsp.update import micro_batches, optimised_grads
-from trainers.crsp.warmup import WARMUP_ADAPTERS, warm_up
+from trainers.crsp.warmup import WARMUP_ADAPTERS, warm_up, warmup_references
 from trainers.curves import Series, plot_curve
 from trainers.llm.device import place_models, resolve_device
 from trainers.llm.model import model_dir
@@ -320,19 +320,6 @@ def setup(cfg: Config, device: torch.device, rank: int, world: int
 def adapter_tensors(t: Trainer) -> dict[str, torch.Tensor]:
     """Every role's LoRA adapters (the ``lora_`` parameters), detached, on the CPU."""
     return {n: p.detach().cpu() for n, p in t.model.named_parameters() if "lora_" in n}
-
-
-def warmup_references(cfg: Config, path: Path) -> dict[str, dict[str, torch.Tensor]]:
-    """``{"proposer": its LoRA tensors as the warm-up left them}`` (read from ``path``, the
-    run's ``warmup/adapters.safetensors``, by a new run and a resumed one alike) with
-    ``--proposer-reference warmup`` and a warm-up; else ``{}`` (every reference: adapters
-    off)."""
-    if cfg.proposer_reference != "warmup" or not cfg.warmup_steps:
-        return {}
-    from rlbuffers.safe_load import load_safetensors
-
-    return {"proposer": {n: v for n, v in load_safetensors(path, device="cpu").items()
-                         if ".proposer." in n}}
 
 
 def save_warmup_adapters(t: Trainer, path: Path) -> None:

@@ -38,6 +38,23 @@ log = logging.getLogger("trainers.crsp.warmup")
 WARMUP_ROLES = ("proposer", "critic")
 
 
+def warmup_references(cfg: Any, path: Path) -> dict[str, dict[str, torch.Tensor]]:
+    """``{"proposer": its LoRA tensors as the warm-up left them}`` (read from ``path``, the
+    run's :data:`WARMUP_ADAPTERS`, by a new run and a resumed one alike) with
+    ``--proposer-reference warmup`` and a warm-up (``cfg``: the run's ``Config``); else ``{}``
+    (every role's reference: adapters off).
+
+    Raises:
+        rlbuffers.safe_load.CorruptCheckpointError: the file is missing or damaged.
+    """
+    if cfg.proposer_reference != "warmup" or not cfg.warmup_steps:
+        return {}
+    from rlbuffers.safe_load import load_safetensors
+
+    return {"proposer": {n: v for n, v in load_safetensors(path, device="cpu").items()
+                         if ".proposer." in n}}
+
+
 def proposer_examples(problems: Any, n: int) -> list[tuple[str, str]]:
     """``(user message, target)`` pairs: problem ``i``'s prompt, problem ``i + 1``'s question
     and answer in the proposer's format (``n`` pairs, ``n + 1`` problems read)."""
