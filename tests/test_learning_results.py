@@ -92,12 +92,13 @@ def test_a_row_per_eval_file_and_every_row_well_formed():
     index = json.loads((lr.EVALS / "index.json").read_text())
     files = sorted(p.name for p in lr.EVALS.iterdir() if p.name != "index.json")
     read = [e["file"] for e in index] + [e["before_file"] for e in index if "before_file" in e]
-    assert sorted(read) == files  # every copied file is read
+    assert sorted(set(read)) == files  # every copied file is read (one may give two entries:
+    # the whole file and, with before_step, its later checkpoints)
     rows = json.loads(lr.OUT.read_text())
     for e in index:
-        mine = [r for r in rows if r.get("source") == e["file"]]
+        mine = [r for r in rows if r.get("source") == e["file"] and r["run"] == e["run"]]
         assert mine, e["file"]
-        assert all(r["system"] == e["system"] and r["run"] == e["run"] for r in mine)
+        assert all(r["system"] == e["system"] for r in mine)
     for r in rows:
         assert r["system"] in lr.SYSTEMS
         for key in ("metric", "seed", "run", "before", "before_ci95", "after", "ci95", "n",
@@ -371,6 +372,19 @@ def test_a_crsp_before_step_reads_a_file_from_that_checkpoint_on(tmp_path):
     write_index(tmp_path, [{"file": "all.json", **entry, "before_step": 0, "kind": "figures"}])
     with pytest.raises(ValueError, match="before_step: expected only on kind 'crsp'"):
         lr.build(tmp_path)
+    # Two seeds, each file read whole and from "warmup": the rows over seeds keep the two
+    # groups apart (a group is keyed by file and run, not by file alone).
+    c40b = checkpoint(40, 100, 61)
+    (tmp_path / "b.json").write_text(json.dumps({**common, "checkpoints": [c0, cw, c40b]}))
+    entries = [{"file": f, **entry, "seed": seed, "run": f"r{seed}{tag}", "group": f"g{tag}",
+                **({"before_step": "warmup"} if tag else {})}
+               for f, seed in (("all.json", 3), ("b.json", 4)) for tag in ("", " warm")]
+    write_index(tmp_path, entries)
+    over = {(r["run"], r["metric"]): r for r in lr.build(tmp_path) if r["seed"] is None}
+    whole, warm = over["g", "proposer_solvable_rate"], over["g warm", "proposer_solvable_rate"]
+    assert (whole["before_at"], whole["before"], whole["after"]) == (0, 0.0, (41 + 61) / 400)
+    assert (warm["before_at"], warm["before"], warm["after"]) == ("warmup", 29 / 200,
+                                                                 (41 + 61) / 400)
 
 
 def test_a_grpo_comparison_gives_the_paired_difference_of_its_two_runs(tmp_path):

@@ -443,12 +443,14 @@ def over_seeds(rows: list[dict[str, Any]], index: list[dict[str, Any]]) -> list[
     """For each ``group`` of index entries and metric, a row over its seeds: mean of the
     per-seed ``before`` and ``after`` values with Student-t 95% intervals over seeds, and the
     mean of the per-seed differences (after - before) with its paired t interval."""
-    groups = {e["file"]: e["group"] for e in index if e.get("group")}
+    # by file and run: one file may give two entries (the whole file, and from a before_step)
+    groups = {(e["file"], e["run"]): e["group"] for e in index if e.get("group")}
     out: list[dict[str, Any]] = []
-    keys = sorted({(groups[r["source"]], r["system"], r["metric"]) for r in rows
-                   if r["source"] in groups})
+    keys = sorted({(groups[r["source"], r["run"]], r["system"], r["metric"]) for r in rows
+                   if (r["source"], r["run"]) in groups})
     for group, system, metric in keys:
-        mine = [r for r in rows if groups.get(r["source"]) == group and r["metric"] == metric]
+        mine = [r for r in rows if groups.get((r["source"], r["run"])) == group
+                and r["metric"] == metric]
         if len(mine) < 2:
             continue
         entry = {"system": system, "run": group, "seed": None, "file": "",
