@@ -293,7 +293,8 @@ def test_build_plans_from_the_measured_step_on_the_longest_utterances(tiny, tmp_
         return -(-items // steps)
 
     assert plans["micro_batch_planned_agent"] == even((BUDGET - 1000) // (PER_TOKEN * agent), 3 * 3)
-    assert plans["micro_batch_planned_guidance"] == even((BUDGET - 1000) // (PER_TOKEN * guide), 3 * 2)
+    assert plans["micro_batch_planned_guidance"] == even((BUDGET - 1000) // (PER_TOKEN * guide),
+                                                         3 * 2)
     # the planned lengths bound the real utterances
     lens = [len(o) + len(a) for o, a in zip(b["observation_ids"], b["action_ids"], strict=True)]
     assert max(x for x, t in zip(lens, b["turn"], strict=True) if t != 1) <= agent

@@ -71,7 +71,7 @@ def assert_same(got, want, where: str = "") -> None:
             assert_same(got[k], want[k], f"{where}[{k!r}]")
     elif isinstance(want, (list, tuple)):
         assert len(got) == len(want), where
-        for i, (g, w) in enumerate(zip(got, want)):
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
             assert_same(g, w, f"{where}[{i}]")
     else:
         assert got == want, where
