@@ -52,7 +52,8 @@ class Config(LLMConfig):
     runs before this setting, which a resumed run whose config.json lacks it keeps). Why:
     with 'none' a well-formed, novel proposal with a made-up answer earned
     ``--format-weight`` plus its creativity, about as much as a verified one, and seeds 2
-    and 3 of docs/crsp.md drifted to such proposals after step 10 (0 verified of 40)."""
+    and 3 of docs/crsp.md drifted to such proposals after step 10 (0 verified in each later
+    window of 40 proposals)."""
     proposer_reference: str = "warmup"
     """The proposer's reference policy (its KL term, ``--beta``): 'warmup' (its adapter as the
     format warm-up left it, ``DIR/warmup/adapters.safetensors``; the base model when the run
