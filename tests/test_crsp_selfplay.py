@@ -22,6 +22,7 @@ from rlbuffers.cache import ByteLRUCache  # noqa: E402
 from rlbuffers.memory import AdaptiveMicroBatch, RunningMeanStd  # noqa: E402
 from rlbuffers.stream.token_store import TokenStore, TokenStoreWriter  # noqa: E402
 from tests.tiny_lm import make_tiny_lm_dir  # noqa: E402
+from trainers.crsp import config as config_module  # noqa: E402
 from trainers.crsp import roles, rollout, train, update  # noqa: E402
 from trainers.crsp.config import Config, check_config, group_size  # noqa: E402
 from trainers.crsp.rewards import NoveltySketch, alpha_schedule  # noqa: E402
@@ -447,3 +448,75 @@ def test_youden_threshold_refuses_mismatched_shapes():
 
     with pytest.raises(ValueError, match=r"margin / labels: expected float\[n\] and bool\[n\]"):
         evaluate.youden_threshold(np.zeros(3), np.zeros(2, bool))
+
+
+# The proposer's reference after the format warm-up (--proposer-reference warmup, default):
+# its adapter as the warm-up left it, swapped in for the reference pass and out bit for bit.
+
+def lora(model, role):
+    return {n: p.detach().clone() for n, p in model.named_parameters()
+            if f".{role}." in n and "lora_" in n}
+
+
+def test_swapped_adapters_hold_the_reference_inside_and_come_back_bit_for_bit(tiny_dir):
+    cfg = Config(model=str(tiny_dir), lora_rank=4, memory_budget="none")
+    model, _, _ = roles.make_model(cfg)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    gen = torch.Generator().manual_seed(0)
+    reference = {n: torch.randn(v.shape, generator=gen) for n, v in lora(model, "proposer").items()}
+    assert reference
+    with update.adapters_swapped(model, reference):
+        now = dict(model.named_parameters())
+        for n, v in reference.items():
+            assert torch.equal(now[n].detach(), v)
+        for n in before.keys() - reference.keys():  # the other roles and the base untouched
+            assert torch.equal(now[n].detach(), before[n])
+    for n, p in model.named_parameters():
+        assert torch.equal(p.detach(), before[n]), n
+    with pytest.raises(RuntimeError, match="inside"), update.adapters_swapped(model, reference):
+        raise RuntimeError("inside")
+    for n, p in model.named_parameters():
+        assert torch.equal(p.detach(), before[n]), n
+    with update.adapters_swapped(model, None), update.adapters_swapped(model, {}):
+        pass
+    with pytest.raises(KeyError, match="no parameter 'nope'"), update.adapters_swapped(
+            model, {"nope": torch.zeros(1)}):
+        pass
+
+
+def test_the_proposer_kl_is_taken_against_its_warmed_up_adapter(tiny_dir, tmp_path):
+    from tests.test_crsp import ARGS, rows
+
+    base = [*ARGS, "--model", str(tiny_dir), "--warmup-steps", "3", "--warmup-batch", "2",
+            "--beta", "0.04"]
+    train.main([*base, "--run-dir", str(tmp_path / "w"), "--steps", "2"])
+    train.main([*base, "--run-dir", str(tmp_path / "b"), "--steps", "2",
+                "--proposer-reference", "base"])
+    warm, old = rows(tmp_path / "w"), rows(tmp_path / "b")
+    # Step 1: the proposer is exactly its warmed-up adapter (nothing stepped since), so its
+    # KL to the warm-up is 0 (up to the two passes' batching), while the base is far away.
+    assert abs(warm[0]["proposer_kl"]) < 1e-5
+    assert old[0]["proposer_kl"] > 1e-3
+    # The solver and the critic keep the base reference: the same KL either way at step 1.
+    for role in ("solver", "critic"):
+        assert warm[0][f"{role}_kl"] == old[0][f"{role}_kl"]
+    # A resumed run reads the same reference back from DIR/warmup/adapters.safetensors.
+    train.main([*base, "--run-dir", str(tmp_path / "r"), "--steps", "1"])
+    train.main(["--run-dir", str(tmp_path / "r"), "--resume", "--steps", "2"])
+    keys = ["proposer_kl", "proposer_loss", "solver_kl", "critic_kl"]
+    assert [[r[k] for k in keys] for r in rows(tmp_path / "r")] == \
+        [[r[k] for k in keys] for r in warm]
+
+
+def test_the_setting_is_checked_and_older_runs_keep_the_base():
+    check_config(Config(proposer_reference="warmup", memory_opt=False))  # no warm-up: base
+    check_config(Config(proposer_reference="base", memory_opt=False, warmup_steps=2))
+    with pytest.raises(ValueError, match="--proposer-reference: expected one of warmup, base "
+                                         r"\('warmup' with --warmup-steps needs the "
+                                         "memory-optimised update"):
+        check_config(Config(proposer_reference="warmup", memory_opt=False, warmup_steps=2))
+    with pytest.raises(ValueError, match="--proposer-reference: expected one of warmup, base"):
+        check_config(Config(proposer_reference="sft"))
+    cfg = Config()
+    assert "--proposer-reference base" in config_module.legacy_settings(cfg, {"steps": 3})
+    assert cfg.proposer_reference == "base"
