@@ -166,3 +166,42 @@ def test_resume_restores_its_own_adapters_without_reading_agent_init(tiny, grpo_
     assert set(got) == set(saved)
     for k, v in saved.items():
         np.testing.assert_array_equal(got[k], v.numpy())
+
+
+def test_a_guidance_checkpoint_starts_the_agent_of_a_frozen_run(tiny, grpo_ckpt, tmp_path,
+                                                               monkeypatch):
+    """Staged training: an agent that trained on two turns in one guidance run is the frozen
+    agent of the next, tensor for tensor; the new run's guidance adapter starts fresh."""
+    monkeypatch.setattr(train, "score", fake_score)
+    first = tmp_path / "two-turn"
+    train.main(args(tiny, first, "--iterations", "1", "--agent-init", str(grpo_ckpt)))
+    ckpt = first / "ckpt" / "iteration-1"
+    saved = load_file(str(ckpt / "agent.safetensors"))
+    grpo = load_file(str(grpo_ckpt / "weights.safetensors"))
+    assert any(not torch.equal(v, grpo[k.replace(".lora_A.", ".lora_A.default.")
+                                        .replace(".lora_B.", ".lora_B.default.")])
+               for k, v in saved.items())  # the first run trained its agent
+
+    plain = build(tiny, tmp_path / "plain")
+    fresh_guidance = adapter(plain, "guidance")
+    plain.close()
+    learner = build(tiny, tmp_path / "frozen", "--agent-init", str(ckpt), "--freeze-agent")
+    got_agent, got_guidance = adapter(learner, "agent"), adapter(learner, "guidance")
+    info = learner.trainer["eval"]["agent_init"]
+    learner.close()
+    assert set(got_agent) == set(saved) and info["tensors"] == len(saved) > 0
+    for k, v in saved.items():
+        np.testing.assert_array_equal(got_agent[k], v.numpy())
+    for k, v in fresh_guidance.items():
+        np.testing.assert_array_equal(got_guidance[k], v)
+    assert info["path"] == str((ckpt / "agent.safetensors").resolve())
+    assert info["sha256"] == hashlib.sha256((ckpt / "agent.safetensors").read_bytes()).hexdigest()
+    assert info["grpo_config"] == {"model": str(tiny[0]), "lora_rank": 4, "lora_alpha": 32}
+    # the file itself is accepted too, and a guidance run of another rank is refused by name
+    file_run = build(tiny, tmp_path / "file", "--agent-init", str(ckpt / "agent.safetensors"))
+    from_file = adapter(file_run, "agent")
+    file_run.close()
+    for k, v in saved.items():
+        np.testing.assert_array_equal(from_file[k], v.numpy())
+    refused(tiny, tmp_path / "r8", ckpt, ValueError,
+            r"--agent-init: expected --lora-rank 8 .*got 4", "--lora-rank", "8")

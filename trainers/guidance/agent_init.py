@@ -1,11 +1,16 @@
-"""``--agent-init``: a new guidance run's agent adapter loaded from a GRPO checkpoint.
+"""``--agent-init``: a new guidance run's agent adapter loaded from a GRPO checkpoint or from
+another guidance run's checkpoint.
 
 The GRPO trainer (``trainers/grpo``, ``save_weights``) writes a LoRA run's trained
 parameters to ``ckpt/step-N/weights.safetensors`` under peft's full names with its adapter
 name (``...q_proj.lora_A.default.weight``); the guidance trainer's adapters are read and set
 by ``Policies.adapter_state`` / ``load_adapter_state`` under peft's names without it
-(``...q_proj.lora_A.weight``). :func:`load_agent_init` maps the one onto the other and checks
-every name and shape before it changes anything.
+(``...q_proj.lora_A.weight``), and a guidance checkpoint (``ckpt/iteration-N``) holds its
+agent's adapter in ``agent.safetensors`` under those names. :func:`load_agent_init` maps
+either onto the agent adapter and checks every name and shape before it changes anything.
+A guidance checkpoint as the start lets an agent that trained on two turns beside a guidance
+model (reading hints) be frozen in a new run (``--freeze-agent``), so that the new run's hint
+effect is its guidance model's alone (docs/guidance.md).
 """
 
 from __future__ import annotations
@@ -22,21 +27,25 @@ log = logging.getLogger(__name__)
 
 FLAG = "--agent-init"
 _ADAPTER_NAME = re.compile(r"\.(lora_[AB])\.[^.]+\.weight$")
+_PLAIN_NAME = re.compile(r"\.lora_[AB]\.weight$")
+# the file a checkpoint directory holds the agent's adapter in: GRPO's, then guidance's
+FILES = ("weights.safetensors", "agent.safetensors")
 
 
 def checkpoint_file(path: str | Path) -> Path:
     """The safetensors file of ``path``: a GRPO checkpoint directory (``.../ckpt/step-N``,
-    its ``weights.safetensors``) or that file itself.
+    its ``weights.safetensors``), a guidance checkpoint directory (``.../ckpt/iteration-N``,
+    its ``agent.safetensors``) or either file itself.
 
     Raises:
         trainers.config.ConfigError: ``--agent-init: expected ...``, naming what is missing
             (one line on the console)."""
     p = Path(path)
-    f = p / "weights.safetensors" if p.is_dir() else p
+    f = next((p / n for n in FILES if (p / n).is_file()), p / FILES[0]) if p.is_dir() else p
     if not f.is_file():
         raise ConfigError(f"{FLAG}: expected a GRPO checkpoint directory holding "
-                                f"weights.safetensors (or that file), got {str(path)!r} "
-                                f"({f} does not exist)")
+                          f"{FILES[0]}, a guidance checkpoint directory holding {FILES[1]} "
+                          f"(or either file), got {str(path)!r} ({f} does not exist)")
     return f
 
 
@@ -51,14 +60,19 @@ def sha256(path: Path) -> str:
 
 def adapter_names(state: dict[str, Any]) -> dict[str, str]:
     """``{peft name without the adapter name: name in the file}`` of the LoRA tensors of a
-    GRPO ``weights.safetensors`` state (names without ``lora_A``/``lora_B`` are skipped)."""
-    return {_ADAPTER_NAME.sub(r".\1.weight", k): k for k in state if _ADAPTER_NAME.search(k)}
+    GRPO ``weights.safetensors`` state (``...lora_A.default.weight``) or of a guidance
+    ``agent.safetensors`` state (``...lora_A.weight``, kept as they are); names without
+    ``lora_A``/``lora_B`` are skipped."""
+    names = {_ADAPTER_NAME.sub(r".\1.weight", k): k for k in state if _ADAPTER_NAME.search(k)}
+    names.update({k: k for k in state if _PLAIN_NAME.search(k)})
+    return names
 
 
 def check_run_config(file: Path, cfg: Any) -> dict[str, Any]:
-    """The GRPO run's ``config.json`` (two directories above ``ckpt/step-N``), when there is
-    one, checked against ``cfg``: the LoRA scale ``alpha / rank`` and the base model are not
-    in the weights, so they must match here. Returns the compared settings ({} without it).
+    """The source run's ``config.json`` (two directories above ``ckpt/step-N`` or
+    ``ckpt/iteration-N``), when there is one, checked against ``cfg``: the LoRA scale
+    ``alpha / rank`` and the base model are not in the weights, so they must match here.
+    Returns the compared settings ({} without it).
 
     Raises:
         trainers.config.ConfigError: (a ValueError) ``--agent-init: expected --lora-alpha
@@ -81,14 +95,16 @@ def check_run_config(file: Path, cfg: Any) -> dict[str, Any]:
 
 
 def load_agent_init(policies: Any, path: str | Path, cfg: Any) -> dict[str, Any]:
-    """Load the LoRA adapter of the GRPO checkpoint at ``path`` into ``policies``' agent
-    adapter (exact copies, converted to the adapter's dtype; the guidance adapter is not
-    touched). ``cfg`` gives ``model``, ``lora_rank`` and ``lora_alpha`` to compare with the
-    GRPO run's ``config.json`` when it is there.
+    """Load the LoRA adapter of the GRPO checkpoint at ``path`` (or the agent adapter of the
+    guidance checkpoint there) into ``policies``' agent adapter (exact copies, converted to
+    the adapter's dtype; the guidance adapter is not touched). ``cfg`` gives ``model``,
+    ``lora_rank`` and ``lora_alpha`` to compare with the source run's ``config.json`` when it
+    is there.
 
     Returns:
         ``{"path", "sha256", "tensors", "grpo_config"}``: the file loaded, its SHA-256, the
-        number of tensors and the GRPO settings compared.
+        number of tensors and the source run's settings compared (the key keeps its first
+        name for the eval.json files written before guidance checkpoints were accepted).
 
     Raises:
         trainers.config.ConfigError: (a ValueError) ``--agent-init: expected ..., got ...``

@@ -118,7 +118,8 @@ class Config(LLMConfig):
     memory less a margin, 'none' for whole batches, or an integer."""
     agent_init: str = ""
     """GRPO checkpoint (``.../ckpt/step-N`` of ``trainers.grpo`` with --lora-rank and
-    --lora-alpha as here, or its weights.safetensors) whose LoRA adapter a new run's agent
+    --lora-alpha as here, or its weights.safetensors), or a guidance checkpoint
+    (``.../ckpt/iteration-N``, or its agent.safetensors), whose LoRA adapter a new run's agent
     adapter starts from ('': a fresh adapter); a resumed run restores its own adapters. The
     file's path and SHA-256 go into eval.json (``agent_init``)."""
     train_threads: int = 1
