@@ -140,11 +140,20 @@ def test_other_alpha_missing_file_full_weights_and_other_names_are_refused(
             r"--agent-init: expected a LoRA checkpoint .*full-weights")
 
 
-def test_resume_restores_its_own_adapters_without_reading_agent_init(tiny, grpo_ckpt, tmp_path,
-                                                                     monkeypatch):
-    monkeypatch.setattr(train, "score", fake_score)
-    run = tmp_path / "run"
-    train.main(args(tiny, run, "--iterations", "1", "--agent-init", str(grpo_ckpt)))
+@pytest.fixture(scope="module")
+def guidance_run(tiny, grpo_ckpt, tmp_path_factory):
+    """A 1-iteration guidance run whose agent started from the GRPO checkpoint (both the
+    resume test and the staged-training test read it; neither changes its checkpoint)."""
+    run = tmp_path_factory.mktemp("guidance") / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(train, "score", fake_score)
+        train.main(args(tiny, run, "--iterations", "1", "--agent-init", str(grpo_ckpt)))
+    return run
+
+
+def test_resume_restores_its_own_adapters_without_reading_agent_init(tiny, grpo_ckpt,
+                                                                     guidance_run, monkeypatch):
+    run = guidance_run
     saved = load_file(str(run / "ckpt" / "iteration-1" / "agent.safetensors"))
     grpo = load_file(str(grpo_ckpt / "weights.safetensors"))
     assert any(not torch.equal(v, grpo[k.replace(".lora_A.", ".lora_A.default.")
@@ -168,14 +177,11 @@ def test_resume_restores_its_own_adapters_without_reading_agent_init(tiny, grpo_
         np.testing.assert_array_equal(got[k], v.numpy())
 
 
-def test_a_guidance_checkpoint_starts_the_agent_of_a_frozen_run(tiny, grpo_ckpt, tmp_path,
-                                                               monkeypatch):
+def test_a_guidance_checkpoint_starts_the_agent_of_a_frozen_run(tiny, grpo_ckpt, guidance_run,
+                                                               tmp_path):
     """Staged training: an agent that trained on two turns in one guidance run is the frozen
     agent of the next, tensor for tensor; the new run's guidance adapter starts fresh."""
-    monkeypatch.setattr(train, "score", fake_score)
-    first = tmp_path / "two-turn"
-    train.main(args(tiny, first, "--iterations", "1", "--agent-init", str(grpo_ckpt)))
-    ckpt = first / "ckpt" / "iteration-1"
+    ckpt = guidance_run / "ckpt" / "iteration-1"
     saved = load_file(str(ckpt / "agent.safetensors"))
     grpo = load_file(str(grpo_ckpt / "weights.safetensors"))
     assert any(not torch.equal(v, grpo[k.replace(".lora_A.", ".lora_A.default.")
