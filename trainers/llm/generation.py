@@ -84,6 +84,21 @@ def _packing_available() -> bool:
         hasattr(torch.ops.mkldnn, op) for op in ("_reorder_linear_weight", "_linear_pointwise"))
 
 
+_REFUSALS: set[tuple[torch.dtype, str]] = set()
+
+
+def _warn_once(dtype: torch.dtype, reason: str) -> None:
+    """One warning per process for each (dtype, reason) oneDNN gives for refusing to reorder:
+    a trainer generates every step, and a bfloat16 refusal (CPUs without AVX512-BF16 or
+    AVX-NE-CONVERT) would otherwise repeat on each call."""
+    if (dtype, reason) in _REFUSALS:
+        return
+    _REFUSALS.add((dtype, reason))
+    log.warning("oneDNN weight reordering unavailable for %s (%s): plain linears%s", dtype,
+                reason, "; on a CPU without bf16 units a bfloat16 matmul is far slower than a "
+                "float32 one (generate in float32)" if dtype == torch.bfloat16 else "")
+
+
 @contextmanager
 def packed_linears(model: Any, rows: int, enabled: bool = True) -> Iterator[None]:
     """For the ``with`` block, every ``torch.nn.Linear`` of a CPU ``model`` (float32 or
@@ -112,7 +127,7 @@ def packed_linears(model: Any, rows: int, enabled: bool = True) -> Iterator[None
                 packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(),
                                                                  max(1, rows))
             except RuntimeError as e:  # this CPU / build refuses it: plain products
-                log.warning("oneDNN weight reordering unavailable (%s): plain linears", e)
+                _warn_once(module.weight.dtype, str(e))
                 break
             bias = None if module.bias is None else module.bias.detach()
             module.forward = functools.partial(_packed_forward, module, packed, bias)
