@@ -522,7 +522,7 @@ def test_packed_linears_equal_the_plain_products_and_restore_the_layers(tiny_dir
     and every parameter is the same tensor with the same bits."""
     model, tok = load_causal_lm(tiny_dir)
     assert generation._packing_available()  # the CPU build of torch ships oneDNN
-    try:  # bfloat16 reordering needs AVX512-BF16 or AVX-NE-CONVERT: not every CI CPU has it
+    try:  # bf16 reordering needs AVX-NE-CONVERT or AVX512 BW+VL+DQ: not every CI CPU has them
         torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=dtype), 2)
         refused = False
     except RuntimeError:

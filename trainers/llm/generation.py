@@ -89,8 +89,8 @@ _REFUSALS: set[tuple[torch.dtype, str]] = set()
 
 def _warn_once(dtype: torch.dtype, reason: str) -> None:
     """One warning per process for each (dtype, reason) oneDNN gives for refusing to reorder:
-    a trainer generates every step, and a bfloat16 refusal (CPUs without AVX512-BF16 or
-    AVX-NE-CONVERT) would otherwise repeat on each call."""
+    a trainer generates every step, and a bfloat16 refusal (oneDNN's bf16 path needs
+    AVX-NE-CONVERT or AVX512 BW, VL and DQ) would otherwise repeat on each call."""
     if (dtype, reason) in _REFUSALS:
         return
     _REFUSALS.add((dtype, reason))
@@ -112,8 +112,8 @@ def packed_linears(model: Any, rows: int, enabled: bool = True) -> Iterator[None
 
     Only under ``torch.no_grad``: with gradients enabled a layer runs its own ``forward``.
     Extra memory: the reordered copies (the linear weights' bytes) while the block runs.
-    Off CPU, without oneDNN, with ``enabled`` False, or when the reordering fails: nothing
-    changes. The weights are read when the block starts: they must not change inside it."""
+    Off CPU, without oneDNN, with ``enabled`` False, or when the reordering fails (logged once
+    per process and reason): nothing changes. The weights are read when the block starts: they must not change inside it."""
     if not enabled or model.device.type != "cpu" or not _packing_available():
         yield
         return
