@@ -113,7 +113,8 @@ def packed_linears(model: Any, rows: int, enabled: bool = True) -> Iterator[None
     Only under ``torch.no_grad``: with gradients enabled a layer runs its own ``forward``.
     Extra memory: the reordered copies (the linear weights' bytes) while the block runs.
     Off CPU, without oneDNN, with ``enabled`` False, or when the reordering fails (logged once
-    per process and reason): nothing changes. The weights are read when the block starts: they must not change inside it."""
+    per process and reason): nothing changes. The weights are read when the block starts:
+    they must not change inside it."""
     if not enabled or model.device.type != "cpu" or not _packing_available():
         yield
         return
