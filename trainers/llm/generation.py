@@ -84,16 +84,12 @@ def _packing_available() -> bool:
         hasattr(torch.ops.mkldnn, op) for op in ("_reorder_linear_weight", "_linear_pointwise"))
 
 
-_REFUSALS: set[tuple[torch.dtype, str]] = set()
-
-
+@functools.cache
 def _warn_once(dtype: torch.dtype, reason: str) -> None:
-    """One warning per process for each (dtype, reason) oneDNN gives for refusing to reorder:
-    a trainer generates every step, and a bfloat16 refusal (oneDNN's bf16 path needs
-    AVX-NE-CONVERT or AVX512 BW, VL and DQ) would otherwise repeat on each call."""
-    if (dtype, reason) in _REFUSALS:
-        return
-    _REFUSALS.add((dtype, reason))
+    """One warning per process for each (dtype, reason) oneDNN gives for refusing to reorder
+    (``functools.cache`` keeps the pairs seen): a trainer generates every step, and a bfloat16
+    refusal (oneDNN's bf16 path needs AVX-NE-CONVERT or AVX512 BW, VL and DQ) would otherwise
+    repeat on each call."""
     log.warning("oneDNN weight reordering unavailable for %s (%s): plain linears%s", dtype,
                 reason, "; on a CPU without bf16 units a bfloat16 matmul is far slower than a "
                 "float32 one (generate in float32)" if dtype == torch.bfloat16 else "")
