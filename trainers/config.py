@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import functools
 import inspect
 import logging
 import math
@@ -169,13 +170,20 @@ def field_docs(cls: type) -> dict[str, str]:
     ``--help``); a subclass's docstring wins for a field it declares again."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass) or klass is object:
-            continue
-        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body  # type: ignore[attr-defined]
-        docs.update({a.target.id: b.value.value for a, b in zip(body, body[1:], strict=False)
-                     if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name)
-                     and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)})
+        if dataclasses.is_dataclass(klass) and klass is not object:
+            docs.update(_declared_field_docs(klass))
     return docs
+
+
+@functools.cache
+def _declared_field_docs(klass: type) -> tuple[tuple[str, str], ...]:
+    """``(field, docstring)`` of the fields ``klass`` declares itself, from its source (read
+    and parsed once per class and process: every ``parse_config`` call asks, and
+    ``inspect.getsource`` takes ~10 ms a class)."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body  # type: ignore[attr-defined]
+    return tuple((a.target.id, b.value.value) for a, b in zip(body, body[1:], strict=False)
+                 if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name)
+                 and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))
 
 
 def check_rules(c: Any, rules: Mapping[str, tuple[bool, str]]) -> None:
