@@ -170,7 +170,7 @@ def field_docs(cls: type) -> dict[str, str]:
     ``--help``); a subclass's docstring wins for a field it declares again."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
-        if dataclasses.is_dataclass(klass) and klass is not object:
+        if dataclasses.is_dataclass(klass):
             docs.update(_declared_field_docs(klass))
     return docs
 
