@@ -63,7 +63,8 @@ def child_ours(row: dict[str, Any], steps: int, out: Path) -> None:
             "--prompts-per-step", str(row["prompts"]), "--group-size", str(row["group"]),
             "--max-completion-tokens", str(row["tokens"]), "--beta", str(row["beta"]),
             "--lora-rank", str(row["lora"]), "--lr", str(row["lr"]), "--no-evaluate",
-            "--generate-threads", str(row["threads"]), "--train-threads", str(row["threads"])]
+            "--generate-threads", str(row["threads"]), "--train-threads", str(row["threads"]),
+            "--device", row.get("device", "cpu")]
     if row["precision"] == "bf16":
         args += ["--generate-dtype", "bfloat16", "--train-dtype", "bfloat16"]
     grpo.main(args)
@@ -122,12 +123,16 @@ def child_trl(row: dict[str, Any], steps: int, out: Path) -> None:
                       * row["group"], gradient_accumulation_steps=1,
                       num_generations=row["group"], max_completion_length=row["tokens"],
                       max_steps=steps, learning_rate=row["lr"], beta=row["beta"],
-                      logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
+                      logging_steps=1, save_strategy="no", report_to=[],
+                      use_cpu=row.get("device", "cpu") == "cpu",
+                      gradient_checkpointing=row.get("gradient_checkpointing", True),
                       bf16=row["precision"] == "bf16", seed=0, temperature=1.0,
                       shuffle_dataset=False)
     trainer = GRPOTrainer(model=str(smollm2_dir()), reward_funcs=reward, args=args,
                           train_dataset=data, peft_config=peft_config, callbacks=[Times()])
     trainer.train()
+    if torch.cuda.is_available() and row.get("device", "cpu") != "cpu":
+        print(f"CUDA_PEAK {torch.cuda.max_memory_allocated()}", flush=True)
 
 
 # ----- parent -----------------------------------------------------------------------------
