@@ -2,8 +2,9 @@
 
 The subprocess tests run the real script on a tiny budget (HalfCheetah-v5, 50-step episodes,
 3 actors, 16-unit networks: 200 env steps per generation). The SIGKILL test checks that a run
-killed during generation 3 resumes from generation 2 and then matches an uninterrupted run
-exactly: generation counter, fitness history and every transition in the buffer.
+killed during generation 3 (at its commit, by a patched ``Run.commit``) resumes from generation
+2 and then matches an uninterrupted run exactly: generation counter, fitness history and every
+transition in the buffer.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -33,9 +33,6 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = ["--env", "HalfCheetah-v5", "--max-episode-steps", "50", "--pop-size", "3",
         "--hidden", "16", "--learning-starts", "100", "--batch-size", "32", "--sync-every", "2"]
 STEPS_PER_GEN = 4 * 50  # 3 actors + the learner, one 50-step episode each
-# For the kill test: 800 TD3 updates make a generation last ~1 s (0.2 s without), so a kill
-# 0.3 s after generation 2's line lands inside generation 3 even on a fast machine.
-SLOW = [*TINY, "--updates-per-step", "4"]
 TIMEOUT_S = 120
 
 
@@ -60,27 +57,34 @@ def buffer_contents(run_dir: Path) -> tuple[dict, dict[str, np.ndarray]]:
         return info, buf[:]
 
 
+#: ``python -m trainers.erl`` with ``trainers.common.Run.commit`` of generation ``{gen}`` replaced
+#: by a SIGKILL of the process: the kill lands after that generation's rollouts are in the
+#: buffer and its TD3 updates, evaluation and evolution are done, before anything of it is
+#: written (no checkpoint, no buffer commit), at the same point on every machine.
+KILL_AT_COMMIT = """
+import os, runpy, signal, sys
+from trainers import common
+real = common.Run.commit
+def commit(self, n, *a, **k):
+    if n == {gen}:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(self, n, *a, **k)
+common.Run.commit = commit
+sys.argv[0] = "trainers.erl"
+runpy.run_module("trainers.erl", run_name="__main__", alter_sys=True)
+"""
+
+
 def kill_during_generation(run_dir: Path, generation: int, *args: str) -> None:
-    """Start a run, wait for the line of generation - 1, then SIGKILL it while the next
-    generation is collecting rollouts and training."""
-    proc = subprocess.Popen(trainer_cmd(run_dir, *args), cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
-    try:
-        deadline = time.monotonic() + TIMEOUT_S
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith(f"gen {generation - 1:4d}/"):
-                break
-            assert time.monotonic() < deadline, "trainer too slow"
-        else:
-            pytest.fail(f"trainer exited before generation {generation - 1} completed")
-        time.sleep(0.3)  # into generation `generation`: rollouts are in the buffer, not saved
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        assert proc.stdout is not None
-        proc.stdout.close()
-    assert proc.returncode == -signal.SIGKILL
+    """Run the trainer and SIGKILL it at generation ``generation``'s commit (its rollouts are
+    in the buffer, nothing of it saved)."""
+    code = KILL_AT_COMMIT.format(gen=generation)
+    proc = subprocess.run([sys.executable, "-c", code, "--run-dir", str(run_dir), *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    assert f"gen {generation - 1:4d}/" in proc.stdout and f"gen {generation:4d}/" not in \
+        proc.stdout
 
 
 def test_sigkill_during_generation_3_resumes_from_generation_2(tmp_path):
@@ -89,7 +93,7 @@ def test_sigkill_during_generation_3_resumes_from_generation_2(tmp_path):
     is dropped on resume; the resumed file equals the uninterrupted one byte for byte; and
     extending a finished run adds evaluations after its last one."""
     ref, run = tmp_path / "reference", tmp_path / "killed"
-    args = [*SLOW, "--generations", "4", "--eval-every", "1", "--eval-episodes", "2"]
+    args = [*TINY, "--generations", "4", "--eval-every", "1", "--eval-episodes", "2"]
     run_trainer(ref, *args)
 
     kill_during_generation(run, 3, *args)
