@@ -1,5 +1,5 @@
 """One step of each LLM trainer on CUDA with the real SmolLM2-135M-Instruct weights, beside its
-naive path (issue 49, item 8; docs/cuda.md "The real weights").
+naive path (issue 49, item 8; docs/cuda.md, the H200 section).
 
 Each run is a fresh subprocess; this process samples its RSS every 50 ms (the largest process
 and the sum over its process tree), and the run's CUDA peak is the largest
@@ -38,7 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MIB = 2**20
-LIMIT_S = int(os.environ.get("REAL_STEP_LIMIT_S", "240"))  # per run (rc 124 past it)
+LIMIT_S = int(os.environ.get("REAL_STEP_LIMIT_S", "240"))  # per run (killed past it: rc -9)
 GRPO_ROW = {"task": "gsm_symbolic", "prompts": 4, "group": 8, "tokens": 128, "beta": 0.04,
             "lora": 0, "lr": 1e-5, "precision": "fp32", "threads": 8}
 
