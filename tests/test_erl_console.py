@@ -19,7 +19,7 @@ from tests.heavy import require
 
 require("gymnasium", "mujoco")
 
-from tests.test_erl import SLOW, TIMEOUT_S, TINY, metrics, trainer_cmd  # noqa: E402
+from tests.test_erl import TIMEOUT_S, TINY, metrics, trainer_cmd  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "MUJOCO_GL": "egl"}
@@ -36,7 +36,7 @@ def test_ctrl_c_exits_130_with_one_line_saying_how_to_resume(tmp_path):
     run_dir = tmp_path / "run"
     # SIGINT at its default in the child, whatever this process inherited (a job a shell
     # started in the background has it ignored, and Python then installs no handler).
-    proc = subprocess.Popen(trainer_cmd(run_dir, *SLOW, "--generations", "1000"), cwd=REPO,
+    proc = subprocess.Popen(trainer_cmd(run_dir, *TINY, "--generations", "1000"), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout is not None and proc.stderr is not None
