@@ -1,5 +1,6 @@
 """tools/gpu_real_step.py: the CUDA peak of a run is the largest per-phase CUDA peak in its
-metrics rows; a run's exit code, output and RSS peaks come back from ``sampled``."""
+metrics rows (or the line a TRL child prints); a run's exit code, output and sampled RSS
+peak come back from ``run``."""
 
 import json
 import sys
@@ -18,13 +19,12 @@ def test_cuda_peak_is_the_largest_phase_peak_over_all_rows(tmp_path: Path) -> No
     assert gpu_real_step.cuda_peak(tmp_path / "missing") == 0
 
 
-def test_sampled_returns_the_exit_code_the_output_and_a_tree_peak_over_its_largest(
-        tmp_path: Path) -> None:
+def test_run_returns_the_exit_code_the_output_and_a_sampled_tree_peak(tmp_path: Path) -> None:
     code = ("import subprocess, sys; subprocess.run([sys.executable, '-c', 'pass']); "
-            "print('done'); sys.exit(3)")
-    rc, largest, tree = gpu_real_step.sampled([sys.executable, "-c", code], tmp_path / "log")
-    assert rc == 3
-    assert (tmp_path / "log").read_text().strip() == "done"
-    # sampled from the first moment (an interpreter's start outlasts it), the tree's sum per
-    # sample at least its largest process
-    assert 0 < largest <= tree
+            "print('done'); print('CUDA_PEAK 5242880'); sys.exit(3)")
+    res = gpu_real_step.run("x", [sys.executable, "-c", code], tmp_path / "none", tmp_path)
+    assert res["rc"] == 3
+    assert (tmp_path / "x.log").read_text().splitlines() == ["done", "CUDA_PEAK 5242880"]
+    assert res["cuda_peak_mib"] == 5  # the child's own line wins over metrics.jsonl
+    # sampled from the first moment (an interpreter's start outlasts it)
+    assert res["tree_peak_rss_mib"] > 0

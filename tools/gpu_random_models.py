@@ -18,6 +18,7 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
@@ -27,18 +28,23 @@ TOKENIZER_FILES = ("config.json", "generation_config.json", "chat_template.jinja
                    "vocab.txt")
 
 
+def random_copy(src: Path, dst: Path, cls: Any) -> int:
+    """``dst``: ``src``'s config and tokenizer files and a model of ``cls`` drawn from that
+    config's initialiser (call ``torch.manual_seed`` first); returns its parameter count."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in TOKENIZER_FILES:
+        if (src / f).exists():
+            shutil.copy(src / f, dst / f)
+    model = cls.from_config(AutoConfig.from_pretrained(src))
+    model.save_pretrained(dst)
+    return sum(p.numel() for p in model.parameters())
+
+
 def main(out: Path, lm: Path, encoder: Path) -> None:
     torch.manual_seed(0)
     for name, src, cls in (("smollm2", lm, AutoModelForCausalLM), ("minilm", encoder, AutoModel)):
-        dst = out / name
-        dst.mkdir(parents=True, exist_ok=True)
-        for f in TOKENIZER_FILES:
-            if (src / f).exists():
-                shutil.copy(src / f, dst / f)
-        model = cls.from_config(AutoConfig.from_pretrained(src))
-        model.save_pretrained(dst)
-        print(f"{name}: {sum(p.numel() for p in model.parameters()):,} parameters -> {dst}")
-
+        n = random_copy(src, out / name, cls)
+        print(f"{name}: {n:,} parameters -> {out / name}")
 
 if __name__ == "__main__":
     if len(sys.argv) != 4:

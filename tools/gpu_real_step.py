@@ -1,10 +1,11 @@
 """One step of each LLM trainer on CUDA with the real SmolLM2-135M-Instruct weights, beside its
 naive path (issue 49, item 8; docs/cuda.md, the H200 section).
 
-Each run is a fresh subprocess; this process samples its RSS every 50 ms (the largest process
-and the sum over its process tree), and the run's CUDA peak is the largest
-``cuda_peak_<phase>_bytes`` its ``metrics.jsonl`` holds (``torch.cuda.max_memory_allocated`` per
-phase, ``trainers/phases.py``; TRL's child prints its own at the end). Pairs:
+Each run is a fresh subprocess whose process tree's RSS ``tools/memsample.py`` samples every
+50 ms from outside (a sampled peak, not the kernel's high-water mark), and the run's CUDA peak
+is the largest ``cuda_peak_<phase>_bytes`` its ``metrics.jsonl`` holds
+(``torch.cuda.max_memory_allocated`` per phase, ``trainers/phases.py``; TRL's child prints its
+own at the end). Pairs:
 
 - GRPO at its defaults (4 prompts x 8 completions x 128 tokens, full fine-tuning, fp32, one
   step, no held-out evaluation) against TRL's ``GRPOTrainer`` with the same batch, lengths,
@@ -28,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MIB = 2**20
-LIMIT_S = int(os.environ.get("REAL_STEP_LIMIT_S", "240"))  # per run (killed past it: rc -9)
+LIMIT_S = int(os.environ.get("REAL_STEP_LIMIT_S", "240"))  # per run (``timeout``: rc 124)
 GRPO_ROW = {"task": "gsm_symbolic", "prompts": 4, "group": 8, "tokens": 128, "beta": 0.04,
             "lora": 0, "lr": 1e-5, "precision": "fp32", "threads": 8}
 
@@ -54,39 +54,21 @@ def cuda_peak(run_dir: Path) -> int:
     return peak
 
 
-def sampled(cmd: list[str], log: Path) -> tuple[int, int, int]:
-    """Run ``cmd`` (killed after ``LIMIT_S``: rc -9), its output into ``log``; returns ``(rc,
-    peak RSS of its largest process, peak RSS of its process tree)`` in bytes, sampled every
-    50 ms (the trainers may start helper processes)."""
-    import psutil
-
-    with log.open("w") as f:
-        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True,
-                             env=dict(os.environ, TOKENIZERS_PARALLELISM="false"))
-        root, largest, tree, t0 = psutil.Process(p.pid), 0, 0, time.monotonic()
-        while p.poll() is None:
-            try:
-                rss = [q.memory_info().rss for q in [root, *root.children(recursive=True)]]
-            except psutil.Error:
-                rss = [0]
-            largest, tree = max(largest, max(rss)), max(tree, sum(rss))
-            if time.monotonic() - t0 > LIMIT_S:
-                p.kill()
-            time.sleep(0.05)
-        return p.wait(), largest, tree
-
-
 def run(name: str, cmd: list[str], run_dir: Path, out: Path) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    log = out / f"{name}.log"
-    rc, largest, tree = sampled(cmd, log)
-    seconds = time.perf_counter() - t0
+    """Run ``cmd`` (killed past ``LIMIT_S``: rc 124) under ``tools.memsample`` (its process
+    tree's RSS sampled every 50 ms from outside), its output into ``out/<name>.log``; the
+    figures of the run."""
+    from tools.memsample import sample
+
+    report = sample(["timeout", str(LIMIT_S), *cmd], interval=0.05, echo=False)
+    text = "\n".join(line for _, line in report["lines"])
+    (out / f"{name}.log").write_text(text + "\n")
     peak = cuda_peak(run_dir)
-    for line in log.read_text().splitlines():
+    for line in text.splitlines():
         if line.startswith("CUDA_PEAK "):
             peak = int(line.split()[1])
-    res = {"name": name, "rc": rc, "seconds": round(seconds, 1),
-           "process_peak_rss_mib": round(largest / MIB), "tree_peak_rss_mib": round(tree / MIB),
+    res = {"name": name, "rc": report["returncode"], "seconds": round(report["seconds"], 1),
+           "tree_peak_rss_mib": round(report["peak_bytes"] / MIB),
            "cuda_peak_mib": round(peak / MIB)}
     print(json.dumps(res), flush=True)
     return res
@@ -101,6 +83,7 @@ def main() -> None:
     p.add_argument("--only", default="grpo,crsp,guidance")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     py = [sys.executable]
     from trainers.llm.model import smollm2_dir
 
@@ -137,10 +120,10 @@ def main() -> None:
                                                "--eval-size", "4", "--critic-model",
                                                str(a.encoder), *quick, *extra], d, a.out))
     (a.out / "real_step.json").write_text(json.dumps(results, indent=1) + "\n")
-    lines = ["| run | rc | seconds | CUDA peak MiB | peak RSS MiB (largest process / tree) |",
+    lines = ["| run | rc | seconds | CUDA peak MiB | process tree's peak RSS MiB (sampled) |",
              "|---|---|---|---|---|"]
     lines += [f"| {r['name']} | {r['rc']} | {r['seconds']} | {r['cuda_peak_mib']:,} | "
-              f"{r['process_peak_rss_mib']:,} / {r['tree_peak_rss_mib']:,} |" for r in results]
+              f"{r['tree_peak_rss_mib']:,} |" for r in results]
     (a.out / "real_step.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
 

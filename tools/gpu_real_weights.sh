@@ -21,14 +21,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu
 python3 -c "import sys, torch, transformers, peft; print('python', sys.version.split()[0],
 'torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__,
 'cuda', torch.cuda.is_available())" | tee -a "$out/gpu.txt"
-python3 - "$enc_cfg" /tmp/real/minilm <<'PY' || exit 1
-import shutil, sys
-from pathlib import Path
-import torch
-from transformers import AutoConfig, AutoModel
-src, dst = Path(sys.argv[1]), Path(sys.argv[2])
-torch.manual_seed(0)
-shutil.copytree(src, dst, dirs_exist_ok=True)
-AutoModel.from_config(AutoConfig.from_pretrained(src)).save_pretrained(dst)
-PY
+python3 -c "import sys, torch; from pathlib import Path; from transformers import AutoModel
+from tools.gpu_random_models import random_copy
+torch.manual_seed(0); random_copy(Path(sys.argv[1]), Path('/tmp/real/minilm'), AutoModel)" \
+    "$enc_cfg" || exit 1
 python3 tools/gpu_real_step.py "$out" /tmp/real/minilm "$@" 2>&1 | tee "$out/real_step.log"

@@ -130,6 +130,8 @@ def sample(cmd: Sequence[str], *, interval: float = 0.02,
         timeline.append((time.monotonic() - t0, tree_rss(p.pid)))
         time.sleep(interval)
     reader.join(timeout=10)
+    if not reader.is_alive() and p.stdout is not None:
+        p.stdout.close()  # the reader is done with it (an unclosed pipe warns in the caller)
     seconds = time.monotonic() - t0
     out: dict[str, Any] = {"returncode": p.returncode, "stopped": stopped.is_set(),
                            "interval_s": interval,
